@@ -1,0 +1,36 @@
+# Pacer's front door. `make vet` and `make test` work on a fresh Debian 12
+# machine: each installs what is missing, builds, then vets or tests.
+BUILD ?= build
+BUILD_TYPE ?= RelWithDebInfo
+JOBS ?= $(shell nproc)
+VET_ARGS ?=
+CTEST_ARGS ?=
+
+.PHONY: all deps build vet test test-slow bench clean
+
+all: build
+
+deps:
+	@bash scripts/deps.sh
+
+build: deps
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) >/dev/null
+	@cmake --build $(BUILD) -j$(JOBS)
+
+vet: build
+	$(BUILD)/bin/pacer vet $(VET_ARGS)
+
+# Unit, integration, crash and Slurm tests. PACER_SLOW_TESTS=1 adds the long
+# crash loops and soak tests.
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) $(CTEST_ARGS)
+
+test-slow: build
+	cd $(BUILD) && PACER_SLOW_TESTS=1 ctest --output-on-failure -j$(JOBS) $(CTEST_ARGS)
+
+# Side-by-side benchmarks against peer tools; results go to bench/results/.
+bench: build
+	bash bench/vet_peers.sh
+
+clean:
+	rm -rf $(BUILD)

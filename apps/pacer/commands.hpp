@@ -1,0 +1,15 @@
+// The subcommands of the pacer CLI; each registers its options and a handler.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+
+namespace pacer::cli {
+
+// A subcommand's handler returns the process exit code; errors travel as
+// pacer::Exception and are mapped to exit codes once, in main.
+using Handler = std::function<int()>;
+
+Handler register_vet(CLI::App& app);
+
+}  // namespace pacer::cli

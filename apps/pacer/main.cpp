@@ -1,0 +1,37 @@
+// pacer: one CLI for vetting nodes, checkpointing, data, telemetry, runs, comm and planning.
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <map>
+
+#include "commands.hpp"
+#include "pacer/core/error.hpp"
+#include "pacer/version.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"pacer: keep large training runs on shared clusters fast and alive"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("pacer ") + pacer::kVersion);
+  std::map<CLI::App*, pacer::cli::Handler> handlers;
+  auto add = [&](pacer::cli::Handler h) { handlers[app.get_subcommands({}).back()] = std::move(h); };
+  add(pacer::cli::register_vet(app));
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help and --version are "errors" with exit code 0 in CLI11.
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : static_cast<int>(pacer::ExitCode::kUsage);
+  }
+  try {
+    for (auto& [sub, handler] : handlers)
+      if (sub->parsed()) return handler();
+    return static_cast<int>(pacer::ExitCode::kUsage);
+  } catch (const pacer::Exception& e) {
+    std::fprintf(stderr, "pacer: error: %s\n", e.what());
+    return static_cast<int>(pacer::exit_code_for(e.error().kind));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "pacer: internal error: %s\n", e.what());
+    return static_cast<int>(pacer::ExitCode::kRuntime);
+  }
+}

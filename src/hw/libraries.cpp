@@ -1,0 +1,82 @@
+#include "pacer/hw/libraries.hpp"
+
+#include <dlfcn.h>
+#include <fmt/format.h>
+#include <gnu/libc-version.h>
+
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+
+#include "pacer/hw/system.hpp"
+
+namespace pacer::hw {
+namespace {
+
+void* open_first(std::initializer_list<const char*> names) {
+  for (const char* n : names) {
+    if (void* h = ::dlopen(n, RTLD_LAZY | RTLD_LOCAL)) return h;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+std::string nccl_version() {
+  void* h = open_first({"libnccl.so.2", "libnccl.so"});
+  if (!h) return "";
+  std::string out;
+  using Fn = int (*)(int*);
+  if (auto fn = reinterpret_cast<Fn>(::dlsym(h, "ncclGetVersion"))) {
+    int v = 0;
+    if (fn(&v) == 0 && v > 0) {
+      // NCCL encodes 2.19.3 as 21903; releases before 2.9 used 1000s.
+      if (v >= 10000) out = fmt::format("{}.{}.{}", v / 10000, (v % 10000) / 100, v % 100);
+      else out = fmt::format("{}.{}.{}", v / 1000, (v % 1000) / 100, v % 100);
+    }
+  }
+  ::dlclose(h);
+  return out;
+}
+
+std::string mpi_library_version() {
+  void* h = open_first({"libmpi.so.40", "libmpi.so.12", "libmpi.so"});
+  if (!h) return "";
+  std::string out;
+  // MPI_Get_library_version may be called before MPI_Init (MPI-3 8.1.1).
+  using Fn = int (*)(char*, int*);
+  if (auto fn = reinterpret_cast<Fn>(::dlsym(h, "MPI_Get_library_version"))) {
+    std::string buf(8192, '\0');
+    int len = 0;
+    if (fn(buf.data(), &len) == 0) {
+      buf.resize(static_cast<std::size_t>(std::max(len, 0)));
+      out = buf.substr(0, buf.find_first_of("\n,"));
+      while (!out.empty() && (out.back() == ' ' || out.back() == '\0')) out.pop_back();
+    }
+  }
+  ::dlclose(h);
+  return out;
+}
+
+std::string cuda_toolkit_version() {
+  std::string root = "/usr/local/cuda";
+  if (const char* home = std::getenv("CUDA_HOME"); home && *home) root = home;
+  if (auto text = read_text(root + "/version.json")) {
+    auto j = nlohmann::json::parse(*text, nullptr, false);
+    if (!j.is_discarded() && j.contains("cuda") && j["cuda"].contains("version") && j["cuda"]["version"].is_string())
+      return j["cuda"]["version"].get<std::string>();
+  }
+  // Toolkits installed from wheels ship no version.json; the runtime header
+  // always carries CUDART_VERSION (13000 for 13.0).
+  if (auto text = read_text(root + "/include/cuda_runtime_api.h")) {
+    const std::string key = "#define CUDART_VERSION";
+    if (auto pos = text->find(key); pos != std::string::npos) {
+      const int v = std::atoi(text->c_str() + pos + key.size());
+      if (v > 0) return fmt::format("{}.{}", v / 1000, (v % 1000) / 10);
+    }
+  }
+  return "";
+}
+
+std::string glibc_version() { return gnu_get_libc_version(); }
+
+}  // namespace pacer::hw

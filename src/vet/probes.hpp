@@ -1,0 +1,100 @@
+// Internal: the probes behind `pacer vet` and how they declare their checks and parameters.
+#pragma once
+
+#include <csignal>
+#include <functional>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "pacer/vet/check.hpp"
+
+namespace pacer::vet {
+
+enum class ValueKind { kNumber, kText };
+// Which way a figure gets better; baselines judge only checks that have one.
+enum class Direction { kNone, kHigher, kLower };
+enum class ParamType { kDuration, kSize, kInteger, kNumber, kString };
+
+struct CheckSpec {
+  std::string name;
+  std::string category;
+  std::string unit;
+  ValueKind kind = ValueKind::kNumber;
+  Direction direction = Direction::kNone;
+  std::string help;
+};
+
+struct ParamSpec {
+  std::string key;
+  ParamType type;
+  nlohmann::json normal;  // default in the full run
+  nlohmann::json quick;   // default with --quick
+  std::string help;
+};
+
+// A storage path under test and the scratch directory the runner made in it
+// for this probe (empty, with `error` set, when the path is unusable).
+struct StorageTarget {
+  std::string path;
+  std::string scratch;
+  std::string error;
+};
+
+// What a probe gets to work with. Parameters are already resolved: defaults
+// for the mode, then the profile's values, converted to plain numbers
+// (seconds, bytes).
+struct ProbeContext {
+  bool quick = false;
+  nlohmann::json params;
+  std::vector<StorageTarget> storage;
+  std::optional<unsigned> expect_gpus;
+  std::set<std::string> wanted;  // checks of this probe that were selected
+
+  double seconds(const std::string& key) const { return params.at(key).get<double>(); }
+  std::uint64_t bytes(const std::string& key) const { return params.at(key).get<std::uint64_t>(); }
+  long long integer(const std::string& key) const { return params.at(key).get<long long>(); }
+  bool wants(const std::string& check) const { return wanted.count(check) != 0; }
+};
+
+// One unit of work run in its own child process under one timeout; it
+// measures one or more checks. Params of a probe with a `section` live in that
+// profile table (storage probes share [storage]); others in the table of the
+// probe's first check.
+struct ProbeSpec {
+  std::string name;
+  std::vector<CheckSpec> checks;
+  std::vector<ParamSpec> params;
+  std::string section;
+  bool uses_storage = false;
+  double timeout_s = 30;
+  double quick_timeout_s = 10;
+  std::function<std::vector<Measurement>(const ProbeContext&)> run;
+};
+
+// Every probe, in the order vet runs them (cheap and passive first).
+const std::vector<ProbeSpec>& all_probes();
+const CheckSpec* find_check(const std::string& name);
+const ProbeSpec* probe_of_check(const std::string& name);
+
+std::vector<ProbeSpec> system_probes();
+std::vector<ProbeSpec> cpu_probes();
+std::vector<ProbeSpec> memory_probes();
+std::vector<ProbeSpec> storage_probes();
+std::vector<ProbeSpec> gpu_probes();
+std::vector<ProbeSpec> software_probes();
+
+// Set in the probe's child process when the runner asks it to stop (SIGTERM,
+// Ctrl-C): long loops check it and clean up.
+extern volatile std::sig_atomic_t g_probe_cancelled;
+inline bool cancelled() { return g_probe_cancelled != 0; }
+
+// Helpers for building measurements.
+Measurement measured(const std::string& check, double value, std::string detail = {}, std::string target = {});
+Measurement measured_text(const std::string& check, std::string text, std::string detail = {}, std::string target = {});
+Measurement not_measured(const std::string& check, CheckStatus status, std::string reason, std::string target = {});
+
+}  // namespace pacer::vet

@@ -1,0 +1,126 @@
+// CPU probe: sustained double-precision FLOP/s on every allowed core at once.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <chrono>
+#include <thread>
+
+#include "pacer/hw/system.hpp"
+#include "probes.hpp"
+
+namespace pacer::vet {
+namespace {
+
+// Independent multiply-add chains, enough of them to keep every FMA port busy
+// through its latency; the vector width follows the instruction set. The
+// multiplier below 1 keeps the values bounded (no overflow, no denormals).
+// Each element operation is counted as 2 FLOPs, fused or not.
+#define PACER_FLOP_KERNEL(NAME, TARGET, BYTES, CHAINS)                                     \
+  __attribute__((target(TARGET), noinline)) double NAME(std::uint64_t iters, double seed) { \
+    typedef double vec __attribute__((vector_size(BYTES)));                                 \
+    constexpr int kLanes = BYTES / 8;                                                       \
+    vec acc[CHAINS];                                                                        \
+    vec mul, add;                                                                           \
+    for (int l = 0; l < kLanes; ++l) {                                                      \
+      mul[l] = 0.999999;                                                                    \
+      add[l] = 1e-6 * seed;                                                                 \
+    }                                                                                       \
+    for (int c = 0; c < CHAINS; ++c)                                                        \
+      for (int l = 0; l < kLanes; ++l) acc[c][l] = seed + c + 0.1 * l;                      \
+    for (std::uint64_t i = 0; i < iters; ++i) {                                             \
+      for (int c = 0; c < CHAINS; ++c) acc[c] = acc[c] * mul + add;                         \
+    }                                                                                       \
+    double s = 0;                                                                           \
+    for (int c = 0; c < CHAINS; ++c)                                                        \
+      for (int l = 0; l < kLanes; ++l) s += acc[c][l];                                      \
+    return s;                                                                               \
+  }
+
+PACER_FLOP_KERNEL(flops_avx512, "avx512f,fma", 64, 12)
+PACER_FLOP_KERNEL(flops_avx2, "avx2,fma", 32, 10)
+PACER_FLOP_KERNEL(flops_sse2, "sse2", 16, 8)
+
+struct Kernel {
+  double (*fn)(std::uint64_t, double);
+  double flops_per_iter;
+  const char* isa;
+};
+
+Kernel pick_kernel() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma")) return {flops_avx512, 12 * 8 * 2, "avx512"};
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return {flops_avx2, 10 * 4 * 2, "avx2"};
+  return {flops_sse2, 8 * 2 * 2, "sse2"};
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n == 0 ? 0 : (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
+}
+
+std::vector<Measurement> run_cpu(const ProbeContext& ctx) {
+  const double duration = ctx.seconds("duration");
+  const Kernel k = pick_kernel();
+  const std::vector<int> cpus = hw::allowed_cpus();
+  const std::size_t n = cpus.size();
+  std::vector<double> rate(n, 0);
+  std::vector<double> sink(n, 0);
+  std::barrier start(static_cast<std::ptrdiff_t>(n));
+  std::vector<std::thread> threads;
+  for (std::size_t t = 0; t < n; ++t) {
+    threads.emplace_back([&, t] {
+      (void)hw::pin_current_thread(cpus[t]);
+      k.fn(1000, 1.0);  // warm up the core's clocks and the code path
+      start.arrive_and_wait();
+      const auto t0 = std::chrono::steady_clock::now();
+      std::uint64_t iters = 0;
+      double elapsed = 0;
+      double s = 0;
+      const std::uint64_t chunk = 200'000;
+      while (elapsed < duration && !cancelled()) {
+        s += k.fn(chunk, 1.0 + static_cast<double>(t));
+        iters += chunk;
+        elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      }
+      sink[t] = s;
+      rate[t] = elapsed > 0 ? static_cast<double>(iters) * k.flops_per_iter / elapsed / 1e9 : 0;
+    });
+  }
+  for (auto& th : threads) th.join();
+  double total = 0;
+  std::size_t slowest = 0;
+  for (std::size_t t = 0; t < n; ++t) {
+    total += rate[t];
+    if (rate[t] < rate[slowest]) slowest = t;
+  }
+  const double med = median(rate);
+  const double checksum = sink[0];
+  std::vector<Measurement> out;
+  out.push_back(measured("cpu.flops", total,
+                         fmt::format("fp64 {} on {} CPUs for {:.1f} s ({:.1f} GFLOP/s per CPU, median)", k.isa, n, duration, med)));
+  out.push_back(measured("cpu.flops_per_core", rate[slowest],
+                         fmt::format("slowest is cpu {}; median {:.1f} GFLOP/s", cpus[slowest], med)));
+  out.push_back(measured("cpu.core_balance", med > 0 ? 100.0 * rate[slowest] / med : 0,
+                         fmt::format("slowest cpu {} against the median of {} CPUs{}", cpus[slowest], n,
+                                     checksum == 0 ? " (checksum 0?)" : "")));
+  return out;
+}
+
+}  // namespace
+
+std::vector<ProbeSpec> cpu_probes() {
+  return {{"cpu",
+           {{"cpu.flops", "cpu", "GFLOP/s", ValueKind::kNumber, Direction::kHigher,
+             "sustained fp64 FLOP/s, all allowed CPUs at once"},
+            {"cpu.flops_per_core", "cpu", "GFLOP/s", ValueKind::kNumber, Direction::kHigher,
+             "the slowest CPU's FLOP/s while all run"},
+            {"cpu.core_balance", "cpu", "%", ValueKind::kNumber, Direction::kNone,
+             "slowest CPU as a percentage of the median CPU (a throttled socket or a busy core)"}},
+           {{"duration", ParamType::kDuration, "3s", "1s", "how long every CPU runs the kernel"}},
+           "", false, 30, 10, run_cpu}};
+}
+
+}  // namespace pacer::vet

@@ -1,0 +1,436 @@
+#include <fcntl.h>
+#include <fmt/chrono.h>
+#include <fmt/format.h>
+#include <poll.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <set>
+
+#include "pacer/core/units.hpp"
+#include "pacer/hw/system.hpp"
+#include "pacer/vet/vet.hpp"
+#include "probes.hpp"
+
+namespace pacer::vet {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+Expected<Injection> parse_injection(const std::string& text) {
+  const auto eq = text.find('=');
+  if (eq == std::string::npos || eq == 0)
+    return Error{ErrorKind::kUsage, fmt::format("--inject '{}': expected CHECK=hang, CHECK=crash or CHECK=VALUE", text)};
+  Injection inj;
+  inj.check = text.substr(0, eq);
+  const std::string action = text.substr(eq + 1);
+  if (!find_check(inj.check))
+    return Error{ErrorKind::kUsage, fmt::format("--inject '{}': unknown check '{}' (pacer vet --list)", text, inj.check)};
+  if (action == "hang") inj.action = Injection::Action::kHang;
+  else if (action == "crash") inj.action = Injection::Action::kCrash;
+  else {
+    char* end = nullptr;
+    inj.value = std::strtod(action.c_str(), &end);
+    if (action.empty() || end != action.c_str() + action.size())
+      return Error{ErrorKind::kUsage, fmt::format("--inject '{}': '{}' is not hang, crash or a number", text, action)};
+    inj.action = Injection::Action::kValue;
+  }
+  return inj;
+}
+
+namespace {
+
+volatile std::sig_atomic_t g_interrupted = 0;
+void on_interrupt(int) { g_interrupted = 1; }
+void on_probe_term(int) { g_probe_cancelled = 1; }
+
+// Restores the caller's handlers when vet returns.
+class SignalGuard {
+ public:
+  SignalGuard() {
+    struct sigaction sa {};
+    sa.sa_handler = on_interrupt;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGINT, &sa, &old_int_);
+    ::sigaction(SIGTERM, &sa, &old_term_);
+    g_interrupted = 0;
+  }
+  ~SignalGuard() {
+    ::sigaction(SIGINT, &old_int_, nullptr);
+    ::sigaction(SIGTERM, &old_term_, nullptr);
+  }
+
+ private:
+  struct sigaction old_int_ {};
+  struct sigaction old_term_ {};
+};
+
+std::string utc_now_iso() {
+  const auto now = std::chrono::system_clock::now();
+  return fmt::format("{:%Y-%m-%dT%H:%M:%S}Z", fmt::gmtime(std::chrono::system_clock::to_time_t(now)));
+}
+
+std::string expand_path(const std::string& p) {
+  if (p == "$TMPDIR" || p.starts_with("$TMPDIR/")) {
+    const char* t = std::getenv("TMPDIR");
+    return std::string(t && *t ? t : "/tmp") + p.substr(7);
+  }
+  if (p == "~" || p.starts_with("~/")) {
+    const char* h = std::getenv("HOME");
+    return std::string(h ? h : "") + p.substr(1);
+  }
+  return p;
+}
+
+// A check is selected by its name or its category; --only narrows, --skip removes.
+Expected<std::set<std::string>> select_checks(const VetOptions& o, const Profile& profile) {
+  std::set<std::string> categories;
+  for (const auto& p : all_probes())
+    for (const auto& c : p.checks) categories.insert(c.category);
+  auto validate = [&](const std::vector<std::string>& names, const char* flag) -> Status {
+    for (const auto& n : names) {
+      if (!find_check(n) && !categories.count(n))
+        return Error{ErrorKind::kUsage, fmt::format("{} '{}': no such check or category (pacer vet --list)", flag, n)};
+    }
+    return {};
+  };
+  if (Status s = validate(o.only, "--only"); !s) return s.error();
+  if (Status s = validate(o.skip, "--skip"); !s) return s.error();
+  auto matches = [](const std::vector<std::string>& names, const CheckSpec& c) {
+    for (const auto& n : names)
+      if (n == c.name || n == c.category) return true;
+    return false;
+  };
+  std::set<std::string> selected;
+  for (const auto& p : all_probes()) {
+    for (const auto& c : p.checks) {
+      const auto cfg = profile.checks.find(c.name);
+      const bool enabled = cfg == profile.checks.end() || cfg->second.enabled;
+      if (!o.only.empty() && !matches(o.only, c)) continue;
+      // Naming a disabled check in --only runs it anyway: the user asked.
+      if (o.only.empty() && !enabled) continue;
+      if (matches(o.skip, c)) continue;
+      selected.insert(c.name);
+    }
+  }
+  return selected;
+}
+
+// Defaults for the mode, then the profile's values for the same section.
+json resolve_params(const ProbeSpec& p, const Profile& profile, bool quick) {
+  json out = json::object();
+  for (const auto& spec : p.params) out[spec.key] = quick ? spec.quick : spec.normal;
+  const std::string section = p.section.empty() ? p.checks.front().name : p.section;
+  if (profile.params.contains(section)) {
+    const json& s = profile.params[section];
+    for (const char* layer : {"normal", "quick"}) {
+      if (std::string(layer) == "quick" && !quick) continue;
+      if (!s.contains(layer)) continue;
+      for (auto it = s[layer].begin(); it != s[layer].end(); ++it)
+        if (out.contains(it.key())) out[it.key()] = *it;
+    }
+  }
+  // Sizes and durations in the code defaults are written as text too.
+  for (const auto& spec : p.params) {
+    json& v = out[spec.key];
+    if (!v.is_string()) continue;
+    if (spec.type == ParamType::kDuration) v = parse_duration(v.get<std::string>()).value();
+    if (spec.type == ParamType::kSize) v = parse_size(v.get<std::string>()).value();
+  }
+  return out;
+}
+
+double probe_timeout(const ProbeSpec& p, const Profile& profile, const VetOptions& o) {
+  if (o.timeout_s) return *o.timeout_s;
+  double t = o.quick ? p.quick_timeout_s : p.timeout_s;
+  bool from_profile = false;
+  double best = 0;
+  for (const auto& c : p.checks) {
+    const auto it = profile.checks.find(c.name);
+    if (it == profile.checks.end()) continue;
+    const auto& v = o.quick ? (it->second.quick_timeout_s ? it->second.quick_timeout_s : it->second.timeout_s) : it->second.timeout_s;
+    if (v) {
+      best = std::max(best, *v);
+      from_profile = true;
+    }
+  }
+  return from_profile ? best : t;
+}
+
+struct ChildOutcome {
+  std::vector<Measurement> measurements;
+  std::string error;  // set when the probe produced nothing usable
+  bool interrupted = false;
+  double duration_s = 0;
+};
+
+[[noreturn]] void child_main(const ProbeSpec& p, const ProbeContext& ctx, const std::vector<Injection>& injections, int fd) {
+  ::setpgid(0, 0);  // its own group, so the runner can stop it and anything it started
+  struct sigaction sa {};
+  sa.sa_handler = on_probe_term;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGTERM, &sa, nullptr);
+  ::signal(SIGINT, SIG_IGN);  // the runner decides what an interrupt means
+  for (const auto& inj : injections) {
+    if (!ctx.wants(inj.check)) continue;
+    if (inj.action == Injection::Action::kHang)
+      for (;;) ::pause();
+    if (inj.action == Injection::Action::kCrash) std::abort();
+  }
+  std::string out;
+  try {
+    json j = json::array();
+    for (const auto& m : p.run(ctx)) j.push_back(m);
+    out = j.dump();
+  } catch (const std::exception& e) {
+    out = json{{"error", e.what()}}.dump();
+  }
+  const char* data = out.data();
+  std::size_t left = out.size();
+  while (left > 0) {
+    const ssize_t n = ::write(fd, data, left);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    data += n;
+    left -= static_cast<std::size_t>(n);
+  }
+  ::_exit(0);
+}
+
+void stop_child(pid_t pid) {
+  ::kill(-pid, SIGTERM);
+  for (int i = 0; i < 20; ++i) {  // up to 2 s to clean up, then no more chances
+    if (::waitpid(pid, nullptr, WNOHANG) == pid) return;
+    ::usleep(100'000);
+  }
+  ::kill(-pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+}
+
+ChildOutcome run_in_child(const ProbeSpec& p, const ProbeContext& ctx, double timeout_s,
+                          const std::vector<Injection>& injections) {
+  ChildOutcome out;
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) {
+    out.error = fmt::format("cannot create pipe: {}", std::strerror(errno));
+    return out;
+  }
+  std::fflush(nullptr);
+  const auto start = std::chrono::steady_clock::now();
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    out.error = fmt::format("cannot fork: {}", std::strerror(errno));
+    ::close(fds[0]);
+    ::close(fds[1]);
+    return out;
+  }
+  if (pid == 0) {
+    ::close(fds[0]);
+    child_main(p, ctx, injections, fds[1]);
+  }
+  ::setpgid(pid, pid);  // also here, so kill(-pid) works even before the child ran
+  ::close(fds[1]);
+  std::string data;
+  bool timed_out = false;
+  char buf[65536];
+  for (;;) {
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (g_interrupted) {
+      out.interrupted = true;
+      break;
+    }
+    if (elapsed >= timeout_s) {
+      timed_out = true;
+      break;
+    }
+    pollfd pfd{fds[0], POLLIN, 0};
+    const int wait_ms = static_cast<int>(std::min(100.0, (timeout_s - elapsed) * 1000.0)) + 1;
+    const int rc = ::poll(&pfd, 1, wait_ms);
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc > 0) {
+      const ssize_t n = ::read(fds[0], buf, sizeof(buf));
+      if (n > 0) {
+        data.append(buf, static_cast<std::size_t>(n));
+        continue;
+      }
+      if (n == 0) break;  // child closed its end: done or dead
+      if (errno != EINTR) break;
+    }
+  }
+  ::close(fds[0]);
+  int wstatus = 0;
+  if (timed_out || out.interrupted) {
+    if (timed_out) {
+      ::kill(-pid, SIGKILL);  // a hung probe gets no grace period
+      ::waitpid(pid, &wstatus, 0);
+    } else {
+      stop_child(pid);
+    }
+  } else {
+    while (::waitpid(pid, &wstatus, 0) < 0 && errno == EINTR) {
+    }
+  }
+  out.duration_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (timed_out) {
+    out.error = fmt::format("timed out after {}", format_duration(timeout_s));
+    return out;
+  }
+  if (out.interrupted) {
+    out.error = "interrupted";
+    return out;
+  }
+  if (WIFSIGNALED(wstatus)) {
+    out.error = fmt::format("probe crashed: {}", strsignal(WTERMSIG(wstatus)));
+    return out;
+  }
+  json j = json::parse(data, nullptr, false);
+  if (j.is_discarded()) {
+    out.error = "probe returned no readable result";
+  } else if (j.is_object() && j.contains("error")) {
+    out.error = j["error"].get<std::string>();
+  } else {
+    for (const auto& m : j) out.measurements.push_back(m.get<Measurement>());
+  }
+  return out;
+}
+
+// The runner owns scratch directories, so they go away even when a probe is
+// killed mid-write.
+std::vector<StorageTarget> make_scratch(const std::vector<std::string>& paths, const std::string& probe) {
+  std::vector<StorageTarget> out;
+  for (const auto& p : paths) {
+    StorageTarget t;
+    t.path = p;
+    std::error_code ec;
+    if (!fs::exists(p, ec)) {
+      t.error = "path does not exist";
+    } else if (!fs::is_directory(p, ec)) {
+      t.error = "not a directory";
+    } else {
+      std::string tmpl = (fs::path(p) / fmt::format(".pacer-vet-{}-{}.XXXXXX", probe, ::getpid())).string();
+      if (::mkdtemp(tmpl.data())) t.scratch = tmpl;
+      else t.error = fmt::format("not writable: {}", std::strerror(errno));
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+void remove_scratch(const std::vector<StorageTarget>& targets) {
+  for (const auto& t : targets) {
+    if (t.scratch.empty()) continue;
+    std::error_code ec;
+    fs::remove_all(t.scratch, ec);
+  }
+}
+
+std::vector<std::string> resolve_storage_paths(const VetOptions& o, const Profile& profile) {
+  std::vector<std::string> raw = o.storage_paths.empty() ? profile.storage_paths : o.storage_paths;
+  if (raw.empty()) raw = {".", "$TMPDIR"};
+  std::vector<std::string> out;
+  std::set<std::string> seen;
+  for (const auto& r : raw) {
+    const std::string p = expand_path(r);
+    std::error_code ec;
+    // One filesystem location is tested once, however it was spelled.
+    const fs::path canon = fs::weakly_canonical(fs::absolute(p, ec), ec);
+    const std::string key = ec ? p : canon.string();
+    if (seen.insert(key).second) out.push_back(ec ? p : canon.string());
+  }
+  return out;
+}
+
+}  // namespace
+
+Expected<VetReport> run_vet(const VetOptions& o) {
+  auto profile = load_profile(o.profile);
+  if (!profile) return profile.error();
+  std::map<std::string, double> baseline;
+  if (o.baseline_path) {
+    auto b = load_baseline(*o.baseline_path);
+    if (!b) return b.error();
+    baseline = std::move(*b);
+  }
+  auto selected = select_checks(o, *profile);
+  if (!selected) return selected.error();
+  if (selected->empty()) return Error{ErrorKind::kUsage, "no checks selected (see --only, --skip and the profile's enabled flags)"};
+  for (const auto& inj : o.injections)
+    if (!selected->count(inj.check))
+      return Error{ErrorKind::kUsage, fmt::format("--inject: check '{}' is not selected", inj.check)};
+
+  VetReport report;
+  report.host = hw::hostname();
+  report.started_at = utc_now_iso();
+  report.mode = o.quick ? "quick" : "full";
+  report.profile = *profile;
+  report.baseline_path = o.baseline_path;
+  report.injections = o.injections;
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<std::string> storage_paths = resolve_storage_paths(o, *profile);
+
+  std::vector<const ProbeSpec*> todo;
+  for (const auto& p : all_probes())
+    for (const auto& c : p.checks)
+      if (selected->count(c.name)) {
+        todo.push_back(&p);
+        break;
+      }
+
+  SignalGuard guard;
+  for (std::size_t i = 0; i < todo.size(); ++i) {
+    const ProbeSpec& p = *todo[i];
+    ProbeContext ctx;
+    ctx.quick = o.quick;
+    ctx.params = resolve_params(p, *profile, o.quick);
+    ctx.expect_gpus = o.expect_gpus;
+    for (const auto& c : p.checks)
+      if (selected->count(c.name)) ctx.wanted.insert(c.name);
+    if (p.uses_storage) ctx.storage = make_scratch(storage_paths, p.name);
+    if (o.on_probe) o.on_probe(p.name, i, todo.size(), false);
+
+    ChildOutcome outcome = g_interrupted ? ChildOutcome{{}, "interrupted", true, 0}
+                                         : run_in_child(p, ctx, probe_timeout(p, *profile, o), o.injections);
+    remove_scratch(ctx.storage);
+    if (o.on_probe) o.on_probe(p.name, i, todo.size(), true);
+
+    for (const auto& c : p.checks) {
+      if (!ctx.wants(c.name)) continue;
+      std::vector<Measurement> ms;
+      for (const auto& m : outcome.measurements)
+        if (m.check == c.name) ms.push_back(m);
+      if (ms.empty()) {
+        ms.push_back(not_measured(c.name, CheckStatus::kError, outcome.error.empty() ? "probe returned no result" : outcome.error));
+      }
+      for (auto& m : ms) {
+        for (const auto& inj : o.injections)
+          if (inj.check == m.check && inj.action == Injection::Action::kValue) {
+            m.value = inj.value;
+            m.status.reset();
+            m.detail = fmt::format("injected value {}", format_number(inj.value));
+          }
+        const auto b = baseline.find(m.check + "|" + m.target);
+        CheckResult r = judge(m, *profile, b == baseline.end() ? std::nullopt : std::optional<double>(b->second));
+        r.duration_s = outcome.duration_s;
+        report.checks.push_back(std::move(r));
+      }
+    }
+    if (outcome.interrupted) {
+      report.interrupted = true;
+      break;
+    }
+  }
+  report.duration_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // Versions are also gathered in one place, for drift checks across nodes.
+  for (const auto& c : report.checks)
+    if (c.category == "software" && c.name.starts_with("software."))
+      report.versions[c.name.substr(9)] = c.status == CheckStatus::kSkip ? "" : c.text;
+  return report;
+}
+
+}  // namespace pacer::vet
