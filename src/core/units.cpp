@@ -57,7 +57,8 @@ Expected<std::uint64_t> parse_size(std::string_view text) {
     if (suffix == name) {
       const double bytes = n * scale;
       if (bytes > 1.8e19) return bad("size", text, "too large");
-      return static_cast<std::uint64_t>(std::llround(bytes));
+      // Round in double: llround returns a signed type and would wrap above 2^63.
+      return static_cast<std::uint64_t>(std::round(bytes));
     }
   }
   return bad("size", text, "unknown unit (use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB)");

@@ -17,6 +17,16 @@ struct nvmlMemory_t {
   unsigned long long free;
   unsigned long long used;
 };
+// The v2 query separates memory the driver reserves for itself, which v1
+// counts as used (about 600 MiB on an idle H200 that nvidia-smi shows as 0).
+struct nvmlMemory_v2_t {
+  unsigned int version;
+  unsigned long long total;
+  unsigned long long reserved;
+  unsigned long long free;
+  unsigned long long used;
+};
+constexpr unsigned kMemoryV2Version = static_cast<unsigned>(sizeof(nvmlMemory_v2_t)) | (2u << 24);
 constexpr nvmlReturn_t kSuccess = 0;
 constexpr nvmlReturn_t kInsufficientSize = 7;
 constexpr int kTemperatureGpu = 0;
@@ -37,6 +47,7 @@ struct Nvml::Api {
   nvmlReturn_t (*device_get_uuid)(nvmlDevice_t, char*, unsigned) = nullptr;
   nvmlReturn_t (*device_get_temperature)(nvmlDevice_t, int, unsigned*) = nullptr;
   nvmlReturn_t (*device_get_memory_info)(nvmlDevice_t, nvmlMemory_t*) = nullptr;
+  nvmlReturn_t (*device_get_memory_info_v2)(nvmlDevice_t, nvmlMemory_v2_t*) = nullptr;
   nvmlReturn_t (*device_get_compute_processes)(nvmlDevice_t, unsigned*, void*) = nullptr;
   nvmlReturn_t (*device_get_total_ecc_errors)(nvmlDevice_t, int, int, unsigned long long*) = nullptr;
   nvmlReturn_t (*device_get_remapped_rows)(nvmlDevice_t, unsigned*, unsigned*, unsigned*, unsigned*) = nullptr;
@@ -113,6 +124,7 @@ Expected<std::shared_ptr<Nvml>> Nvml::open() {
   bind(h, api->device_get_uuid, {"nvmlDeviceGetUUID"});
   bind(h, api->device_get_temperature, {"nvmlDeviceGetTemperature"});
   bind(h, api->device_get_memory_info, {"nvmlDeviceGetMemoryInfo"});
+  bind(h, api->device_get_memory_info_v2, {"nvmlDeviceGetMemoryInfo_v2"});
   bind(h, api->device_get_compute_processes,
        {"nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2",
         "nvmlDeviceGetComputeRunningProcesses"});
@@ -161,7 +173,12 @@ Expected<GpuInfo> Nvml::query(unsigned index) const {
   buf[0] = 0;
   if (a.device_get_uuid && a.device_get_uuid(dev, buf, sizeof(buf)) == kSuccess) g.uuid = buf;
   g.temperature_c = get<unsigned>(a.device_get_temperature, dev, kTemperatureGpu);
-  if (a.device_get_memory_info) {
+  nvmlMemory_v2_t m2{};
+  m2.version = kMemoryV2Version;
+  if (a.device_get_memory_info_v2 && a.device_get_memory_info_v2(dev, &m2) == kSuccess) {
+    g.memory_total = m2.total;
+    g.memory_used = m2.used;
+  } else if (a.device_get_memory_info) {
     nvmlMemory_t m{};
     if (a.device_get_memory_info(dev, &m) == kSuccess) {
       g.memory_total = m.total;

@@ -1,0 +1,168 @@
+#include "pacer/core/atomic_file.hpp"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+
+namespace pacer {
+namespace {
+
+namespace fs = std::filesystem;
+
+::testing::AssertionResult contains(const std::string& haystack, const std::string& needle) {
+  if (haystack.find(needle) != std::string::npos) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "'" << haystack << "' does not contain '" << needle << "'";
+}
+
+// Each test gets a fresh directory so "no leftovers" can be checked by listing it.
+class AtomicFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = ::testing::TempDir() + "pacer_atomic_XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+  std::set<std::string> entries(const fs::path& dir) const {
+    std::set<std::string> names;
+    for (const auto& e : fs::directory_iterator(dir)) names.insert(e.path().filename().string());
+    return names;
+  }
+
+  static std::string slurp(const std::string& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(AtomicFileTest, CreatesNewFile) {
+  const std::string p = path("report.json");
+  ASSERT_TRUE(write_file_atomic(p, "hello\n").ok());
+  EXPECT_EQ(slurp(p), "hello\n");
+}
+
+TEST_F(AtomicFileTest, ReplacesExistingContent) {
+  const std::string p = path("report.json");
+  ASSERT_TRUE(write_file_atomic(p, "a much longer first version of the file\n").ok());
+  ASSERT_TRUE(write_file_atomic(p, "short\n").ok());
+  // A shorter second write must not leave a tail of the first.
+  EXPECT_EQ(slurp(p), "short\n");
+}
+
+TEST_F(AtomicFileTest, EmptyAndBinaryContents) {
+  const std::string p = path("blob");
+  ASSERT_TRUE(write_file_atomic(p, "").ok());
+  EXPECT_TRUE(fs::exists(p));
+  EXPECT_EQ(fs::file_size(p), 0u);
+
+  const std::string binary("a\0b\xff\n\0", 6);
+  ASSERT_TRUE(write_file_atomic(p, binary).ok());
+  auto back = read_file(p);
+  ASSERT_TRUE(back.has_value()) << back.error().message;
+  EXPECT_EQ(*back, binary);
+}
+
+TEST_F(AtomicFileTest, LeavesNoTemporaryFilesBehind) {
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE(write_file_atomic(path("a.txt"), "version " + std::to_string(i)).ok());
+    ASSERT_TRUE(write_file_atomic(path("b.txt"), "other " + std::to_string(i)).ok());
+  }
+  EXPECT_EQ(entries(dir_), (std::set<std::string>{"a.txt", "b.txt"}));
+}
+
+TEST_F(AtomicFileTest, UsesUmaskPermissionsNotMkstempDefaults) {
+  const mode_t old = ::umask(022);
+  const Status st = write_file_atomic(path("perm.txt"), "x");
+  ::umask(old);
+  ASSERT_TRUE(st.ok()) << st.error().message;
+  struct stat sb {};
+  ASSERT_EQ(::stat(path("perm.txt").c_str(), &sb), 0);
+  EXPECT_EQ(sb.st_mode & 0777, 0644u);
+}
+
+TEST_F(AtomicFileTest, PathWithoutDirectoryWritesToCurrentDirectory) {
+  const fs::path cwd = fs::current_path();
+  fs::current_path(dir_);
+  const Status st = write_file_atomic("plain.txt", "here");
+  fs::current_path(cwd);
+  ASSERT_TRUE(st.ok()) << st.error().message;
+  EXPECT_EQ(slurp(path("plain.txt")), "here");
+  EXPECT_EQ(entries(dir_), (std::set<std::string>{"plain.txt"}));
+}
+
+TEST_F(AtomicFileTest, MissingDirectoryFailsNamingThePath) {
+  const std::string p = path("no/such/dir/report.json");
+  const Status st = write_file_atomic(p, "x");
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().kind, ErrorKind::kIo);
+  EXPECT_TRUE(contains(st.error().message, p));
+  EXPECT_FALSE(fs::exists(path("no")));
+  EXPECT_TRUE(entries(dir_).empty());
+}
+
+TEST_F(AtomicFileTest, FailedWriteLeavesOtherFilesIntact) {
+  const std::string good = path("good.json");
+  ASSERT_TRUE(write_file_atomic(good, "{\"ok\": true}\n").ok());
+  const Status st = write_file_atomic(path("missing/good.json"), "garbage");
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(slurp(good), "{\"ok\": true}\n");
+  EXPECT_EQ(entries(dir_), (std::set<std::string>{"good.json"}));
+}
+
+TEST_F(AtomicFileTest, FailedRenameLeavesTargetUntouchedAndNoTemporary) {
+  // A non-empty directory cannot be renamed over, even as root: the rename
+  // step fails after the temporary file was written.
+  const std::string target = path("target");
+  fs::create_directory(target);
+  ASSERT_TRUE(write_file_atomic(target + "/inside.txt", "keep me").ok());
+
+  const Status st = write_file_atomic(target, "replacement");
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().kind, ErrorKind::kIo);
+  EXPECT_TRUE(contains(st.error().message, target));
+  EXPECT_TRUE(fs::is_directory(target));
+  EXPECT_EQ(slurp(target + "/inside.txt"), "keep me");
+  EXPECT_EQ(entries(dir_), (std::set<std::string>{"target"}));
+}
+
+TEST_F(AtomicFileTest, ReadFileReturnsWholeContent) {
+  std::string big(1 << 20, 'x');
+  big[12345] = '\n';
+  ASSERT_TRUE(write_file_atomic(path("big"), big).ok());
+  auto back = read_file(path("big"));
+  ASSERT_TRUE(back.has_value()) << back.error().message;
+  EXPECT_EQ(*back, big);
+}
+
+TEST_F(AtomicFileTest, ReadMissingFileNamesThePath) {
+  const std::string p = path("absent.toml");
+  auto r = read_file(p);
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().kind, ErrorKind::kIo);
+  EXPECT_TRUE(contains(r.error().message, p));
+}
+
+TEST_F(AtomicFileTest, ReadDirectoryIsAnErrorNamingThePath) {
+  // A directory is not a file: returning "" would let a caller treat it as
+  // an empty profile or baseline.
+  auto r = read_file(dir_.string());
+  ASSERT_FALSE(r.has_value()) << "read a directory as '" << *r << "'";
+  EXPECT_TRUE(contains(r.error().message, dir_.string()));
+}
+
+}  // namespace
+}  // namespace pacer
