@@ -2,51 +2,31 @@
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <set>
 #include <string>
 
+#include "test_util.hpp"
+
 namespace pacer {
 namespace {
 
 namespace fs = std::filesystem;
-
-::testing::AssertionResult contains(const std::string& haystack, const std::string& needle) {
-  if (haystack.find(needle) != std::string::npos) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "'" << haystack << "' does not contain '" << needle << "'";
-}
+using test::contains;
 
 // Each test gets a fresh directory so "no leftovers" can be checked by listing it.
 class AtomicFileTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string tmpl = ::testing::TempDir() + "pacer_atomic_XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-
-  std::set<std::string> entries(const fs::path& dir) const {
-    std::set<std::string> names;
-    for (const auto& e : fs::directory_iterator(dir)) names.insert(e.path().filename().string());
-    return names;
-  }
+  std::string path(const std::string& name) const { return (fs::path(dir_.path()) / name).string(); }
 
   static std::string slurp(const std::string& p) {
     std::ifstream in(p, std::ios::binary);
     return std::string(std::istreambuf_iterator<char>(in), {});
   }
 
-  fs::path dir_;
+  test::TempDir dir_{"pacer_atomic_"};
 };
 
 TEST_F(AtomicFileTest, CreatesNewFile) {
@@ -81,7 +61,7 @@ TEST_F(AtomicFileTest, LeavesNoTemporaryFilesBehind) {
     ASSERT_TRUE(write_file_atomic(path("a.txt"), "version " + std::to_string(i)).ok());
     ASSERT_TRUE(write_file_atomic(path("b.txt"), "other " + std::to_string(i)).ok());
   }
-  EXPECT_EQ(entries(dir_), (std::set<std::string>{"a.txt", "b.txt"}));
+  EXPECT_EQ(dir_.entries(), (std::set<std::string>{"a.txt", "b.txt"}));
 }
 
 TEST_F(AtomicFileTest, UsesUmaskPermissionsNotMkstempDefaults) {
@@ -96,12 +76,12 @@ TEST_F(AtomicFileTest, UsesUmaskPermissionsNotMkstempDefaults) {
 
 TEST_F(AtomicFileTest, PathWithoutDirectoryWritesToCurrentDirectory) {
   const fs::path cwd = fs::current_path();
-  fs::current_path(dir_);
+  fs::current_path(dir_.path());
   const Status st = write_file_atomic("plain.txt", "here");
   fs::current_path(cwd);
   ASSERT_TRUE(st.ok()) << st.error().message;
   EXPECT_EQ(slurp(path("plain.txt")), "here");
-  EXPECT_EQ(entries(dir_), (std::set<std::string>{"plain.txt"}));
+  EXPECT_EQ(dir_.entries(), (std::set<std::string>{"plain.txt"}));
 }
 
 TEST_F(AtomicFileTest, MissingDirectoryFailsNamingThePath) {
@@ -111,7 +91,7 @@ TEST_F(AtomicFileTest, MissingDirectoryFailsNamingThePath) {
   EXPECT_EQ(st.error().kind, ErrorKind::kIo);
   EXPECT_TRUE(contains(st.error().message, p));
   EXPECT_FALSE(fs::exists(path("no")));
-  EXPECT_TRUE(entries(dir_).empty());
+  EXPECT_TRUE(dir_.entries().empty());
 }
 
 TEST_F(AtomicFileTest, FailedWriteLeavesOtherFilesIntact) {
@@ -120,7 +100,7 @@ TEST_F(AtomicFileTest, FailedWriteLeavesOtherFilesIntact) {
   const Status st = write_file_atomic(path("missing/good.json"), "garbage");
   ASSERT_FALSE(st.ok());
   EXPECT_EQ(slurp(good), "{\"ok\": true}\n");
-  EXPECT_EQ(entries(dir_), (std::set<std::string>{"good.json"}));
+  EXPECT_EQ(dir_.entries(), (std::set<std::string>{"good.json"}));
 }
 
 TEST_F(AtomicFileTest, FailedRenameLeavesTargetUntouchedAndNoTemporary) {
@@ -136,7 +116,7 @@ TEST_F(AtomicFileTest, FailedRenameLeavesTargetUntouchedAndNoTemporary) {
   EXPECT_TRUE(contains(st.error().message, target));
   EXPECT_TRUE(fs::is_directory(target));
   EXPECT_EQ(slurp(target + "/inside.txt"), "keep me");
-  EXPECT_EQ(entries(dir_), (std::set<std::string>{"target"}));
+  EXPECT_EQ(dir_.entries(), (std::set<std::string>{"target"}));
 }
 
 TEST_F(AtomicFileTest, ReadFileReturnsWholeContent) {
@@ -159,9 +139,9 @@ TEST_F(AtomicFileTest, ReadMissingFileNamesThePath) {
 TEST_F(AtomicFileTest, ReadDirectoryIsAnErrorNamingThePath) {
   // A directory is not a file: returning "" would let a caller treat it as
   // an empty profile or baseline.
-  auto r = read_file(dir_.string());
+  auto r = read_file(dir_.path());
   ASSERT_FALSE(r.has_value()) << "read a directory as '" << *r << "'";
-  EXPECT_TRUE(contains(r.error().message, dir_.string()));
+  EXPECT_TRUE(contains(r.error().message, dir_.path()));
 }
 
 }  // namespace

@@ -5,15 +5,12 @@
 #include <cstdint>
 #include <string>
 
+#include "test_util.hpp"
+
 namespace pacer {
 namespace {
 
-// A substring check with the whole message in the failure output (gmock is
-// not linked into this target).
-::testing::AssertionResult contains(const std::string& haystack, const std::string& needle) {
-  if (haystack.find(needle) != std::string::npos) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "'" << haystack << "' does not contain '" << needle << "'";
-}
+using test::contains;
 
 // Durations come back in seconds; compare with a tolerance because "1.5m"
 // and "250ms" go through floating-point scaling.

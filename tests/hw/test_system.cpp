@@ -6,13 +6,12 @@
 #include <set>
 #include <string>
 
+#include "test_util.hpp"
+
 namespace pacer::hw {
 namespace {
 
-::testing::AssertionResult contains(const std::string& haystack, const std::string& needle) {
-  if (haystack.find(needle) != std::string::npos) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "'" << haystack << "' does not contain '" << needle << "'";
-}
+using pacer::test::contains;
 
 // Trimmed from a real 5.15 kernel; the keys we want are not the first lines,
 // and similar-looking keys (MemFree, SwapCached) must not be confused with them.

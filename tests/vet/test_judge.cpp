@@ -1,22 +1,14 @@
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <string>
 
 #include "pacer/vet/vet.hpp"
+#include "test_util.hpp"
 
 namespace pacer::vet {
 namespace {
 
-namespace fs = std::filesystem;
-
-::testing::AssertionResult contains(const std::string& haystack, const std::string& needle) {
-  if (haystack.find(needle) != std::string::npos) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "'" << haystack << "' does not contain '" << needle << "'";
-}
+using pacer::test::contains;
 
 Measurement number(const std::string& check, double value, std::string target = {}) {
   Measurement m;
@@ -254,25 +246,11 @@ TEST_F(JudgeBaseline, NonPositiveBaselineIgnored) {
 
 class LoadBaseline : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string tmpl = ::testing::TempDir() + "pacer_baseline_XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-  std::string write(const std::string& name, const std::string& text) const {
-    const std::string p = (dir_ / name).string();
-    std::ofstream(p) << text;
-    return p;
-  }
-  fs::path dir_;
+  pacer::test::TempDir dir_{"pacer_baseline_"};
 };
 
 TEST_F(LoadBaseline, ReadsNumericFiguresKeyedByNameAndTarget) {
-  const std::string p = write("good.json", R"({
+  const std::string p = dir_.file("good.json", R"({
     "schema": "pacer.vet/1",
     "checks": [
       {"name": "memory.bandwidth", "target": "", "value": 50.5, "status": "pass"},
@@ -307,7 +285,7 @@ TEST_F(LoadBaseline, ReadsAReportWrittenByToJson) {
   skipped.target = "gpu0";
   skipped.status = CheckStatus::kSkip;
   r.checks = {bw, wr, skipped};
-  const std::string p = write("report.json", to_json(r).dump(2));
+  const std::string p = dir_.file("report.json", to_json(r).dump(2));
   auto b = load_baseline(p);
   ASSERT_TRUE(b.has_value()) << b.error().message;
   const std::map<std::string, double> expected{{"memory.bandwidth|", 123.5}, {"storage.write|/scratch", 900}};
@@ -315,7 +293,7 @@ TEST_F(LoadBaseline, ReadsAReportWrittenByToJson) {
 }
 
 TEST_F(LoadBaseline, InvalidJsonIsConfigErrorNamingPath) {
-  const std::string p = write("bad.json", "{\"schema\": \"pacer.vet/1\", \"checks\": [");
+  const std::string p = dir_.file("bad.json", "{\"schema\": \"pacer.vet/1\", \"checks\": [");
   auto b = load_baseline(p);
   ASSERT_FALSE(b.has_value());
   EXPECT_EQ(b.error().kind, ErrorKind::kConfig);
@@ -328,7 +306,7 @@ TEST_F(LoadBaseline, WrongSchemaIsConfigErrorNamingPath) {
                            R"({"schema": "pacer.vet/1"})",
                            R"({"schema": "pacer.vet/1", "checks": {}})",
                            R"([1, 2, 3])"}) {
-    const std::string p = write("wrong.json", text);
+    const std::string p = dir_.file("wrong.json", text);
     auto b = load_baseline(p);
     ASSERT_FALSE(b.has_value()) << text;
     EXPECT_EQ(b.error().kind, ErrorKind::kConfig) << text;
@@ -337,7 +315,7 @@ TEST_F(LoadBaseline, WrongSchemaIsConfigErrorNamingPath) {
 }
 
 TEST_F(LoadBaseline, MissingFileIsConfigErrorNamingPath) {
-  const std::string p = (dir_ / "absent.json").string();
+  const std::string p = dir_.path() + "/absent.json";
   auto b = load_baseline(p);
   ASSERT_FALSE(b.has_value());
   EXPECT_EQ(b.error().kind, ErrorKind::kConfig);

@@ -1,43 +1,23 @@
 #include "pacer/vet/profile.hpp"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
+
+#include "test_util.hpp"
 
 namespace pacer::vet {
 namespace {
 
 namespace fs = std::filesystem;
-
-::testing::AssertionResult contains(const std::string& haystack, const std::string& needle) {
-  if (haystack.find(needle) != std::string::npos) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "'" << haystack << "' does not contain '" << needle << "'";
-}
+using pacer::test::contains;
 
 class ProfileTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string tmpl = ::testing::TempDir() + "pacer_profile_XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-
-  void write(const std::string& name, const std::string& text) const {
-    fs::create_directories((dir_ / name).parent_path());
-    std::ofstream(path(name)) << text;
-  }
+  std::string path(const std::string& name) const { return (fs::path(dir_.path()) / name).string(); }
 
   // Parses text as if read from <dir>/site.toml and expects a config error
   // pointing at `line` and mentioning every string in `needles`.
@@ -50,7 +30,7 @@ class ProfileTest : public ::testing::Test {
     for (const auto& n : needles) EXPECT_TRUE(contains(p.error().message, n));
   }
 
-  fs::path dir_;
+  pacer::test::TempDir dir_{"pacer_profile_"};
 };
 
 TEST(BuiltinProfiles, NamesIncludeDefaultAndH200) {
@@ -118,10 +98,10 @@ TEST_F(ProfileTest, MissingFileIsConfigErrorNamingPath) {
 }
 
 TEST_F(ProfileTest, LoadProfileFromFileInheritsDefaultImplicitly) {
-  write("site.toml",
-        "name = \"site\"\n"
-        "[checks.\"system.load\"]\n"
-        "warn_above = 5\n");
+  dir_.file("site.toml",
+            "name = \"site\"\n"
+            "[checks.\"system.load\"]\n"
+            "warn_above = 5\n");
   auto p = load_profile(path("site.toml"));
   ASSERT_TRUE(p.has_value()) << p.error().message;
   EXPECT_EQ(p->name, "site");
@@ -132,13 +112,13 @@ TEST_F(ProfileTest, LoadProfileFromFileInheritsDefaultImplicitly) {
 }
 
 TEST_F(ProfileTest, InheritsChainThroughRelativePath) {
-  write("sub/base.toml",
-        "name = \"base\"\n"
-        "inherits = \"h200\"\n"
-        "[checks.\"system.load\"]\n"
-        "warn_above = 5\n"
-        "[checks.\"storage.free\"]\n"
-        "warn_below = 100\n");
+  dir_.file("sub/base.toml",
+            "name = \"base\"\n"
+            "inherits = \"h200\"\n"
+            "[checks.\"system.load\"]\n"
+            "warn_above = 5\n"
+            "[checks.\"storage.free\"]\n"
+            "warn_below = 100\n");
   const std::string source = path("site.toml");
   auto p = parse_profile(
       "name = \"site\"\n"
@@ -159,9 +139,9 @@ TEST_F(ProfileTest, InheritsChainThroughRelativePath) {
 
 TEST_F(ProfileTest, InheritsIsRelativeToTheInheritingFile) {
   // base.toml sits in sub/ and names its own parent "root.toml" in sub/.
-  write("sub/root.toml", "name = \"root\"\ninherits = \"none\"\n[checks.\"system.load\"]\nwarn_above = 3\n");
-  write("sub/base.toml", "name = \"base\"\ninherits = \"root.toml\"\n");
-  write("root.toml", "name = \"decoy\"\ninherits = \"none\"\n[checks.\"system.load\"]\nwarn_above = 99\n");
+  dir_.file("sub/root.toml", "name = \"root\"\ninherits = \"none\"\n[checks.\"system.load\"]\nwarn_above = 3\n");
+  dir_.file("sub/base.toml", "name = \"base\"\ninherits = \"root.toml\"\n");
+  dir_.file("root.toml", "name = \"decoy\"\ninherits = \"none\"\n[checks.\"system.load\"]\nwarn_above = 99\n");
   auto p = parse_profile("inherits = \"sub/base.toml\"\n", path("site.toml"));
   ASSERT_TRUE(p.has_value()) << p.error().message;
   EXPECT_EQ(p->checks.at("system.load").warn_above, 3);
@@ -195,8 +175,8 @@ TEST_F(ProfileTest, MissingInheritedFileNamesIt) {
 }
 
 TEST_F(ProfileTest, InheritanceCycleIsAnError) {
-  write("a.toml", "inherits = \"b.toml\"\n");
-  write("b.toml", "inherits = \"a.toml\"\n");
+  dir_.file("a.toml", "inherits = \"b.toml\"\n");
+  dir_.file("b.toml", "inherits = \"a.toml\"\n");
   auto p = load_profile(path("a.toml"));
   ASSERT_FALSE(p.has_value());
   EXPECT_EQ(p.error().kind, ErrorKind::kConfig);
@@ -204,7 +184,7 @@ TEST_F(ProfileTest, InheritanceCycleIsAnError) {
 }
 
 TEST_F(ProfileTest, ErrorInInheritedFileNamesThatFileAndLine) {
-  write("base.toml", "name = \"base\"\n\n[checks.\"system.load\"]\nwarn_above = \"high\"\n");
+  dir_.file("base.toml", "name = \"base\"\n\n[checks.\"system.load\"]\nwarn_above = \"high\"\n");
   auto p = parse_profile("inherits = \"base.toml\"\n", path("site.toml"));
   ASSERT_FALSE(p.has_value());
   EXPECT_EQ(p.error().kind, ErrorKind::kConfig);
@@ -382,7 +362,7 @@ TEST_F(ProfileTest, StoragePathsAndQuickParams) {
 }
 
 TEST_F(ProfileTest, StorageOverridesMergeWithInheritedOnes) {
-  write("base.toml", "inherits = \"none\"\n[storage]\nsize = \"2GiB\"\nblock = \"1MiB\"\n");
+  dir_.file("base.toml", "inherits = \"none\"\n[storage]\nsize = \"2GiB\"\nblock = \"1MiB\"\n");
   auto p = parse_profile("inherits = \"base.toml\"\n[storage]\nblock = \"8MiB\"\n", path("site.toml"));
   ASSERT_TRUE(p.has_value()) << p.error().message;
   const auto& n = p->params.at("storage").at("normal");

@@ -1,44 +1,23 @@
 // run_vet end to end: selection, child-process isolation, timeouts, crashes,
 // injections, storage safety and baselines, with the real probes.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
+#include <set>
+#include <string>
 
 #include "pacer/core/atomic_file.hpp"
 #include "pacer/vet/vet.hpp"
+#include "test_util.hpp"
 
 namespace fs = std::filesystem;
 using pacer::ErrorKind;
+using pacer::test::TempDir;
 using pacer::vet::CheckResult;
 using pacer::vet::CheckStatus;
 using pacer::vet::VetOptions;
 
 namespace {
-
-class TempDir {
- public:
-  TempDir() {
-    std::string t = (fs::temp_directory_path() / "pacer-runner-XXXXXX").string();
-    path_ = ::mkdtemp(t.data());
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  const std::string& path() const { return path_; }
-  std::string file(const std::string& name, const std::string& text) const {
-    const std::string p = path_ + "/" + name;
-    std::ofstream(p) << text;
-    return p;
-  }
-  std::size_t entries() const {
-    std::size_t n = 0;
-    for ([[maybe_unused]] const auto& e : fs::directory_iterator(path_)) ++n;
-    return n;
-  }
-
- private:
-  std::string path_;
-};
 
 const CheckResult* find(const pacer::vet::VetReport& r, const std::string& name, const std::string& target = "") {
   for (const auto& c : r.checks)
@@ -104,7 +83,7 @@ TEST(Runner, HungCheckTimesOutAndOthersStillRun) {
 }
 
 TEST(Runner, ProfileTimeoutAppliesToItsCheck) {
-  TempDir dir;
+  TempDir dir("pacer-runner-");
   const std::string prof = dir.file("slow.toml",
                                     "[checks.\"system.load\"]\n"
                                     "timeout = \"200ms\"\n"
@@ -147,7 +126,7 @@ TEST(Runner, InjectedValueIsJudgedByTheProfile) {
 }
 
 TEST(Runner, MissingStoragePathFailsWhileOthersRun) {
-  TempDir good;
+  TempDir good("pacer-runner-");
   VetOptions o;
   o.quick = true;
   o.only = {"storage.free", "storage.metadata"};
@@ -165,14 +144,14 @@ TEST(Runner, MissingStoragePathFailsWhileOthersRun) {
     EXPECT_NE(c.reason.find("does not exist"), std::string::npos) << c.reason;
   }
   EXPECT_EQ(missing, 2);
-  EXPECT_EQ(good.entries(), 0u) << "scratch files left behind";
+  EXPECT_EQ(good.entries(), std::set<std::string>{}) << "scratch files left behind";
 }
 
 TEST(Runner, NearlyFullFilesystemFailsBeforeWriting) {
-  TempDir dir;
+  TempDir dir("pacer-runner-");
   // A reserve larger than any disk: the probe must refuse to write at all.
   const std::string prof = dir.file("full.toml", "[storage]\nreserve = \"1000000TiB\"\n");
-  TempDir target;
+  TempDir target("pacer-runner-");
   VetOptions o;
   o.profile = prof;
   o.only = {"storage.write", "storage.read"};
@@ -184,13 +163,13 @@ TEST(Runner, NearlyFullFilesystemFailsBeforeWriting) {
     EXPECT_EQ(c.status, CheckStatus::kFail);
     EXPECT_NE(c.reason.find("not tested"), std::string::npos) << c.reason;
   }
-  EXPECT_EQ(target.entries(), 0u);
+  EXPECT_EQ(target.entries(), std::set<std::string>{});
 }
 
 TEST(Runner, StorageThroughputWritesBoundedAmountAndCleansUp) {
-  TempDir dir;
+  TempDir dir("pacer-runner-");
   const std::string prof = dir.file("small.toml", "[storage]\nsize = \"8MiB\"\nblock = \"1MiB\"\nreserve = \"0\"\n");
-  TempDir target;
+  TempDir target("pacer-runner-");
   VetOptions o;
   o.profile = prof;
   o.only = {"storage.write", "storage.read"};
@@ -205,11 +184,11 @@ TEST(Runner, StorageThroughputWritesBoundedAmountAndCleansUp) {
   EXPECT_EQ(rd->status, CheckStatus::kPass) << rd->reason;
   EXPECT_GT(*w->value, 0);
   EXPECT_NE(w->reason.find("8 MiB"), std::string::npos) << w->reason;
-  EXPECT_EQ(target.entries(), 0u);
+  EXPECT_EQ(target.entries(), std::set<std::string>{});
 }
 
 TEST(Runner, HungStorageProbeLeavesNoScratch) {
-  TempDir target;
+  TempDir target("pacer-runner-");
   VetOptions o;
   o.only = {"storage.metadata"};
   o.storage_paths = {target.path()};
@@ -218,11 +197,11 @@ TEST(Runner, HungStorageProbeLeavesNoScratch) {
   auto r = pacer::vet::run_vet(o);
   ASSERT_TRUE(r) << r.error().message;
   EXPECT_EQ(r->checks.at(0).status, CheckStatus::kError);
-  EXPECT_EQ(target.entries(), 0u);
+  EXPECT_EQ(target.entries(), std::set<std::string>{});
 }
 
 TEST(Runner, BaselineTurnsThresholdsRelative) {
-  TempDir dir;
+  TempDir dir("pacer-runner-");
   VetOptions o;
   o.only = {"cpu.flops"};
   o.injections = {inject("cpu.flops=100")};
@@ -253,7 +232,7 @@ TEST(Runner, BaselineTurnsThresholdsRelative) {
 }
 
 TEST(Runner, QuickRunOfEveryCheckFinishesWithAVerdict) {
-  TempDir target;
+  TempDir target("pacer-runner-");
   VetOptions o;
   o.quick = true;
   o.storage_paths = {target.path()};
@@ -266,5 +245,5 @@ TEST(Runner, QuickRunOfEveryCheckFinishesWithAVerdict) {
       EXPECT_FALSE(c.reason.empty());
     }
   }
-  EXPECT_EQ(target.entries(), 0u);
+  EXPECT_EQ(target.entries(), std::set<std::string>{});
 }
