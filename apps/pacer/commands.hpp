@@ -11,5 +11,6 @@ namespace pacer::cli {
 using Handler = std::function<int()>;
 
 Handler register_vet(CLI::App& app);
+Handler register_ckpt(CLI::App& app);
 
 }  // namespace pacer::cli

@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   std::map<CLI::App*, pacer::cli::Handler> handlers;
   auto add = [&](pacer::cli::Handler h) { handlers[app.get_subcommands({}).back()] = std::move(h); };
   add(pacer::cli::register_vet(app));
+  add(pacer::cli::register_ckpt(app));
 
   try {
     app.parse(argc, argv);

@@ -1,0 +1,210 @@
+// Checkpoints: async, multi-tier, crash-consistent and checksummed saves of named blobs.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "pacer/core/error.hpp"
+
+namespace pacer::comm {
+class Communicator;
+}
+
+namespace pacer::ckpt {
+
+inline constexpr const char* kManifestSchema = "pacer.ckpt/1";
+inline constexpr const char* kManifestName = "MANIFEST.json";
+
+// Element types a blob may declare; "bytes" is opaque data.
+// Names follow numpy (float32, int64, ...) plus "bfloat16".
+std::size_t dtype_size(const std::string& dtype);  // 0 for an unknown dtype
+bool valid_dtype(const std::string& dtype);
+
+enum class Layout {
+  kReplicated,  // one copy of the whole blob (saved by one rank)
+  kShard,       // this rank's byte range of one logical blob shared by ranks
+};
+
+// A caller's buffer to save. Borrowed only until save() returns: the bytes are
+// copied into staging memory before that.
+struct BlobView {
+  std::string name;
+  const void* data = nullptr;
+  std::uint64_t size = 0;  // bytes
+  std::string dtype = "bytes";
+  std::vector<std::int64_t> shape;  // of this blob (this shard, for shards)
+  Layout layout = Layout::kReplicated;
+  // Shards: these bytes are [shard_offset, shard_offset + size) of a logical
+  // blob of global_size bytes and global_shape.
+  std::uint64_t shard_offset = 0;
+  std::uint64_t global_size = 0;
+  std::vector<std::int64_t> global_shape;
+};
+
+// One blob as recorded in a manifest.
+struct BlobInfo {
+  std::string name;
+  int rank = 0;
+  std::string file;        // data file inside the checkpoint directory
+  std::uint64_t offset = 0;  // of the blob in that file
+  std::uint64_t size = 0;
+  std::string dtype = "bytes";
+  std::vector<std::int64_t> shape;
+  Layout layout = Layout::kReplicated;
+  std::uint64_t shard_offset = 0;
+  std::uint64_t global_size = 0;
+  std::vector<std::int64_t> global_shape;
+  std::vector<std::uint64_t> chunk_hashes;  // XXH3-64 of each chunk_bytes piece
+};
+
+struct Manifest {
+  std::uint64_t step = 0;
+  std::string created_at;
+  int world_size = 1;
+  std::uint64_t chunk_bytes = 0;
+  nlohmann::json meta = nlohmann::json::object();
+  std::vector<BlobInfo> blobs;
+  std::vector<std::pair<std::string, std::uint64_t>> files;  // name, size
+};
+
+nlohmann::json to_json(const Manifest& m);
+// Parses and checks a manifest; the error names `source` and what is wrong.
+Expected<Manifest> manifest_from_json(const std::string& text, const std::string& source);
+
+// "step-000000000042" for step 42.
+std::string step_dir_name(std::uint64_t step);
+std::optional<std::uint64_t> parse_step_dir_name(const std::string& name);
+
+// One committed checkpoint, opened for reading. Every byte read is checked
+// against its chunk's checksum; a mismatch is an error naming the blob, the
+// file and the offset. Not thread-safe.
+class Reader {
+ public:
+  static Expected<Reader> open(const std::string& step_dir);
+  const Manifest& manifest() const { return manifest_; }
+  const std::string& dir() const { return dir_; }
+
+  // Logical blobs: replicated blobs and shard groups merged, by name.
+  struct Logical {
+    std::string name;
+    std::string dtype;
+    std::vector<std::int64_t> shape;
+    std::uint64_t size = 0;
+  };
+  std::vector<Logical> logical_blobs() const;
+
+  // Reads `size` bytes of logical blob `name` starting at byte `offset` into
+  // dst; shards are assembled by byte range, so a checkpoint saved by N ranks
+  // can be read by any number of ranks.
+  Status read(const std::string& name, void* dst, std::uint64_t size, std::uint64_t offset = 0);
+  // Reads and checks every byte of every blob.
+  Status verify_all();
+
+ private:
+  Status read_piece(const BlobInfo& b, std::uint64_t from, std::uint64_t len, unsigned char* dst);
+  std::string dir_;
+  Manifest manifest_;
+};
+
+// What a directory of checkpoints holds, for `pacer ckpt ls` and retention.
+struct Entry {
+  std::uint64_t step = 0;
+  std::string path;
+  std::uint64_t bytes = 0;
+  bool committed = false;  // has a readable manifest
+  bool verified = false;   // every checksum checked and right (only with verify)
+  std::string problem;     // why not committed or not valid
+};
+// Committed checkpoints and leftovers (partial directories) under root, newest
+// first. With `verify`, every byte of each committed checkpoint is checked.
+std::vector<Entry> list(const std::string& root, bool verify);
+// Removes committed checkpoints beyond retention: keeps the newest keep_last,
+// every step that is a multiple of keep_every (when > 0), and always the
+// newest. Deletion renames first so a half-deleted directory never looks like
+// a checkpoint. Returns the steps removed.
+Expected<std::vector<std::uint64_t>> prune(const std::string& root, int keep_last, int keep_every);
+
+struct Options {
+  std::string root;                      // persistent tier (shared file system)
+  std::optional<std::string> fast_tier;  // node-local disk or /dev/shm
+  int keep_last = 3;                     // per tier; 0 keeps all
+  int keep_every = 0;
+  std::uint64_t staging_bytes = 1ull << 30;  // copy budget; save() blocks when it is full
+  std::uint64_t chunk_bytes = 64ull << 20;   // staging and checksum granularity
+  bool pin_staging = true;               // page-lock staging with cudaHostRegister where CUDA exists
+  comm::Communicator* comm = nullptr;    // several ranks: a collective commit (nullptr: one rank)
+  // Warnings (a corrupt checkpoint skipped, a failed tier flush), one line
+  // each. Default: stderr.
+  std::function<void(const std::string&)> warn;
+};
+
+class Checkpointer;
+
+// The state of one save. wait() blocks until the checkpoint is durable and
+// committed on its first tier (and, with several ranks, on every rank).
+class SaveHandle {
+ public:
+  SaveHandle() = default;
+  std::uint64_t step() const;
+  bool done() const;
+  Status wait();
+  // Also waits for the copy to the persistent tier (when there is a fast tier).
+  Status wait_persistent();
+
+  struct State;
+
+ private:
+  friend class Checkpointer;
+  explicit SaveHandle(std::shared_ptr<State> s) : state_(std::move(s)) {}
+  std::shared_ptr<State> state_;
+};
+
+// Saves and restores checkpoints under one root. Saves run on background
+// threads; the public methods are safe to call from one thread at a time
+// (the training loop). Destruction waits for every save and flush.
+class Checkpointer {
+ public:
+  static Expected<std::unique_ptr<Checkpointer>> open(Options options);
+  ~Checkpointer();
+  Checkpointer(const Checkpointer&) = delete;
+  Checkpointer& operator=(const Checkpointer&) = delete;
+
+  // Copies the blobs into staging memory and returns; background writers make
+  // them durable. Blocks while the staging budget is full. Errors: a bad
+  // argument (duplicate name, unknown dtype, size mismatch) or a step already
+  // committed. Failures while writing surface through the handle.
+  Expected<SaveHandle> save(std::uint64_t step, const std::vector<BlobView>& blobs,
+                            const nlohmann::json& meta = nlohmann::json::object());
+
+  // The newest step that verifies on any tier (corrupt ones are skipped with a
+  // warning), or nothing.
+  std::optional<std::uint64_t> latest();
+  // Opens a checkpoint for reading: the given step, or the latest. The fast
+  // tier is preferred when it holds that step and the copy verifies.
+  Expected<Reader> open_reader(std::optional<std::uint64_t> step = std::nullopt);
+
+  // Waits for every save and tier flush; returns the first error seen.
+  Status flush();
+
+  const Options& options() const;
+  struct Impl;
+
+ private:
+  explicit Checkpointer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Checkpoint interval that minimises lost work plus checkpoint cost, for a
+// save that costs `save_cost_s` and a mean time between failures `mtbf_s`:
+// Daly's higher-order estimate, sqrt(2δM)·(1 + √(δ/2M)/3 + (δ/2M)/9) − δ for
+// δ < 2M, and M otherwise. Young's first-order sqrt(2δM) is young_interval.
+double optimal_interval(double save_cost_s, double mtbf_s);
+double young_interval(double save_cost_s, double mtbf_s);
+
+}  // namespace pacer::ckpt

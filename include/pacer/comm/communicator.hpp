@@ -1,0 +1,33 @@
+// The one communicator pacer uses across ranks: MPI when built with it, a single rank otherwise.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "pacer/core/error.hpp"
+
+namespace pacer::comm {
+
+// Collective operations every rank must call in the same order. Calls are
+// blocking. An instance is used from one thread at a time.
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual void barrier() = 0;
+  // True on every rank when `ok` is true on every rank.
+  virtual bool all_ok(bool ok) = 0;
+  // `value` of rank `root`, on every rank.
+  virtual std::string broadcast(const std::string& value, int root) = 0;
+};
+
+// A world of one rank: every collective returns at once.
+std::unique_ptr<Communicator> single_rank();
+
+// MPI_COMM_WORLD. Initialises MPI (and finalises it at exit) unless the
+// caller already did. Fails when pacer was built without MPI.
+Expected<std::unique_ptr<Communicator>> mpi_world();
+bool built_with_mpi();
+
+}  // namespace pacer::comm

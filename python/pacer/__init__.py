@@ -1,0 +1,101 @@
+"""pacer: keep large training runs on shared clusters fast and alive.
+
+Checkpointing::
+
+    ck = pacer.Checkpointer(root, fast_tier=None, keep_last=3, keep_every=0)
+    h = ck.save(step, {"weight": tensor_or_array}, meta={"lr": 0.1})  # returns once staged
+    h.wait()                                   # durable and committed
+    ck.latest()                                # newest valid step or None
+    step, blobs, meta = ck.load(step=None)     # blobs: numpy arrays (torch tensors for bfloat16)
+"""
+import json
+
+from ._pacer import Error, Reader, SaveHandle, __version__, optimal_interval
+from ._pacer import _Checkpointer
+
+__all__ = ["Checkpointer", "Error", "Reader", "SaveHandle", "optimal_interval", "__version__"]
+
+
+def _as_blob(name, value):
+    """(name, buffer, dtype, shape) without copying contiguous CPU data."""
+    import numpy as np
+
+    if type(value).__module__.startswith("torch"):
+        import torch
+
+        t = value.detach()
+        if t.device.type != "cpu":
+            raise Error(f"blob '{name}': tensor is on {t.device}; move it to the CPU first")
+        t = t.contiguous()
+        if t.dtype == torch.bfloat16:
+            arr = t.view(torch.int16).numpy()
+            return (name, arr.reshape(-1).view(np.uint8), "bfloat16", list(t.shape))
+        arr = t.numpy()
+    elif isinstance(value, (bytes, bytearray, memoryview)):
+        return (name, memoryview(value).cast("B"), "bytes", [len(memoryview(value).cast("B"))])
+    else:
+        arr = np.asarray(value)
+    if not arr.flags["C_CONTIGUOUS"]:
+        arr = np.ascontiguousarray(arr)
+    dtype = "bool" if arr.dtype == np.bool_ else arr.dtype.name
+    return (name, arr.reshape(-1).view(np.uint8), dtype, list(arr.shape))
+
+
+def _empty(dtype, shape):
+    import numpy as np
+
+    if dtype == "bfloat16":
+        import torch
+
+        return torch.empty(shape, dtype=torch.bfloat16)
+    if dtype == "bytes":
+        return np.empty(shape, dtype=np.uint8)
+    return np.empty(shape, dtype=np.dtype(dtype))
+
+
+def _buffer_of(obj):
+    if type(obj).__module__.startswith("torch"):
+        import torch
+
+        return obj.view(torch.int16).numpy().reshape(-1).view("uint8")
+    return obj.reshape(-1).view("uint8")
+
+
+class Checkpointer:
+    """Asynchronous, checksummed, crash-consistent checkpoints under `root`.
+
+    `fast_tier` (node-local disk or /dev/shm) takes each save first and is
+    copied to `root` in the background. Retention keeps the newest
+    `keep_last` checkpoints and every step that is a multiple of `keep_every`.
+    Saving copies the data into a bounded staging area (`staging_bytes`) and
+    returns; the arrays may be modified right after `save` returns.
+    """
+
+    def __init__(self, root, fast_tier=None, keep_last=3, keep_every=0, staging_bytes=1 << 30, chunk_bytes=64 << 20):
+        self._impl = _Checkpointer(str(root), None if fast_tier is None else str(fast_tier), keep_last, keep_every,
+                                   staging_bytes, chunk_bytes)
+
+    def save(self, step, blobs, meta=None):
+        items = [_as_blob(name, value) for name, value in blobs.items()]
+        return self._impl.save(step, items, json.dumps(meta or {}))
+
+    def latest(self):
+        return self._impl.latest()
+
+    def open(self, step=None):
+        """A Reader for `step` (default: the latest valid one)."""
+        return self._impl.open_reader(step)
+
+    def load(self, step=None):
+        """(step, {name: array}, meta) of `step` or of the latest valid checkpoint."""
+        reader = self._impl.open_reader(step)
+        blobs = {}
+        for name, dtype, shape, _size in reader.blobs():
+            out = _empty(dtype, shape)
+            reader.read_into(name, _buffer_of(out))
+            blobs[name] = out
+        return reader.step, blobs, json.loads(reader.meta_json)
+
+    def flush(self):
+        """Wait for every save and tier copy; raise the first error."""
+        self._impl.flush()

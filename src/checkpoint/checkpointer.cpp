@@ -1,0 +1,789 @@
+// The asynchronous checkpoint writer: staging, background persistence, commit, tiers and retention.
+#include <fcntl.h>
+#include <fmt/chrono.h>
+#include <fmt/format.h>
+#include <stdio.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <charconv>
+#include <cmath>
+#include <condition_variable>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "ckpt_internal.hpp"
+#include "pacer/checkpoint.hpp"
+#include "pacer/comm/communicator.hpp"
+#include "pacer/core/atomic_file.hpp"
+#include "pacer/hw/cuda_host.hpp"
+#include "pacer/hw/system.hpp"
+
+namespace pacer::ckpt {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// ---------------------------------------------------------------------------
+// Small shared helpers.
+
+std::string temp_dir_name(std::uint64_t step, const std::string& host, int pid) {
+  static std::mt19937_64 rng(std::random_device{}());
+  return fmt::format(".partial-{}-{}-{}-{:08x}", step_dir_name(step), host, pid, static_cast<std::uint32_t>(rng()));
+}
+
+std::optional<TempName> parse_temp_dir_name(const std::string& name) {
+  const std::string prefix = ".partial-step-";
+  if (name.rfind(prefix, 0) != 0) return std::nullopt;
+  TempName t;
+  const char* p = name.data() + prefix.size();
+  const char* end = name.data() + name.size();
+  auto [q, ec] = std::from_chars(p, end, t.step);
+  if (ec != std::errc() || q == end || *q != '-') return std::nullopt;
+  // host may contain dashes: pid and nonce are the last two fields.
+  const std::string rest(q + 1, end);
+  const auto nonce_dash = rest.rfind('-');
+  if (nonce_dash == std::string::npos) return std::nullopt;
+  const auto pid_dash = rest.rfind('-', nonce_dash - 1);
+  if (pid_dash == std::string::npos) return std::nullopt;
+  t.host = rest.substr(0, pid_dash);
+  t.pid = std::atoi(rest.substr(pid_dash + 1, nonce_dash - pid_dash - 1).c_str());
+  return t;
+}
+
+void sync_dir(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+Status rename_no_replace(const std::string& from, const std::string& to) {
+  if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE) == 0) return {};
+  if (errno == EINVAL || errno == ENOSYS) {
+    // No RENAME_NOREPLACE here (some network filesystems): rename(2) still
+    // refuses to replace a non-empty directory, and a step directory never is empty.
+    if (::rename(from.c_str(), to.c_str()) == 0) return {};
+  }
+  const int err = errno;
+  if (err == EEXIST || err == ENOTEMPTY)
+    return Error{ErrorKind::kUsage, fmt::format("{}: already committed by another saver", to)};
+  return Error{ErrorKind::kIo, fmt::format("cannot rename {} to {}: {}", from, to, std::strerror(err))};
+}
+
+namespace {
+
+std::string utc_now() {
+  return fmt::format("{:%Y-%m-%dT%H:%M:%S}Z", fmt::gmtime(std::chrono::system_clock::to_time_t(std::chrono::system_clock::now())));
+}
+
+Error io_error(const std::string& what, const std::string& path, int err) {
+  return Error{ErrorKind::kIo, fmt::format("{}: {}: {}", path, what, std::strerror(err))};
+}
+
+Status write_all(int fd, const unsigned char* p, std::uint64_t n, std::uint64_t off, const std::string& path) {
+  while (n > 0) {
+    const ssize_t w = ::pwrite(fd, p, n, static_cast<off_t>(off));
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) return io_error("write failed", path, errno);
+    p += w;
+    n -= static_cast<std::uint64_t>(w);
+    off += static_cast<std::uint64_t>(w);
+  }
+  return {};
+}
+
+Status write_small_file(const std::string& path, const std::string& text) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return io_error("cannot create", path, errno);
+  Status st = write_all(fd, reinterpret_cast<const unsigned char*>(text.data()), text.size(), 0, path);
+  if (st && ::fsync(fd) != 0) st = io_error("fsync failed", path, errno);
+  ::close(fd);
+  return st;
+}
+
+constexpr std::uint64_t kAlign = 4096;
+std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
+
+// Fixed-size staging buffers, reused across saves so that steady-state saves
+// copy into memory that is already faulted in (and pinned, with CUDA).
+class StagingPool {
+ public:
+  StagingPool(std::uint64_t budget, std::uint64_t buffer_bytes, bool pin)
+      : buffer_bytes_(buffer_bytes), max_buffers_(std::max<std::uint64_t>(1, budget / buffer_bytes)), pin_(pin) {}
+  ~StagingPool() {
+    for (auto* b : all_) {
+      if (pinned_.count(b)) hw::unpin_host_memory(b);
+      std::free(b);
+    }
+  }
+  // Blocks while every buffer is in use.
+  unsigned char* acquire() {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return !free_.empty() || all_.size() < max_buffers_; });
+    if (!free_.empty()) {
+      auto* b = free_.back();
+      free_.pop_back();
+      return b;
+    }
+    auto* b = static_cast<unsigned char*>(std::aligned_alloc(kAlign, align_up(buffer_bytes_, kAlign)));
+    if (!b) throw std::bad_alloc();
+    all_.push_back(b);
+    lock.unlock();
+    if (pin_ && hw::pin_host_memory(b, buffer_bytes_)) {
+      std::lock_guard g(mu_);
+      pinned_.insert(b);
+    }
+    return b;
+  }
+  void release(unsigned char* b) {
+    {
+      std::lock_guard g(mu_);
+      free_.push_back(b);
+    }
+    cv_.notify_one();
+  }
+  std::uint64_t buffer_bytes() const { return buffer_bytes_; }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<unsigned char*> all_;
+  std::vector<unsigned char*> free_;
+  std::set<unsigned char*> pinned_;
+  std::uint64_t buffer_bytes_;
+  std::uint64_t max_buffers_;
+  bool pin_;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Save state shared by the caller's handle and the background threads.
+
+struct SaveHandle::State {
+  std::uint64_t step = 0;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool local_done = false;   // this rank's files are durable (or failed)
+  bool committed = false;    // visible under its step name
+  bool persistent = false;   // on the persistent tier too
+  std::optional<Error> error;
+  std::optional<Error> persist_error;
+  Checkpointer::Impl* owner = nullptr;
+  bool collective_pending = false;  // several ranks: commit happens in wait()
+};
+
+namespace {
+
+struct Piece {
+  std::size_t blob = 0;        // index into the job's manifest blobs
+  std::uint64_t chunk = 0;     // checksum chunk of that blob
+  std::uint64_t buf_offset = 0;
+  std::uint64_t len = 0;
+};
+
+struct Job {
+  std::shared_ptr<SaveHandle::State> state;
+  std::string tier_root;
+  std::string tmp_dir;
+  std::string data_path;
+  int fd = -1;
+  Manifest manifest;
+  int rank = 0;
+  bool failed = false;
+  Error error;
+};
+
+struct Task {
+  enum class Kind { kChunk, kEnd } kind = Kind::kChunk;
+  std::shared_ptr<Job> job;
+  unsigned char* buf = nullptr;
+  std::vector<Piece> pieces;
+};
+
+}  // namespace
+
+struct Checkpointer::Impl {
+  Options opt;
+  std::unique_ptr<comm::Communicator> own_comm;
+  comm::Communicator* comm = nullptr;
+  std::string host;
+  std::unique_ptr<StagingPool> pool;
+
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Task> tasks;
+  std::deque<std::shared_ptr<SaveHandle::State>> flushes;
+  std::vector<std::shared_ptr<SaveHandle::State>> outstanding;
+  bool stopping = false;
+  std::thread writer;
+  std::thread flusher;
+  std::shared_ptr<SaveHandle::State> pending_collective;
+
+  std::string first_tier() const { return opt.fast_tier ? *opt.fast_tier : opt.root; }
+
+  void warn(const std::string& s) const {
+    if (opt.warn) opt.warn(s);
+    else std::fprintf(stderr, "pacer: warning: %s\n", s.c_str());
+  }
+
+  void push(Task t) {
+    {
+      std::lock_guard g(mu);
+      tasks.push_back(std::move(t));
+    }
+    cv.notify_all();
+  }
+
+  void finish_local(const std::shared_ptr<SaveHandle::State>& s, std::optional<Error> err, bool committed) {
+    {
+      std::lock_guard g(s->mu);
+      s->local_done = true;
+      s->committed = committed;
+      if (err) {
+        s->error = err;
+        s->persistent = true;  // nothing more will happen to it
+      }
+    }
+    s->cv.notify_all();
+  }
+
+  // ---- the writer thread -------------------------------------------------
+  void writer_loop() {
+    for (;;) {
+      Task t;
+      {
+        std::unique_lock lock(mu);
+        cv.wait(lock, [&] { return stopping || !tasks.empty(); });
+        if (tasks.empty()) return;
+        t = std::move(tasks.front());
+        tasks.pop_front();
+      }
+      if (t.kind == Task::Kind::kChunk) write_chunk(t);
+      else end_job(*t.job);
+    }
+  }
+
+  void write_chunk(Task& t) {
+    Job& j = *t.job;
+    for (const Piece& p : t.pieces) {
+      if (j.failed) break;
+      BlobInfo& b = j.manifest.blobs[p.blob];
+      const unsigned char* data = t.buf + p.buf_offset;
+      b.chunk_hashes[p.chunk] = XXH3_64bits(data, p.len);
+      const std::uint64_t off = b.offset + p.chunk * j.manifest.chunk_bytes;
+      if (Status st = write_all(j.fd, data, p.len, off, j.data_path); !st) {
+        j.failed = true;
+        j.error = st.error();
+      }
+    }
+    pool->release(t.buf);
+  }
+
+  Status persist_local(Job& j) {
+    if (j.failed) return j.error;
+    if (::fdatasync(j.fd) != 0) return io_error("fdatasync failed", j.data_path, errno);
+    std::error_code ec;
+    const auto size = fs::file_size(j.data_path, ec);
+    j.manifest.files = {{fs::path(j.data_path).filename().string(), size}};
+    return {};
+  }
+
+  void end_job(Job& j) {
+    Status st = persist_local(j);
+    if (j.fd >= 0) ::close(j.fd);
+    j.fd = -1;
+    if (comm->size() > 1) {
+      // Several ranks: write this rank's part; the commit is collective.
+      if (st) {
+        json part = manifest_body(j.manifest);
+        st = write_small_file(fmt::format("{}/rank-{:05d}.part.json", j.tmp_dir, j.rank), part.dump());
+      }
+      finish_local(j.state, st ? std::nullopt : std::optional<Error>(st.error()), false);
+      return;
+    }
+    if (st) st = commit_dir(j.tmp_dir, j.tier_root, j.manifest);
+    if (!st) {
+      std::error_code ec;
+      fs::remove_all(j.tmp_dir, ec);
+      finish_local(j.state, st.error(), false);
+      return;
+    }
+    // Retention first, so that when wait() returns the tier is already trimmed.
+    apply_retention(j.tier_root);
+    finish_local(j.state, std::nullopt, true);
+    if (opt.fast_tier) {
+      {
+        std::lock_guard g(mu);
+        flushes.push_back(j.state);
+      }
+      cv.notify_all();
+    } else {
+      std::lock_guard g(j.state->mu);
+      j.state->persistent = true;
+    }
+    j.state->cv.notify_all();
+  }
+
+  // Manifest last, then the rename that makes the step exist.
+  Status commit_dir(const std::string& tmp_dir, const std::string& tier_root, Manifest& m) {
+    m.created_at = utc_now();
+    const std::string text = to_json(m).dump(1);
+    if (Status st = write_small_file(tmp_dir + "/" + kManifestName, text); !st) return st;
+    sync_dir(tmp_dir);
+    const std::string final_dir = (fs::path(tier_root) / step_dir_name(m.step)).string();
+    if (Status st = rename_no_replace(tmp_dir, final_dir); !st) return st;
+    sync_dir(tier_root);
+    return {};
+  }
+
+  // ---- retention ----------------------------------------------------------
+  void apply_retention(const std::string& tier_root) {
+    if (opt.keep_last <= 0) return;
+    std::vector<std::uint64_t> committed;
+    std::map<std::uint64_t, std::string> paths;
+    for (const auto& e : list(tier_root, false)) {
+      if (!e.committed) continue;
+      committed.push_back(e.step);
+      paths[e.step] = e.path;
+    }
+    const bool fast = opt.fast_tier && tier_root == *opt.fast_tier;
+    for (auto s : retention_victims(committed, opt.keep_last, opt.keep_every)) {
+      // The fast tier keeps a step until the persistent tier has it.
+      if (fast && !fs::exists(fs::path(opt.root) / step_dir_name(s) / kManifestName)) continue;
+      if (Status st = remove_checkpoint_dir(paths[s]); !st) warn(st.error().message);
+    }
+  }
+
+  // ---- the fast -> persistent flusher ------------------------------------
+  void flusher_loop() {
+    for (;;) {
+      std::shared_ptr<SaveHandle::State> s;
+      {
+        std::unique_lock lock(mu);
+        cv.wait(lock, [&] { return stopping || !flushes.empty(); });
+        if (flushes.empty()) return;
+        s = flushes.front();
+        flushes.pop_front();
+      }
+      Status st = copy_to_root(s->step);
+      {
+        std::lock_guard g(s->mu);
+        s->persistent = true;
+        if (!st) s->persist_error = st.error();
+      }
+      s->cv.notify_all();
+      if (!st) warn(fmt::format("step {} stays on the fast tier only: {}", s->step, st.error().message));
+      apply_retention(opt.root);
+      apply_retention(*opt.fast_tier);
+    }
+  }
+
+  Status copy_to_root(std::uint64_t step) {
+    const std::string src = (fs::path(*opt.fast_tier) / step_dir_name(step)).string();
+    const std::string tmp = (fs::path(opt.root) / temp_dir_name(step, host, ::getpid())).string();
+    std::error_code ec;
+    if (!fs::create_directory(tmp, ec)) return Error{ErrorKind::kIo, fmt::format("{}: cannot create: {}", tmp, ec.message())};
+    auto fail = [&](Error e) {
+      fs::remove_all(tmp, ec);
+      return e;
+    };
+    auto reader = Reader::open(src);
+    if (!reader) return fail(reader.error());
+    for (const auto& [name, size] : reader->manifest().files) {
+      const std::string from = src + "/" + name;
+      const std::string to = tmp + "/" + name;
+      const int in = ::open(from.c_str(), O_RDONLY | O_CLOEXEC);
+      if (in < 0) return fail(io_error("cannot open", from, errno));
+      const int out = ::open(to.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      if (out < 0) {
+        ::close(in);
+        return fail(io_error("cannot create", to, errno));
+      }
+      std::uint64_t left = size;
+      Status st;
+      while (left > 0) {
+        const ssize_t n = ::copy_file_range(in, nullptr, out, nullptr, left, 0);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+          st = io_error("copy failed", to, n < 0 ? errno : EIO);
+          break;
+        }
+        left -= static_cast<std::uint64_t>(n);
+      }
+      if (st && ::fdatasync(out) != 0) st = io_error("fdatasync failed", to, errno);
+      ::close(in);
+      ::close(out);
+      if (!st) return fail(st.error());
+    }
+    // Check the copy against the checksums before it may exist on the
+    // persistent tier: a bad fast disk must not poison the good copy.
+    Manifest m = reader->manifest();
+    if (Status st = write_small_file(tmp + "/" + kManifestName, to_json(m).dump(1)); !st) return fail(st.error());
+    auto copy = Reader::open(tmp);
+    if (!copy) return fail(copy.error());
+    if (Status st = copy->verify_all(); !st) return fail(st.error());
+    sync_dir(tmp);
+    if (Status st = rename_no_replace(tmp, (fs::path(opt.root) / step_dir_name(step)).string()); !st) return fail(st.error());
+    sync_dir(opt.root);
+    return {};
+  }
+
+  // ---- several ranks: the collective commit --------------------------------
+  // Every rank calls this in the same order (from SaveHandle::wait or the next
+  // save). Rank 0 publishes the step only when every rank's part is durable.
+  Status collective_commit(const std::shared_ptr<SaveHandle::State>& s, const std::string& tmp_dir) {
+    {
+      std::unique_lock lock(s->mu);
+      s->cv.wait(lock, [&] { return s->local_done; });
+    }
+    const bool mine_ok = !s->error.has_value();
+    const bool all_ok = comm->all_ok(mine_ok);
+    std::string result;
+    if (comm->rank() == 0) {
+      if (!all_ok) {
+        result = fmt::format("step {}: a rank failed to write its part; nothing was committed", s->step);
+      } else {
+        Manifest m;
+        m.step = s->step;
+        m.world_size = comm->size();
+        m.chunk_bytes = opt.chunk_bytes;
+        for (int r = 0; r < comm->size() && result.empty(); ++r) {
+          const std::string part = fmt::format("{}/rank-{:05d}.part.json", tmp_dir, r);
+          auto text = read_file(part);
+          json j = text ? json::parse(*text, nullptr, false) : json();
+          if (!text || j.is_discarded()) {
+            result = fmt::format("{}: unreadable part manifest", part);
+            break;
+          }
+          j["manifest_xxh3"] = "";
+          j.erase("manifest_xxh3");
+          // Reuse the full parser by giving the part its own checksum.
+          const std::string body = j.dump();
+          j["manifest_xxh3"] = fmt::format("{:016x}", XXH3_64bits(body.data(), body.size()));
+          auto pm = manifest_from_json(j.dump(), part);
+          if (!pm) {
+            result = pm.error().message;
+            break;
+          }
+          if (r == 0) m.meta = pm->meta;
+          for (auto& b : pm->blobs) m.blobs.push_back(std::move(b));
+          for (auto& f : pm->files) m.files.push_back(std::move(f));
+          ::unlink(part.c_str());
+        }
+        if (result.empty()) {
+          Status st = commit_dir(tmp_dir, opt.root, m);
+          if (!st) result = st.error().message;
+        }
+        if (!result.empty()) {
+          std::error_code ec;
+          fs::remove_all(tmp_dir, ec);
+        }
+      }
+    }
+    result = comm->broadcast(result, 0);
+    {
+      std::lock_guard g(s->mu);
+      s->collective_pending = false;
+      s->persistent = true;
+      if (result.empty()) s->committed = true;
+      else if (!s->error) s->error = Error{ErrorKind::kIo, result};
+    }
+    s->cv.notify_all();
+    if (result.empty() && comm->rank() == 0) apply_retention(opt.root);
+    if (!result.empty()) return Error{ErrorKind::kIo, result};
+    return {};
+  }
+  std::map<std::uint64_t, std::string> collective_dirs;  // step -> tmp dir
+};
+
+// ---------------------------------------------------------------------------
+
+std::uint64_t SaveHandle::step() const { return state_ ? state_->step : 0; }
+
+bool SaveHandle::done() const {
+  if (!state_) return true;
+  std::lock_guard g(state_->mu);
+  return state_->committed || state_->error.has_value();
+}
+
+Status SaveHandle::wait() {
+  if (!state_) return Error{ErrorKind::kUsage, "wait() on an empty save handle"};
+  bool collective = false;
+  {
+    std::lock_guard g(state_->mu);
+    collective = state_->collective_pending;
+  }
+  if (collective) {
+    Checkpointer::Impl* impl = state_->owner;
+    const std::string dir = impl->collective_dirs[state_->step];
+    impl->collective_dirs.erase(state_->step);
+    if (impl->pending_collective == state_) impl->pending_collective.reset();
+    (void)impl->collective_commit(state_, dir);
+  }
+  std::unique_lock lock(state_->mu);
+  state_->cv.wait(lock, [&] { return state_->committed || state_->error.has_value(); });
+  if (state_->error) return *state_->error;
+  return {};
+}
+
+Status SaveHandle::wait_persistent() {
+  if (Status st = wait(); !st) return st;
+  std::unique_lock lock(state_->mu);
+  state_->cv.wait(lock, [&] { return state_->persistent; });
+  if (state_->persist_error) return *state_->persist_error;
+  return {};
+}
+
+Checkpointer::Checkpointer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Checkpointer::~Checkpointer() {
+  (void)flush();
+  {
+    std::lock_guard g(impl_->mu);
+    impl_->stopping = true;
+  }
+  impl_->cv.notify_all();
+  if (impl_->writer.joinable()) impl_->writer.join();
+  if (impl_->flusher.joinable()) impl_->flusher.join();
+}
+
+const Options& Checkpointer::options() const { return impl_->opt; }
+
+Expected<std::unique_ptr<Checkpointer>> Checkpointer::open(Options o) {
+  if (o.root.empty()) return Error{ErrorKind::kUsage, "checkpoint root is empty"};
+  if (o.chunk_bytes < 4096) return Error{ErrorKind::kUsage, "chunk_bytes must be at least 4096"};
+  if (o.staging_bytes < o.chunk_bytes) o.staging_bytes = o.chunk_bytes;
+  if (o.keep_last < 0 || o.keep_every < 0) return Error{ErrorKind::kUsage, "keep_last and keep_every must not be negative"};
+  auto impl = std::make_unique<Impl>();
+  impl->comm = o.comm;
+  if (!impl->comm) {
+    impl->own_comm = comm::single_rank();
+    impl->comm = impl->own_comm.get();
+  }
+  if (impl->comm->size() > 1 && o.fast_tier)
+    return Error{ErrorKind::kUsage, "a fast tier with several ranks is not supported: use the persistent tier alone"};
+  std::vector<std::string> tiers = {o.root};
+  if (o.fast_tier) tiers.push_back(*o.fast_tier);
+  for (const auto& t : tiers) {
+    std::error_code ec;
+    fs::create_directories(t, ec);
+    if (!fs::is_directory(t)) return Error{ErrorKind::kIo, fmt::format("{}: cannot create checkpoint directory: {}", t, ec ? ec.message() : "not a directory")};
+    if (::access(t.c_str(), W_OK) != 0) return io_error("not writable", t, errno);
+  }
+  impl->host = hw::hostname();
+  // Leftovers of this host's crashed savers: their pid is gone.
+  for (const auto& t : tiers) {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(t, ec)) {
+      auto tn = parse_temp_dir_name(e.path().filename().string());
+      if (!tn || tn->host != impl->host) continue;
+      if (tn->pid > 0 && (::kill(tn->pid, 0) == 0 || errno != ESRCH)) continue;
+      fs::remove_all(e.path(), ec);
+    }
+  }
+  impl->pool = std::make_unique<StagingPool>(o.staging_bytes, o.chunk_bytes, o.pin_staging);
+  impl->opt = std::move(o);
+  Impl* raw = impl.get();
+  impl->writer = std::thread([raw] { raw->writer_loop(); });
+  if (impl->opt.fast_tier) impl->flusher = std::thread([raw] { raw->flusher_loop(); });
+  return std::unique_ptr<Checkpointer>(new Checkpointer(std::move(impl)));
+}
+
+Expected<SaveHandle> Checkpointer::save(std::uint64_t step, const std::vector<BlobView>& blobs, const json& meta) {
+  Impl& im = *impl_;
+  // Collectives stay in order: the previous step commits before this one starts.
+  if (im.pending_collective) {
+    SaveHandle prev(im.pending_collective);
+    (void)prev.wait();
+  }
+  std::set<std::string> names;
+  for (const auto& b : blobs) {
+    if (b.name.empty()) return Error{ErrorKind::kUsage, "a blob has an empty name"};
+    if (!names.insert(b.name).second) return Error{ErrorKind::kUsage, fmt::format("blob '{}' given twice", b.name)};
+    if (!valid_dtype(b.dtype)) return Error{ErrorKind::kUsage, fmt::format("blob '{}': unknown dtype '{}'", b.name, b.dtype)};
+    if (b.size > 0 && !b.data) return Error{ErrorKind::kUsage, fmt::format("blob '{}': no data", b.name)};
+    std::uint64_t elems = 1;
+    for (auto d : b.shape) elems *= static_cast<std::uint64_t>(std::max<std::int64_t>(d, 0));
+    if (!b.shape.empty() && b.dtype != "bytes" && elems * dtype_size(b.dtype) != b.size)
+      return Error{ErrorKind::kUsage, fmt::format("blob '{}': shape and dtype make {} bytes, data has {}", b.name, elems * dtype_size(b.dtype), b.size)};
+    if (b.layout == Layout::kShard && b.shard_offset + b.size > b.global_size)
+      return Error{ErrorKind::kUsage, fmt::format("blob '{}': shard [{}, {}) lies outside {} bytes", b.name, b.shard_offset, b.shard_offset + b.size, b.global_size)};
+  }
+  if (!meta.is_object()) return Error{ErrorKind::kUsage, "checkpoint meta must be a JSON object"};
+  const std::string tier = im.first_tier();
+  if (fs::exists(fs::path(tier) / step_dir_name(step)))
+    return Error{ErrorKind::kUsage, fmt::format("step {} is already committed in {}", step, tier)};
+
+  auto job = std::make_shared<Job>();
+  job->state = std::make_shared<SaveHandle::State>();
+  job->state->step = step;
+  job->state->owner = &im;
+  job->tier_root = tier;
+  job->rank = im.comm->rank();
+  Manifest& m = job->manifest;
+  m.step = step;
+  m.world_size = im.comm->size();
+  m.chunk_bytes = im.opt.chunk_bytes;
+  m.meta = meta;
+
+  const bool several = im.comm->size() > 1;
+  std::string tmp_name = temp_dir_name(step, im.host, ::getpid());
+  if (several) tmp_name = im.comm->broadcast(tmp_name, 0);
+  job->tmp_dir = (fs::path(tier) / tmp_name).string();
+  std::error_code ec;
+  if (!several || im.comm->rank() == 0) fs::create_directory(job->tmp_dir, ec);
+  if (several) im.comm->barrier();
+  if (ec) return Error{ErrorKind::kIo, fmt::format("{}: cannot create: {}", job->tmp_dir, ec.message())};
+  job->data_path = fmt::format("{}/rank-{:05d}.bin", job->tmp_dir, job->rank);
+  job->fd = ::open(job->data_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (job->fd < 0) {
+    const int err = errno;
+    if (!several) fs::remove_all(job->tmp_dir, ec);
+    return io_error("cannot create", job->data_path, err);
+  }
+
+  // Lay the blobs out in one file per rank, each at a 4 KiB boundary.
+  std::uint64_t offset = 0;
+  for (const auto& b : blobs) {
+    BlobInfo info;
+    info.name = b.name;
+    info.rank = job->rank;
+    info.file = fs::path(job->data_path).filename().string();
+    info.offset = offset;
+    info.size = b.size;
+    info.dtype = b.dtype;
+    info.shape = b.shape;
+    info.layout = b.layout;
+    info.shard_offset = b.shard_offset;
+    info.global_size = b.layout == Layout::kShard ? b.global_size : b.size;
+    info.global_shape = b.global_shape;
+    info.chunk_hashes.assign((b.size + m.chunk_bytes - 1) / m.chunk_bytes, 0);
+    m.blobs.push_back(std::move(info));
+    offset = align_up(offset + b.size, kAlign);
+  }
+
+  // Copy into staging buffers: large blobs fill whole buffers, small ones are
+  // packed together so that many small tensors do not each take a buffer.
+  const std::uint64_t cap = im.pool->buffer_bytes();
+  Task cur;
+  std::uint64_t used = 0;
+  auto flush_cur = [&] {
+    if (cur.buf && !cur.pieces.empty()) im.push(std::move(cur));
+    else if (cur.buf) im.pool->release(cur.buf);
+    cur = Task{};
+    used = 0;
+  };
+  for (std::size_t i = 0; i < blobs.size(); ++i) {
+    const auto* src = static_cast<const unsigned char*>(blobs[i].data);
+    for (std::uint64_t c = 0, off = 0; off < blobs[i].size; ++c, off += m.chunk_bytes) {
+      const std::uint64_t len = std::min(m.chunk_bytes, blobs[i].size - off);
+      if (cur.buf && used + len > cap) flush_cur();
+      if (!cur.buf) {
+        cur.kind = Task::Kind::kChunk;
+        cur.job = job;
+        cur.buf = im.pool->acquire();
+      }
+      std::memcpy(cur.buf + used, src + off, len);
+      cur.pieces.push_back({i, c, used, len});
+      used = align_up(used + len, 64);
+    }
+  }
+  flush_cur();
+  {
+    std::lock_guard g(im.mu);
+    im.outstanding.push_back(job->state);
+  }
+  if (several) {
+    job->state->collective_pending = true;
+    im.collective_dirs[step] = job->tmp_dir;
+    im.pending_collective = job->state;
+  }
+  Task end;
+  end.kind = Task::Kind::kEnd;
+  end.job = job;
+  im.push(std::move(end));
+  return SaveHandle(job->state);
+}
+
+Status Checkpointer::flush() {
+  std::vector<std::shared_ptr<SaveHandle::State>> states;
+  {
+    std::lock_guard g(impl_->mu);
+    states.swap(impl_->outstanding);
+  }
+  Status first;
+  for (auto& s : states) {
+    SaveHandle h(s);
+    Status st = h.wait_persistent();
+    if (!st && first) first = st;
+  }
+  return first;
+}
+
+std::optional<std::uint64_t> Checkpointer::latest() {
+  auto r = open_reader(std::nullopt);
+  if (!r) return std::nullopt;
+  return r->manifest().step;
+}
+
+Expected<Reader> Checkpointer::open_reader(std::optional<std::uint64_t> step) {
+  Impl& im = *impl_;
+  std::map<std::uint64_t, std::vector<std::string>, std::greater<>> candidates;  // newest first; fast tier first
+  std::vector<std::string> tiers;
+  if (im.opt.fast_tier) tiers.push_back(*im.opt.fast_tier);
+  tiers.push_back(im.opt.root);
+  for (const auto& t : tiers) {
+    for (const auto& e : list(t, false)) {
+      if (step && e.step != *step) continue;
+      if (e.committed) candidates[e.step].push_back(e.path);
+      else if (parse_step_dir_name(fs::path(e.path).filename().string()))
+        im.warn(fmt::format("skipping step {}: {}", e.step, e.problem));
+    }
+  }
+  for (const auto& [s, paths] : candidates) {
+    for (const auto& p : paths) {
+      auto r = Reader::open(p);
+      if (!r) {
+        // Retention may have removed it since it was listed: not a problem.
+        if (fs::exists(p)) im.warn(fmt::format("skipping step {}: {}", s, r.error().message));
+        continue;
+      }
+      if (Status st = r->verify_all(); !st) {
+        im.warn(fmt::format("skipping step {}: {}", s, st.error().message));
+        continue;
+      }
+      return r;
+    }
+  }
+  if (step) return Error{ErrorKind::kUsage, fmt::format("no valid checkpoint for step {} under {}", *step, im.opt.root)};
+  return Error{ErrorKind::kUsage, fmt::format("no valid checkpoint under {}", im.opt.root)};
+}
+
+double young_interval(double save_cost_s, double mtbf_s) {
+  if (save_cost_s <= 0 || mtbf_s <= 0) return 0;
+  return std::sqrt(2 * save_cost_s * mtbf_s);
+}
+
+double optimal_interval(double save_cost_s, double mtbf_s) {
+  if (save_cost_s <= 0 || mtbf_s <= 0) return 0;
+  if (save_cost_s >= 2 * mtbf_s) return mtbf_s;
+  const double x = save_cost_s / (2 * mtbf_s);
+  return std::sqrt(2 * save_cost_s * mtbf_s) * (1 + std::sqrt(x) / 3 + x / 9) - save_cost_s;
+}
+
+}  // namespace pacer::ckpt

@@ -1,0 +1,36 @@
+// Internal: pieces of the checkpoint format shared by the reader, the writer and retention.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "pacer/checkpoint.hpp"
+
+namespace pacer::ckpt {
+
+// A save in progress lives in ".partial-step-<step>-<host>-<pid>-<nonce>"
+// until it is renamed to its step name; a crash leaves it for cleanup.
+struct TempName {
+  std::uint64_t step = 0;
+  std::string host;
+  int pid = 0;
+};
+std::string temp_dir_name(std::uint64_t step, const std::string& host, int pid);
+std::optional<TempName> parse_temp_dir_name(const std::string& name);
+
+// The manifest without its self-checksum.
+nlohmann::json manifest_body(const Manifest& m);
+
+// fsync of a directory, so renames and creations in it are durable.
+void sync_dir(const std::string& dir);
+Status remove_checkpoint_dir(const std::string& path);
+// Steps to delete from a tier, given its committed steps newest first.
+std::vector<std::uint64_t> retention_victims(const std::vector<std::uint64_t>& committed_desc, int keep_last, int keep_every);
+// rename(2) that refuses to replace an existing target where the filesystem allows.
+Status rename_no_replace(const std::string& from, const std::string& to);
+
+}  // namespace pacer::ckpt
