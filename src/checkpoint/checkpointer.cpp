@@ -381,15 +381,16 @@ struct Checkpointer::Impl {
         flushes.pop_front();
       }
       Status st = copy_to_root(s->step);
+      if (!st) warn(fmt::format("step {} stays on the fast tier only: {}", s->step, st.error().message));
+      // Retention before waking waiters, so wait_persistent() sees trimmed tiers.
+      apply_retention(opt.root);
+      apply_retention(*opt.fast_tier);
       {
         std::lock_guard g(s->mu);
         s->persistent = true;
-        if (!st) s->persist_error = st.error();
+        if (!st) s->persist_error = Error{st.error().kind, "copy to the persistent tier failed: " + st.error().message};
       }
       s->cv.notify_all();
-      if (!st) warn(fmt::format("step {} stays on the fast tier only: {}", s->step, st.error().message));
-      apply_retention(opt.root);
-      apply_retention(*opt.fast_tier);
     }
   }
 
@@ -489,10 +490,10 @@ struct Checkpointer::Impl {
           Status st = commit_dir(tmp_dir, opt.root, m);
           if (!st) result = st.error().message;
         }
-        if (!result.empty()) {
-          std::error_code ec;
-          fs::remove_all(tmp_dir, ec);
-        }
+      }
+      if (!result.empty()) {
+        std::error_code ec;
+        fs::remove_all(tmp_dir, ec);
       }
     }
     result = comm->broadcast(result, 0);
@@ -604,13 +605,9 @@ Expected<std::unique_ptr<Checkpointer>> Checkpointer::open(Options o) {
   return std::unique_ptr<Checkpointer>(new Checkpointer(std::move(impl)));
 }
 
-Expected<SaveHandle> Checkpointer::save(std::uint64_t step, const std::vector<BlobView>& blobs, const json& meta) {
-  Impl& im = *impl_;
-  // Collectives stay in order: the previous step commits before this one starts.
-  if (im.pending_collective) {
-    SaveHandle prev(im.pending_collective);
-    (void)prev.wait();
-  }
+namespace {
+
+Status validate_save(std::uint64_t step, const std::vector<BlobView>& blobs, const json& meta, const std::string& tier) {
   std::set<std::string> names;
   for (const auto& b : blobs) {
     if (b.name.empty()) return Error{ErrorKind::kUsage, "a blob has an empty name"};
@@ -625,9 +622,24 @@ Expected<SaveHandle> Checkpointer::save(std::uint64_t step, const std::vector<Bl
       return Error{ErrorKind::kUsage, fmt::format("blob '{}': shard [{}, {}) lies outside {} bytes", b.name, b.shard_offset, b.shard_offset + b.size, b.global_size)};
   }
   if (!meta.is_object()) return Error{ErrorKind::kUsage, "checkpoint meta must be a JSON object"};
-  const std::string tier = im.first_tier();
   if (fs::exists(fs::path(tier) / step_dir_name(step)))
     return Error{ErrorKind::kUsage, fmt::format("step {} is already committed in {}", step, tier)};
+  return {};
+}
+
+}  // namespace
+
+Expected<SaveHandle> Checkpointer::save(std::uint64_t step, const std::vector<BlobView>& blobs, const json& meta) {
+  Impl& im = *impl_;
+  // Collectives stay in order: the previous step commits before this one starts.
+  if (im.pending_collective) {
+    SaveHandle prev(im.pending_collective);
+    (void)prev.wait();
+  }
+  const std::string tier = im.first_tier();
+  Status valid = validate_save(step, blobs, meta, tier);
+  const bool several = im.comm->size() > 1;
+  if (!valid && !several) return valid.error();
 
   auto job = std::make_shared<Job>();
   job->state = std::make_shared<SaveHandle::State>();
@@ -641,20 +653,29 @@ Expected<SaveHandle> Checkpointer::save(std::uint64_t step, const std::vector<Bl
   m.chunk_bytes = im.opt.chunk_bytes;
   m.meta = meta;
 
-  const bool several = im.comm->size() > 1;
   std::string tmp_name = temp_dir_name(step, im.host, ::getpid());
   if (several) tmp_name = im.comm->broadcast(tmp_name, 0);
   job->tmp_dir = (fs::path(tier) / tmp_name).string();
   std::error_code ec;
   if (!several || im.comm->rank() == 0) fs::create_directory(job->tmp_dir, ec);
   if (several) im.comm->barrier();
-  if (ec) return Error{ErrorKind::kIo, fmt::format("{}: cannot create: {}", job->tmp_dir, ec.message())};
+  if (valid && ec) valid = Error{ErrorKind::kIo, fmt::format("{}: cannot create: {}", job->tmp_dir, ec.message())};
   job->data_path = fmt::format("{}/rank-{:05d}.bin", job->tmp_dir, job->rank);
-  job->fd = ::open(job->data_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (job->fd < 0) {
-    const int err = errno;
-    if (!several) fs::remove_all(job->tmp_dir, ec);
-    return io_error("cannot create", job->data_path, err);
+  if (valid) {
+    job->fd = ::open(job->data_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (job->fd < 0) valid = io_error("cannot create", job->data_path, errno);
+  }
+  if (!valid) {
+    if (!several) {
+      fs::remove_all(job->tmp_dir, ec);
+      return valid.error();
+    }
+    // The other ranks are already in this save's collectives: take part in
+    // them as a failed rank, so that nobody waits for us and nothing commits.
+    job->state->collective_pending = true;
+    im.finish_local(job->state, valid.error(), false);
+    (void)im.collective_commit(job->state, job->tmp_dir);
+    return valid.error();
   }
 
   // Lay the blobs out in one file per rank, each at a 4 KiB boundary.

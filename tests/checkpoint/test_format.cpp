@@ -1,0 +1,133 @@
+// The checkpoint format: names, dtypes, manifests and their self-checksum, retention arithmetic, intervals.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "checkpoint/ckpt_internal.hpp"
+#include "pacer/checkpoint.hpp"
+#include "test_util.hpp"
+
+namespace pacer::ckpt {
+namespace {
+
+using test::contains;
+
+TEST(CkptFormat, StepDirNamesRoundTripAndSortLexically) {
+  EXPECT_EQ(step_dir_name(42), "step-000000000042");
+  EXPECT_EQ(parse_step_dir_name("step-000000000042"), 42u);
+  EXPECT_FALSE(parse_step_dir_name("step-"));
+  EXPECT_FALSE(parse_step_dir_name("step-12x"));
+  EXPECT_FALSE(parse_step_dir_name(".partial-step-000000000042-h-1-aa"));
+  EXPECT_LT(step_dir_name(9), step_dir_name(10));
+}
+
+TEST(CkptFormat, TempNamesCarryStepHostAndPid) {
+  const std::string n = temp_dir_name(7, "node-01.cluster", 4242);
+  auto t = parse_temp_dir_name(n);
+  ASSERT_TRUE(t) << n;
+  EXPECT_EQ(t->step, 7u);
+  EXPECT_EQ(t->host, "node-01.cluster");
+  EXPECT_EQ(t->pid, 4242);
+  EXPECT_NE(temp_dir_name(7, "h", 1), temp_dir_name(7, "h", 1)) << "two saves of one step must not share a temp dir";
+  EXPECT_FALSE(parse_temp_dir_name("step-000000000007"));
+}
+
+TEST(CkptFormat, Dtypes) {
+  EXPECT_EQ(dtype_size("float32"), 4u);
+  EXPECT_EQ(dtype_size("bfloat16"), 2u);
+  EXPECT_EQ(dtype_size("complex128"), 16u);
+  EXPECT_EQ(dtype_size("bytes"), 1u);
+  EXPECT_FALSE(valid_dtype("float33"));
+  EXPECT_FALSE(valid_dtype("object"));
+}
+
+Manifest sample() {
+  Manifest m;
+  m.step = 12;
+  m.created_at = "2026-11-29T00:00:00Z";
+  m.world_size = 2;
+  m.chunk_bytes = 4096;
+  m.meta = {{"lr", 0.5}, {"rng", {1, 2, 3}}};
+  BlobInfo b;
+  b.name = "w";
+  b.file = "rank-00001.bin";
+  b.rank = 1;
+  b.offset = 8192;
+  b.size = 5000;
+  b.dtype = "float32";
+  b.shape = {1250};
+  b.layout = Layout::kShard;
+  b.shard_offset = 5000;
+  b.global_size = 10000;
+  b.global_shape = {2500};
+  b.chunk_hashes = {0x0123456789abcdefULL, 42};
+  m.blobs.push_back(b);
+  m.files = {{"rank-00001.bin", 13192}};
+  return m;
+}
+
+TEST(CkptFormat, ManifestRoundTrips) {
+  const Manifest m = sample();
+  auto back = manifest_from_json(to_json(m).dump(), "MANIFEST.json");
+  ASSERT_TRUE(back) << back.error().message;
+  EXPECT_EQ(back->step, 12u);
+  EXPECT_EQ(back->world_size, 2);
+  EXPECT_EQ(back->meta, m.meta);
+  ASSERT_EQ(back->blobs.size(), 1u);
+  const BlobInfo& b = back->blobs[0];
+  EXPECT_EQ(b.layout, Layout::kShard);
+  EXPECT_EQ(b.shard_offset, 5000u);
+  EXPECT_EQ(b.global_shape, std::vector<std::int64_t>{2500});
+  EXPECT_EQ(b.chunk_hashes, m.blobs[0].chunk_hashes);
+  EXPECT_EQ(back->files, m.files);
+}
+
+TEST(CkptFormat, ManifestRejectsEditsTornTextAndWrongSchema) {
+  nlohmann::json j = to_json(sample());
+  j["step"] = 13;  // an edit without re-checksumming
+  auto edited = manifest_from_json(j.dump(), "dir/MANIFEST.json");
+  ASSERT_FALSE(edited);
+  EXPECT_TRUE(contains(edited.error().message, "dir/MANIFEST.json"));
+  EXPECT_TRUE(contains(edited.error().message, "checksum"));
+
+  const std::string full = to_json(sample()).dump();
+  auto torn = manifest_from_json(full.substr(0, full.size() / 2), "M");
+  ASSERT_FALSE(torn);
+  EXPECT_TRUE(contains(torn.error().message, "not valid JSON"));
+
+  nlohmann::json other = {{"schema", "something/1"}};
+  EXPECT_FALSE(manifest_from_json(other.dump(), "M"));
+}
+
+TEST(CkptFormat, ManifestRejectsWrongChunkCount) {
+  Manifest m = sample();
+  m.blobs[0].chunk_hashes.push_back(7);  // 5000 bytes in 4096-byte chunks is 2 chunks, not 3
+  auto r = manifest_from_json(to_json(m).dump(), "M");
+  ASSERT_FALSE(r);
+  EXPECT_TRUE(contains(r.error().message, "'w'"));
+}
+
+TEST(CkptRetention, KeepsNewestLastNAndMultiples) {
+  const std::vector<std::uint64_t> desc = {100, 90, 80, 70, 60, 50, 40};
+  EXPECT_EQ(retention_victims(desc, 3, 0), (std::vector<std::uint64_t>{70, 60, 50, 40}));
+  EXPECT_EQ(retention_victims(desc, 2, 20), (std::vector<std::uint64_t>{70, 50}));
+  EXPECT_TRUE(retention_victims(desc, 0, 0).empty()) << "keep_last 0 keeps everything";
+  EXPECT_EQ(retention_victims({5}, 1, 0), std::vector<std::uint64_t>{});
+  // The newest always stays, even with keep_last 1 and a keep_every that misses it.
+  EXPECT_EQ(retention_victims({7, 6, 4}, 1, 4), (std::vector<std::uint64_t>{6}));
+}
+
+TEST(CkptInterval, YoungAndDaly) {
+  // Young: sqrt(2 * 60 * 36000) = 2078.46 s.
+  EXPECT_NEAR(young_interval(60, 36000), 2078.46, 0.01);
+  const double x = 60.0 / (2 * 36000);
+  EXPECT_NEAR(optimal_interval(60, 36000), std::sqrt(2 * 60 * 36000.0) * (1 + std::sqrt(x) / 3 + x / 9) - 60, 1e-9);
+  EXPECT_LT(optimal_interval(60, 36000), young_interval(60, 36000));
+  EXPECT_DOUBLE_EQ(optimal_interval(100, 40), 40) << "a save longer than 2 MTBF: checkpoint every MTBF";
+  EXPECT_EQ(optimal_interval(0, 100), 0);
+  EXPECT_LT(optimal_interval(10, 3600), optimal_interval(10, 7200));
+  EXPECT_LT(optimal_interval(10, 3600), optimal_interval(20, 3600));
+}
+
+}  // namespace
+}  // namespace pacer::ckpt
