@@ -67,6 +67,11 @@ class PyCheckpointer {
     return unwrap(impl_->open_reader(step));
   }
 
+  std::vector<ckpt::Reader> candidates(std::optional<std::uint64_t> step) {
+    py::gil_scoped_release nogil;
+    return impl_->candidates(step);
+  }
+
   void flush() {
     py::gil_scoped_release nogil;
     unwrap(impl_->flush());
@@ -118,6 +123,7 @@ void register_checkpoint(py::module_& m) {
       .def("save", &PyCheckpointer::save)
       .def("latest", &PyCheckpointer::latest)
       .def("open_reader", &PyCheckpointer::open_reader, py::arg("step") = py::none())
+      .def("candidates", &PyCheckpointer::candidates, py::arg("step") = py::none())
       .def("flush", &PyCheckpointer::flush);
 
   m.def("optimal_interval", &ckpt::optimal_interval, py::arg("save_cost_s"), py::arg("mtbf_s"),

@@ -185,9 +185,14 @@ class Checkpointer {
   // The newest step that verifies on any tier (corrupt ones are skipped with a
   // warning), or nothing.
   std::optional<std::uint64_t> latest();
-  // Opens a checkpoint for reading: the given step, or the latest. The fast
-  // tier is preferred when it holds that step and the copy verifies.
+  // Opens a checkpoint for reading: the given step, or the latest, after
+  // checking every checksum. The fast tier is preferred when it holds that
+  // step and its copy verifies.
   Expected<Reader> open_reader(std::optional<std::uint64_t> step = std::nullopt);
+  // Every copy whose manifest and file sizes check, newest step first and the
+  // fast tier first within a step, without reading the data: for loaders
+  // that verify as they read and fall back to the next candidate on an error.
+  std::vector<Reader> candidates(std::optional<std::uint64_t> step = std::nullopt);
 
   // Waits for every save and tier flush; returns the first error seen.
   Status flush();

@@ -9,6 +9,7 @@ Checkpointing::
     step, blobs, meta = ck.load(step=None)     # blobs: numpy arrays (torch tensors for bfloat16)
 """
 import json
+import warnings
 
 from ._pacer import Error, Reader, SaveHandle, __version__, optimal_interval
 from ._pacer import _Checkpointer
@@ -87,14 +88,26 @@ class Checkpointer:
         return self._impl.open_reader(step)
 
     def load(self, step=None):
-        """(step, {name: array}, meta) of `step` or of the latest valid checkpoint."""
-        reader = self._impl.open_reader(step)
-        blobs = {}
-        for name, dtype, shape, _size in reader.blobs():
-            out = _empty(dtype, shape)
-            reader.read_into(name, _buffer_of(out))
-            blobs[name] = out
-        return reader.step, blobs, json.loads(reader.meta_json)
+        """(step, {name: array}, meta) of `step` or of the latest valid checkpoint.
+
+        Every byte is checked against its checksum as it is read, once; a copy
+        that fails is skipped with a warning and the next candidate (the other
+        tier's copy, then the next older step) is read instead.
+        """
+        problems = []
+        for reader in self._impl.candidates(step):
+            try:
+                blobs = {}
+                for name, dtype, shape, _size in reader.blobs():
+                    out = _empty(dtype, shape)
+                    reader.read_into(name, _buffer_of(out))
+                    blobs[name] = out
+                return reader.step, blobs, json.loads(reader.meta_json)
+            except Error as e:
+                warnings.warn(f"pacer: skipping step {reader.step} in {reader.dir}: {e}")
+                problems.append(str(e))
+        where = f"step {step}" if step is not None else "any step"
+        raise Error(f"no valid checkpoint for {where}" + (": " + "; ".join(problems) if problems else ""))
 
     def flush(self):
         """Wait for every save and tier copy; raise the first error."""

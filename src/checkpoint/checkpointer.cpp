@@ -289,7 +289,11 @@ struct Checkpointer::Impl {
       if (Status st = write_all(j.fd, data, p.len, off, j.data_path); !st) {
         j.failed = true;
         j.error = st.error();
+        break;
       }
+      // Start writeback now, so the disk works while the next chunk is
+      // checksummed instead of all at once in the final fdatasync.
+      ::sync_file_range(j.fd, static_cast<off_t>(off), static_cast<off_t>(p.len), SYNC_FILE_RANGE_WRITE);
     }
     pool->release(t.buf);
   }
@@ -762,37 +766,45 @@ std::optional<std::uint64_t> Checkpointer::latest() {
   return r->manifest().step;
 }
 
-Expected<Reader> Checkpointer::open_reader(std::optional<std::uint64_t> step) {
+std::vector<Reader> Checkpointer::candidates(std::optional<std::uint64_t> step) {
   Impl& im = *impl_;
-  std::map<std::uint64_t, std::vector<std::string>, std::greater<>> candidates;  // newest first; fast tier first
+  std::map<std::uint64_t, std::vector<std::string>, std::greater<>> paths;  // newest first; fast tier first
   std::vector<std::string> tiers;
   if (im.opt.fast_tier) tiers.push_back(*im.opt.fast_tier);
   tiers.push_back(im.opt.root);
   for (const auto& t : tiers) {
     for (const auto& e : list(t, false)) {
       if (step && e.step != *step) continue;
-      if (e.committed) candidates[e.step].push_back(e.path);
+      if (e.committed) paths[e.step].push_back(e.path);
       else if (parse_step_dir_name(fs::path(e.path).filename().string()))
         im.warn(fmt::format("skipping step {}: {}", e.step, e.problem));
     }
   }
-  for (const auto& [s, paths] : candidates) {
-    for (const auto& p : paths) {
+  std::vector<Reader> out;
+  for (const auto& [s, ps] : paths) {
+    for (const auto& p : ps) {
       auto r = Reader::open(p);
-      if (!r) {
+      if (r) {
+        out.push_back(std::move(*r));
+      } else if (fs::exists(p)) {
         // Retention may have removed it since it was listed: not a problem.
-        if (fs::exists(p)) im.warn(fmt::format("skipping step {}: {}", s, r.error().message));
-        continue;
+        im.warn(fmt::format("skipping step {}: {}", s, r.error().message));
       }
-      if (Status st = r->verify_all(); !st) {
-        im.warn(fmt::format("skipping step {}: {}", s, st.error().message));
-        continue;
-      }
-      return r;
     }
   }
-  if (step) return Error{ErrorKind::kUsage, fmt::format("no valid checkpoint for step {} under {}", *step, im.opt.root)};
-  return Error{ErrorKind::kUsage, fmt::format("no valid checkpoint under {}", im.opt.root)};
+  return out;
+}
+
+Expected<Reader> Checkpointer::open_reader(std::optional<std::uint64_t> step) {
+  for (auto& r : candidates(step)) {
+    if (Status st = r.verify_all(); !st) {
+      impl_->warn(fmt::format("skipping step {}: {}", r.manifest().step, st.error().message));
+      continue;
+    }
+    return std::move(r);
+  }
+  if (step) return Error{ErrorKind::kUsage, fmt::format("no valid checkpoint for step {} under {}", *step, impl_->opt.root)};
+  return Error{ErrorKind::kUsage, fmt::format("no valid checkpoint under {}", impl_->opt.root)};
 }
 
 double young_interval(double save_cost_s, double mtbf_s) {

@@ -192,6 +192,12 @@ Status Reader::read_piece(const BlobInfo& b, std::uint64_t from, std::uint64_t l
       scratch.resize(c_len);
       buf = scratch.data();
     }
+    // Ask for the next chunk now, so the disk reads it while this one is
+    // copied out and checksummed.
+    if (c < last) {
+      const std::uint64_t next_len = std::min(cb, b.size - (c + 1) * cb);
+      ::posix_fadvise(fd, static_cast<off_t>(b.offset + (c + 1) * cb), static_cast<off_t>(next_len), POSIX_FADV_WILLNEED);
+    }
     std::uint64_t done = 0;
     while (done < c_len) {
       const ssize_t n = ::pread(fd, buf + done, c_len - done, static_cast<off_t>(b.offset + c_begin + done));
