@@ -40,7 +40,7 @@ using nlohmann::json;
 // Small shared helpers.
 
 std::string temp_dir_name(std::uint64_t step, const std::string& host, int pid) {
-  static std::mt19937_64 rng(std::random_device{}());
+  thread_local std::mt19937_64 rng(std::random_device{}());
   return fmt::format(".partial-{}-{}-{}-{:08x}", step_dir_name(step), host, pid, static_cast<std::uint32_t>(rng()));
 }
 
@@ -398,6 +398,37 @@ struct Checkpointer::Impl {
     }
   }
 
+  // copy_file_range where the kernel can (same filesystem: no user-space
+  // copy), read and write otherwise (tmpfs to a disk: EXDEV).
+  static Status copy_file(int in, int out, std::uint64_t size, const std::string& to) {
+    std::uint64_t done = 0;
+    bool plain = false;
+    std::vector<unsigned char> buf;
+    while (done < size) {
+      if (!plain) {
+        loff_t a = static_cast<loff_t>(done), b = static_cast<loff_t>(done);
+        const ssize_t n = ::copy_file_range(in, &a, out, &b, size - done, 0);
+        if (n < 0 && errno == EINTR) continue;
+        if (n > 0) {
+          done += static_cast<std::uint64_t>(n);
+          continue;
+        }
+        if (n < 0 && (errno == EXDEV || errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP)) {
+          plain = true;
+          buf.resize(8u << 20);
+          continue;
+        }
+        return io_error("copy failed", to, n < 0 ? errno : EIO);
+      }
+      const ssize_t n = ::pread(in, buf.data(), std::min<std::uint64_t>(buf.size(), size - done), static_cast<off_t>(done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return io_error("copy failed (short read)", to, n < 0 ? errno : EIO);
+      if (Status w = write_all(out, buf.data(), static_cast<std::uint64_t>(n), done, to); !w) return w;
+      done += static_cast<std::uint64_t>(n);
+    }
+    return {};
+  }
+
   Status copy_to_root(std::uint64_t step) {
     const std::string src = (fs::path(*opt.fast_tier) / step_dir_name(step)).string();
     const std::string tmp = (fs::path(opt.root) / temp_dir_name(step, host, ::getpid())).string();
@@ -419,17 +450,7 @@ struct Checkpointer::Impl {
         ::close(in);
         return fail(io_error("cannot create", to, errno));
       }
-      std::uint64_t left = size;
-      Status st;
-      while (left > 0) {
-        const ssize_t n = ::copy_file_range(in, nullptr, out, nullptr, left, 0);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) {
-          st = io_error("copy failed", to, n < 0 ? errno : EIO);
-          break;
-        }
-        left -= static_cast<std::uint64_t>(n);
-      }
+      Status st = copy_file(in, out, size, to);
       if (st && ::fdatasync(out) != 0) st = io_error("fdatasync failed", to, errno);
       ::close(in);
       ::close(out);
@@ -595,6 +616,11 @@ Expected<std::unique_ptr<Checkpointer>> Checkpointer::open(Options o) {
   for (const auto& t : tiers) {
     std::error_code ec;
     for (const auto& e : fs::directory_iterator(t, ec)) {
+      // A prune that was killed between its rename and its delete.
+      if (e.path().filename().string().rfind(".deleting-", 0) == 0) {
+        fs::remove_all(e.path(), ec);
+        continue;
+      }
       auto tn = parse_temp_dir_name(e.path().filename().string());
       if (!tn || tn->host != impl->host) continue;
       if (tn->pid > 0 && (::kill(tn->pid, 0) == 0 || errno != ESRCH)) continue;
@@ -605,7 +631,23 @@ Expected<std::unique_ptr<Checkpointer>> Checkpointer::open(Options o) {
   impl->opt = std::move(o);
   Impl* raw = impl.get();
   impl->writer = std::thread([raw] { raw->writer_loop(); });
-  if (impl->opt.fast_tier) impl->flusher = std::thread([raw] { raw->flusher_loop(); });
+  if (impl->opt.fast_tier) {
+    // Steps a killed job committed on the fast tier but never copied: copy
+    // them now, oldest first, so they do not live on one node only.
+    std::set<std::uint64_t> on_root;
+    for (const auto& e : list(impl->opt.root, false))
+      if (e.committed) on_root.insert(e.step);
+    auto fast = list(*impl->opt.fast_tier, false);
+    for (auto it = fast.rbegin(); it != fast.rend(); ++it) {
+      if (!it->committed || on_root.count(it->step)) continue;
+      auto st = std::make_shared<SaveHandle::State>();
+      st->step = it->step;
+      st->local_done = st->committed = true;
+      impl->flushes.push_back(st);
+      impl->outstanding.push_back(st);
+    }
+    impl->flusher = std::thread([raw] { raw->flusher_loop(); });
+  }
   return std::unique_ptr<Checkpointer>(new Checkpointer(std::move(impl)));
 }
 
@@ -626,6 +668,14 @@ Status validate_save(std::uint64_t step, const std::vector<BlobView>& blobs, con
       return Error{ErrorKind::kUsage, fmt::format("blob '{}': shard [{}, {}) lies outside {} bytes", b.name, b.shard_offset, b.shard_offset + b.size, b.global_size)};
   }
   if (!meta.is_object()) return Error{ErrorKind::kUsage, "checkpoint meta must be a JSON object"};
+  // The manifest is JSON: text that cannot be serialised must fail here, not
+  // on the writer thread.
+  try {
+    (void)meta.dump();
+    for (const auto& b : blobs) (void)json(b.name).dump();
+  } catch (const json::exception& e) {
+    return Error{ErrorKind::kUsage, fmt::format("blob names and meta must be valid UTF-8: {}", e.what())};
+  }
   if (fs::exists(fs::path(tier) / step_dir_name(step)))
     return Error{ErrorKind::kUsage, fmt::format("step {} is already committed in {}", step, tier)};
   return {};

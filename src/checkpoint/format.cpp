@@ -146,6 +146,10 @@ Expected<Reader> Reader::open(const std::string& step_dir) {
   if (!text) return Error{ErrorKind::kConfig, text.error().message + " (no manifest: not a committed checkpoint)"};
   auto m = manifest_from_json(*text, path);
   if (!m) return m.error();
+  // A checkpoint copied or renamed under another step's name must not pass
+  // for that step.
+  if (auto named = parse_step_dir_name(fs::path(step_dir).filename().string()); named && *named != m->step)
+    return Error{ErrorKind::kConfig, fmt::format("{}: manifest is for step {}, but the directory is step {}", path, m->step, *named)};
   for (const auto& [name, size] : m->files) {
     std::error_code ec;
     const auto actual = fs::file_size(fs::path(step_dir) / name, ec);
