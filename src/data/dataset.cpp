@@ -1,0 +1,269 @@
+// Datasets of shards: spec expansion, random access to samples, and the order (permutation, partition).
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <glob.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <list>
+#include <mutex>
+
+#include "pacer/core/atomic_file.hpp"
+#include "pacer/data.hpp"
+
+namespace pacer::data {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// ---------------------------------------------------------------------------
+// Spec expansion
+
+namespace {
+
+// Expands the first {...} group and recurses: {a,b,c} lists and {000..099}
+// zero-padded numeric ranges.
+Status expand_braces(const std::string& s, std::vector<std::string>& out) {
+  const auto open = s.find('{');
+  if (open == std::string::npos) {
+    out.push_back(s);
+    return {};
+  }
+  const auto close = s.find('}', open);
+  if (close == std::string::npos) return Error{ErrorKind::kUsage, fmt::format("'{}': unbalanced '{{'", s)};
+  const std::string body = s.substr(open + 1, close - open - 1);
+  const std::string head = s.substr(0, open);
+  const std::string tail = s.substr(close + 1);
+  std::vector<std::string> items;
+  if (const auto dots = body.find(".."); dots != std::string::npos) {
+    const std::string a = body.substr(0, dots);
+    const std::string b = body.substr(dots + 2);
+    char* ea = nullptr;
+    char* eb = nullptr;
+    const long long from = std::strtoll(a.c_str(), &ea, 10);
+    const long long to = std::strtoll(b.c_str(), &eb, 10);
+    if (a.empty() || b.empty() || *ea || *eb || to < from)
+      return Error{ErrorKind::kUsage, fmt::format("'{}': bad range {{{}}}", s, body)};
+    const std::size_t width = a.size();
+    for (long long v = from; v <= to; ++v) items.push_back(fmt::format("{:0{}d}", v, width));
+  } else {
+    std::size_t pos = 0;
+    while (pos <= body.size()) {
+      std::size_t comma = body.find(',', pos);
+      if (comma == std::string::npos) comma = body.size();
+      items.push_back(body.substr(pos, comma - pos));
+      pos = comma + 1;
+    }
+  }
+  for (const auto& it : items)
+    if (Status st = expand_braces(head + it + tail, out); !st) return st;
+  return {};
+}
+
+}  // namespace
+
+Expected<std::vector<std::string>> expand_shard_spec(const std::string& spec) {
+  if (spec.size() > 5 && spec.ends_with(".json")) {
+    auto text = read_file(spec);
+    if (!text) return text.error();
+    json j = json::parse(*text, nullptr, false);
+    if (j.is_discarded() || j.value("schema", "") != "pacer.shards/1" || !j.contains("shards"))
+      return Error{ErrorKind::kConfig, fmt::format("{}: not a pacer shard manifest (schema pacer.shards/1)", spec)};
+    std::vector<std::string> out;
+    const fs::path dir = fs::path(spec).parent_path();
+    for (const auto& s : j["shards"]) out.push_back((dir / s.at("path").get<std::string>()).string());
+    return out;
+  }
+  std::vector<std::string> expanded;
+  if (Status st = expand_braces(spec, expanded); !st) return st.error();
+  std::vector<std::string> out;
+  for (const auto& e : expanded) {
+    if (e.find_first_of("*?[") == std::string::npos) {
+      out.push_back(e);
+      continue;
+    }
+    glob_t g{};
+    const int rc = ::glob(e.c_str(), 0, nullptr, &g);
+    if (rc == 0)
+      for (std::size_t i = 0; i < g.gl_pathc; ++i) out.push_back(g.gl_pathv[i]);
+    ::globfree(&g);
+    if (rc == GLOB_NOMATCH) return Error{ErrorKind::kUsage, fmt::format("'{}' matches no file", e)};
+  }
+  if (out.empty()) return Error{ErrorKind::kUsage, fmt::format("'{}' names no shard", spec)};
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// Dataset
+
+struct Dataset::Impl {
+  // Per shard: its index entries (loaded on first use) and an open descriptor.
+  struct Shard {
+    std::mutex mu;
+    std::shared_ptr<const std::vector<SampleEntry>> entries;
+    int fd = -1;
+  };
+  std::vector<std::unique_ptr<Shard>> shards;
+  // Open descriptors are bounded: thousands of shards must not exhaust the
+  // open-file limit.
+  std::mutex lru_mu;
+  std::list<std::size_t> lru;
+  std::size_t max_open = 128;
+
+  ~Impl() {
+    for (auto& s : shards)
+      if (s->fd >= 0) ::close(s->fd);
+  }
+};
+
+Dataset::~Dataset() = default;
+
+Expected<std::shared_ptr<Dataset>> Dataset::open(const std::string& spec) {
+  auto shards = expand_shard_spec(spec);
+  if (!shards) return shards.error();
+  return open(*shards);
+}
+
+Expected<std::shared_ptr<Dataset>> Dataset::open(const std::vector<std::string>& shards) {
+  std::shared_ptr<Dataset> ds(new Dataset());
+  ds->impl_ = std::make_unique<Impl>();
+  for (const auto& s : shards) {
+    if (!fs::exists(s)) return Error{ErrorKind::kUsage, fmt::format("{}: no such shard", s)};
+    auto idx = load_or_build_index(s, true);
+    if (!idx) return idx.error();
+    ds->shards_.push_back(s);
+    ds->starts_.push_back(ds->total_);
+    ds->counts_.push_back(idx->samples);
+    ds->total_ += idx->samples;
+    auto shard = std::make_unique<Impl::Shard>();
+    if (!idx->entries.empty()) shard->entries = std::make_shared<const std::vector<SampleEntry>>(std::move(idx->entries));
+    ds->impl_->shards.push_back(std::move(shard));
+  }
+  return ds;
+}
+
+Expected<Dataset::Sample> Dataset::read(std::uint64_t i) const {
+  if (i >= total_) return Error{ErrorKind::kUsage, fmt::format("sample {} of a {}-sample dataset", i, total_)};
+  const std::size_t s = static_cast<std::size_t>(std::upper_bound(starts_.begin(), starts_.end(), i) - starts_.begin() - 1);
+  Impl::Shard& sh = *impl_->shards[s];
+  std::shared_ptr<const std::vector<SampleEntry>> entries;
+  int fd = -1;
+  {
+    std::lock_guard g(sh.mu);
+    if (!sh.entries) {
+      auto idx = read_index(shards_[s], false);
+      if (!idx) return idx.error();
+      sh.entries = std::make_shared<const std::vector<SampleEntry>>(std::move(idx->entries));
+    }
+    if (sh.fd < 0) {
+      sh.fd = ::open(shards_[s].c_str(), O_RDONLY | O_CLOEXEC);
+      if (sh.fd < 0) return Error{ErrorKind::kIo, fmt::format("{}: cannot open: {}", shards_[s], std::strerror(errno))};
+      ::posix_fadvise(sh.fd, 0, 0, POSIX_FADV_WILLNEED);
+    }
+    entries = sh.entries;
+    fd = sh.fd;
+  }
+  {
+    // Close the least recently opened shards beyond the bound.
+    std::lock_guard g(impl_->lru_mu);
+    auto& lru = impl_->lru;
+    auto it = std::find(lru.begin(), lru.end(), s);
+    if (it != lru.end()) lru.erase(it);
+    lru.push_front(s);
+    while (lru.size() > impl_->max_open) {
+      Impl::Shard& old = *impl_->shards[lru.back()];
+      lru.pop_back();
+      std::lock_guard g2(old.mu);
+      if (&old != &sh && old.fd >= 0) {
+        ::close(old.fd);
+        old.fd = -1;
+      }
+    }
+  }
+  const std::uint64_t local = i - starts_[s];
+  if (local >= entries->size()) return Error{ErrorKind::kConfig, fmt::format("{}: index has {} samples, asked for {}", shards_[s], entries->size(), local)};
+  const SampleEntry& e = (*entries)[local];
+  Sample out;
+  out.key = e.key;
+  for (const auto& f : e.fields) {
+    std::string bytes(f.size, '\0');
+    std::uint64_t done = 0;
+    while (done < f.size) {
+      const ssize_t n = ::pread(fd, bytes.data() + done, f.size - done, static_cast<off_t>(f.offset + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0)
+        return Error{ErrorKind::kIo, fmt::format("{}: offset {}: cannot read sample '{}' field '{}': {}", shards_[s], f.offset + done, e.key,
+                                                 f.ext, n < 0 ? std::strerror(errno) : "unexpected end of file (truncated shard?)")};
+      done += static_cast<std::uint64_t>(n);
+    }
+    out.fields.emplace_back(f.ext, std::move(bytes));
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// Permutation: a 4-round Feistel network over 2*half_bits bits.
+
+namespace {
+std::uint64_t mix(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+}  // namespace
+
+Permutation::Permutation(std::uint64_t n, std::uint64_t seed, std::uint64_t epoch) : n_(n) {
+  while ((1ULL << (2 * half_bits_)) < n && half_bits_ < 31) ++half_bits_;
+  std::uint64_t k = mix(seed ^ mix(epoch + 0x1234567ULL));
+  for (auto& key : keys_) {
+    k = mix(k);
+    key = k;
+  }
+}
+
+std::uint64_t Permutation::operator()(std::uint64_t i) const {
+  const std::uint64_t mask = (1ULL << half_bits_) - 1;
+  std::uint64_t x = i;
+  // Cycle-walking: the network permutes [0, 4^h) and 4^h < 4n, so a few
+  // steps at most land back inside [0, n).
+  do {
+    std::uint64_t l = x >> half_bits_;
+    std::uint64_t r = x & mask;
+    for (std::uint64_t key : keys_) {
+      const std::uint64_t nl = r;
+      r = l ^ (mix(r ^ key) & mask);
+      l = nl;
+    }
+    x = (l << half_bits_) | r;
+  } while (x >= n_);
+  return x;
+}
+
+// ---------------------------------------------------------------------------
+
+std::uint64_t Partition::batches() const {
+  const std::uint64_t gb = global_batch();
+  if (gb == 0) return 0;
+  return drop_last ? samples / gb : (samples + gb - 1) / gb;
+}
+
+std::pair<std::uint64_t, std::uint64_t> Partition::range(std::uint64_t g) const {
+  const std::uint64_t gb = global_batch();
+  const std::uint64_t b = batch_size;
+  const std::uint64_t r = static_cast<std::uint64_t>(rank);
+  const std::uint64_t w = static_cast<std::uint64_t>(world_size);
+  const std::uint64_t start = g * gb;
+  if (start + gb <= samples) return {start + r * b, start + (r + 1) * b};
+  // The last, partial global batch: split as evenly as possible.
+  const std::uint64_t rem = samples > start ? samples - start : 0;
+  const std::uint64_t per = rem / w;
+  const std::uint64_t extra = rem % w;
+  const std::uint64_t lo = start + r * per + std::min(r, extra);
+  return {lo, lo + per + (r < extra ? 1 : 0)};
+}
+
+}  // namespace pacer::data
