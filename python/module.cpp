@@ -2,6 +2,7 @@
 #include "bindings.hpp"
 
 #include "pacer/core/error.hpp"
+#include "pacer/core/host_buffer.hpp"
 #include "pacer/version.hpp"
 
 namespace py = pybind11;
@@ -27,5 +28,18 @@ PYBIND11_MODULE(_pacer, m) {
       PyErr_SetString(pacer::python::error_type().ptr(), e.what());
     }
   });
+  // Huge-page backed memory for arrays that are filled from disk: fresh
+  // 4 KiB pages cost more to fault in than the read itself on VMs.
+  py::class_<pacer::HostBuffer>(m, "HostBuffer", py::buffer_protocol())
+      .def(py::init([](std::size_t n) {
+        pacer::HostBuffer b(n);
+        if (n && !b) throw std::bad_alloc();
+        return b;
+      }))
+      .def("__len__", &pacer::HostBuffer::size)
+      .def_buffer([](pacer::HostBuffer& b) {
+        return py::buffer_info(b.data(), 1, py::format_descriptor<unsigned char>::format(), 1,
+                               {static_cast<py::ssize_t>(b.size())}, {1});
+      });
   pacer::python::register_checkpoint(m);
 }

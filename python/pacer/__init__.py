@@ -43,15 +43,20 @@ def _as_blob(name, value):
 
 
 def _empty(dtype, shape):
+    """An uninitialised array on huge-page backed memory (cheap to fault in)."""
     import numpy as np
+
+    from ._pacer import HostBuffer
 
     if dtype == "bfloat16":
         import torch
 
-        return torch.empty(shape, dtype=torch.bfloat16)
-    if dtype == "bytes":
-        return np.empty(shape, dtype=np.uint8)
-    return np.empty(shape, dtype=np.dtype(dtype))
+        n = int(np.prod(shape, dtype=np.int64)) if len(shape) else 1
+        return torch.frombuffer(HostBuffer(max(2 * n, 1)), dtype=torch.uint8)[: 2 * n].view(torch.bfloat16).reshape(shape)
+    np_dtype = np.dtype(np.uint8 if dtype == "bytes" else dtype)
+    n = int(np.prod(shape, dtype=np.int64)) if len(shape) else 1
+    buf = HostBuffer(max(n * np_dtype.itemsize, 1))
+    return np.frombuffer(buf, dtype=np.uint8)[: n * np_dtype.itemsize].view(np_dtype).reshape(shape)
 
 
 def _buffer_of(obj):

@@ -28,6 +28,7 @@
 #include "pacer/checkpoint.hpp"
 #include "pacer/comm/communicator.hpp"
 #include "pacer/core/atomic_file.hpp"
+#include "pacer/core/host_buffer.hpp"
 #include "pacer/hw/cuda_host.hpp"
 #include "pacer/hw/system.hpp"
 
@@ -119,16 +120,15 @@ constexpr std::uint64_t kAlign = 4096;
 std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
 
 // Fixed-size staging buffers, reused across saves so that steady-state saves
-// copy into memory that is already faulted in (and pinned, with CUDA).
+// copy into memory that is already faulted in (and pinned, with CUDA). Huge
+// pages make the first save's faults cheap too.
 class StagingPool {
  public:
   StagingPool(std::uint64_t budget, std::uint64_t buffer_bytes, bool pin)
       : buffer_bytes_(buffer_bytes), max_buffers_(std::max<std::uint64_t>(1, budget / buffer_bytes)), pin_(pin) {}
   ~StagingPool() {
-    for (auto* b : all_) {
-      if (pinned_.count(b)) hw::unpin_host_memory(b);
-      std::free(b);
-    }
+    for (auto& b : all_)
+      if (pinned_.count(b.data())) hw::unpin_host_memory(b.data());
   }
   // Blocks while every buffer is in use.
   unsigned char* acquire() {
@@ -139,9 +139,10 @@ class StagingPool {
       free_.pop_back();
       return b;
     }
-    auto* b = static_cast<unsigned char*>(std::aligned_alloc(kAlign, align_up(buffer_bytes_, kAlign)));
-    if (!b) throw std::bad_alloc();
-    all_.push_back(b);
+    HostBuffer buf(buffer_bytes_);
+    if (!buf) throw std::bad_alloc();
+    unsigned char* b = buf.data();
+    all_.push_back(std::move(buf));
     lock.unlock();
     if (pin_ && hw::pin_host_memory(b, buffer_bytes_)) {
       std::lock_guard g(mu_);
@@ -161,7 +162,7 @@ class StagingPool {
  private:
   std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<unsigned char*> all_;
+  std::vector<HostBuffer> all_;
   std::vector<unsigned char*> free_;
   std::set<unsigned char*> pinned_;
   std::uint64_t buffer_bytes_;
@@ -202,6 +203,7 @@ struct Job {
   std::string tmp_dir;
   std::string data_path;
   int fd = -1;
+  bool direct = false;  // O_DIRECT: pieces are written padded to 4 KiB from the aligned staging buffers
   Manifest manifest;
   int rank = 0;
   bool failed = false;
@@ -286,14 +288,28 @@ struct Checkpointer::Impl {
       const unsigned char* data = t.buf + p.buf_offset;
       b.chunk_hashes[p.chunk] = XXH3_64bits(data, p.len);
       const std::uint64_t off = b.offset + p.chunk * j.manifest.chunk_bytes;
-      if (Status st = write_all(j.fd, data, p.len, off, j.data_path); !st) {
+      std::uint64_t len = p.len;
+      if (j.direct) {
+        // The padding lands in the gap before the next blob's 4 KiB boundary.
+        len = align_up(p.len, kAlign);
+        std::memset(t.buf + p.buf_offset + p.len, 0, len - p.len);
+      }
+      Status st = write_all(j.fd, data, len, off, j.data_path);
+      if (!st && j.direct && st.error().message.find(std::strerror(EINVAL)) != std::string::npos) {
+        // The filesystem took O_DIRECT at open but refuses it on write (some
+        // network filesystems): carry on buffered.
+        ::fcntl(j.fd, F_SETFL, ::fcntl(j.fd, F_GETFL) & ~O_DIRECT);
+        j.direct = false;
+        st = write_all(j.fd, data, p.len, off, j.data_path);
+      }
+      if (!st) {
         j.failed = true;
         j.error = st.error();
         break;
       }
-      // Start writeback now, so the disk works while the next chunk is
-      // checksummed instead of all at once in the final fdatasync.
-      ::sync_file_range(j.fd, static_cast<off_t>(off), static_cast<off_t>(p.len), SYNC_FILE_RANGE_WRITE);
+      // Buffered: start writeback now, so the disk works while the next chunk
+      // is checksummed instead of all at once in the final fdatasync.
+      if (!j.direct) ::sync_file_range(j.fd, static_cast<off_t>(off), static_cast<off_t>(p.len), SYNC_FILE_RANGE_WRITE);
     }
     pool->release(t.buf);
   }
@@ -592,7 +608,7 @@ const Options& Checkpointer::options() const { return impl_->opt; }
 
 Expected<std::unique_ptr<Checkpointer>> Checkpointer::open(Options o) {
   if (o.root.empty()) return Error{ErrorKind::kUsage, "checkpoint root is empty"};
-  if (o.chunk_bytes < 4096) return Error{ErrorKind::kUsage, "chunk_bytes must be at least 4096"};
+  if (o.chunk_bytes < 4096 || o.chunk_bytes % 4096 != 0) return Error{ErrorKind::kUsage, "chunk_bytes must be a positive multiple of 4096"};
   if (o.staging_bytes < o.chunk_bytes) o.staging_bytes = o.chunk_bytes;
   if (o.keep_last < 0 || o.keep_every < 0) return Error{ErrorKind::kUsage, "keep_last and keep_every must not be negative"};
   auto impl = std::make_unique<Impl>();
@@ -716,7 +732,12 @@ Expected<SaveHandle> Checkpointer::save(std::uint64_t step, const std::vector<Bl
   if (valid && ec) valid = Error{ErrorKind::kIo, fmt::format("{}: cannot create: {}", job->tmp_dir, ec.message())};
   job->data_path = fmt::format("{}/rank-{:05d}.bin", job->tmp_dir, job->rank);
   if (valid) {
-    job->fd = ::open(job->data_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    // O_DIRECT skips the page cache: large checkpoints are written at the
+    // disk's speed instead of the dirty-page throttle's, and do not evict the
+    // job's working set. tmpfs and some filesystems refuse it.
+    job->fd = ::open(job->data_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0644);
+    job->direct = job->fd >= 0;
+    if (job->fd < 0 && errno == EINVAL) job->fd = ::open(job->data_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (job->fd < 0) valid = io_error("cannot create", job->data_path, errno);
   }
   if (!valid) {
@@ -767,7 +788,7 @@ Expected<SaveHandle> Checkpointer::save(std::uint64_t step, const std::vector<Bl
     const auto* src = static_cast<const unsigned char*>(blobs[i].data);
     for (std::uint64_t c = 0, off = 0; off < blobs[i].size; ++c, off += m.chunk_bytes) {
       const std::uint64_t len = std::min(m.chunk_bytes, blobs[i].size - off);
-      if (cur.buf && used + len > cap) flush_cur();
+      if (cur.buf && used + align_up(len, kAlign) > cap) flush_cur();
       if (!cur.buf) {
         cur.kind = Task::Kind::kChunk;
         cur.job = job;
@@ -775,7 +796,7 @@ Expected<SaveHandle> Checkpointer::save(std::uint64_t step, const std::vector<Bl
       }
       std::memcpy(cur.buf + used, src + off, len);
       cur.pieces.push_back({i, c, used, len});
-      used = align_up(used + len, 64);
+      used = align_up(used + len, kAlign);  // O_DIRECT needs 4 KiB-aligned sources
     }
   }
   flush_cur();

@@ -1,0 +1,50 @@
+#include "pacer/core/host_buffer.hpp"
+
+#include <sys/mman.h>
+
+#include <cstdint>
+#include <utility>
+
+namespace pacer {
+
+namespace {
+constexpr std::size_t kHuge = 2u << 20;
+}
+
+HostBuffer::HostBuffer(std::size_t bytes) : size_(bytes) {
+  if (bytes == 0) return;
+  mapped_ = (bytes + kHuge - 1) / kHuge * kHuge;
+  // Over-map by one huge page so the start can be aligned to it.
+  const std::size_t total = mapped_ + kHuge;
+  void* p = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    size_ = mapped_ = 0;
+    return;
+  }
+  auto base = reinterpret_cast<std::uintptr_t>(p);
+  const std::uintptr_t aligned = (base + kHuge - 1) / kHuge * kHuge;
+  if (aligned > base) ::munmap(p, aligned - base);
+  const std::uintptr_t end = base + total;
+  if (end > aligned + mapped_) ::munmap(reinterpret_cast<void*>(aligned + mapped_), end - (aligned + mapped_));
+  data_ = reinterpret_cast<unsigned char*>(aligned);
+  ::madvise(data_, mapped_, MADV_HUGEPAGE);
+}
+
+HostBuffer::~HostBuffer() {
+  if (data_) ::munmap(data_, mapped_);
+}
+
+HostBuffer::HostBuffer(HostBuffer&& o) noexcept
+    : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)), mapped_(std::exchange(o.mapped_, 0)) {}
+
+HostBuffer& HostBuffer::operator=(HostBuffer&& o) noexcept {
+  if (this != &o) {
+    if (data_) ::munmap(data_, mapped_);
+    data_ = std::exchange(o.data_, nullptr);
+    size_ = std::exchange(o.size_, 0);
+    mapped_ = std::exchange(o.mapped_, 0);
+  }
+  return *this;
+}
+
+}  // namespace pacer
