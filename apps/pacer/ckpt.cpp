@@ -37,12 +37,13 @@ void print(const json& j, bool as_json, const std::string& table) {
 }
 
 json entry_json(const ckpt::Entry& e) {
-  return {{"step", e.step}, {"path", e.path}, {"bytes", e.bytes}, {"committed", e.committed},
+  return {{"step", e.step}, {"path", e.path}, {"bytes", e.bytes}, {"partial", e.partial}, {"committed", e.committed},
           {"verified", e.verified}, {"problem", e.problem}};
 }
 
 std::string status_of(const ckpt::Entry& e, bool verify) {
-  if (!e.committed) return "partial";
+  if (e.partial) return "partial";
+  if (!e.committed) return "CORRUPT";
   if (!verify) return "committed";
   return e.verified ? "valid" : "CORRUPT";
 }
@@ -51,31 +52,33 @@ int ls(const CkptArgs& a) {
   require_dir(a.dir);
   const auto entries = ckpt::list(a.dir, a.verify);
   json j = {{"schema", "pacer.ckpt.ls/1"}, {"dir", a.dir}, {"checkpoints", json::array()}};
-  Table t({{"STEP", true}, {"SIZE", true}, {"STATUS"}, {"PATH"}, {"PROBLEM", false, 80}});
+  Table t({{"STEP", true}, {"SIZE", true}, {"STATUS"}, {"PATH"}, {"PROBLEM"}});
   for (const auto& e : entries) {
     j["checkpoints"].push_back(entry_json(e));
     t.add_row({std::to_string(e.step), e.committed ? format_bytes(double(e.bytes)) : "-", status_of(e, a.verify), e.path, e.problem});
   }
   print(j, a.json, t.render());
+  // A step directory that does not check (missing or truncated data, bad
+  // manifest) is damage, not a leftover: it fails ls --verify.
   bool bad = false;
   for (const auto& e : entries)
-    if (a.verify && e.committed && !e.verified) bad = true;
+    if (a.verify && !e.partial && !e.verified) bad = true;
   return bad ? 1 : 0;
 }
 
 int verify(const CkptArgs& a) {
   require_dir(a.dir);
   json j = {{"schema", "pacer.ckpt.verify/1"}, {"dir", a.dir}, {"checkpoints", json::array()}};
-  Table t({{"STEP", true}, {"SIZE", true}, {"STATUS"}, {"PROBLEM", false, 100}});
+  Table t({{"STEP", true}, {"SIZE", true}, {"STATUS"}, {"PROBLEM"}});
   int checked = 0;
   bool bad = false;
   for (const auto& e : ckpt::list(a.dir, true)) {
     if (a.step && e.step != *a.step) continue;
-    if (!e.committed && !a.step) continue;  // leftovers are not checkpoints
+    if (e.partial && !a.step) continue;  // leftovers of unfinished saves are not checkpoints
     ++checked;
     if (!e.verified) bad = true;
     j["checkpoints"].push_back(entry_json(e));
-    t.add_row({std::to_string(e.step), format_bytes(double(e.bytes)), status_of(e, true), e.problem});
+    t.add_row({std::to_string(e.step), e.committed ? format_bytes(double(e.bytes)) : "-", status_of(e, true), e.problem});
   }
   if (a.step && checked == 0) throw Exception(Error{ErrorKind::kUsage, fmt::format("{}: no checkpoint for step {}", a.dir, *a.step)});
   j["verdict"] = bad ? "fail" : "pass";

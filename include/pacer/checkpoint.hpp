@@ -117,7 +117,8 @@ struct Entry {
   std::uint64_t step = 0;
   std::string path;
   std::uint64_t bytes = 0;
-  bool committed = false;  // has a readable manifest
+  bool partial = false;    // a .partial-* directory: a save that never committed
+  bool committed = false;  // a step directory whose manifest and file sizes check
   bool verified = false;   // every checksum checked and right (only with verify)
   std::string problem;     // why not committed or not valid
 };

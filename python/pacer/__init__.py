@@ -13,6 +13,7 @@ import warnings
 
 from ._pacer import Error, Reader, SaveHandle, __version__, optimal_interval
 from ._pacer import _Checkpointer
+from . import data  # pacer.data: shards and the loader
 
 __all__ = ["Checkpointer", "Error", "Reader", "SaveHandle", "optimal_interval", "__version__"]
 
@@ -36,6 +37,10 @@ def _as_blob(name, value):
         return (name, memoryview(value).cast("B"), "bytes", [len(memoryview(value).cast("B"))])
     else:
         arr = np.asarray(value)
+    if arr.dtype.kind not in "biufc":
+        raise Error(f"blob '{name}': dtype {arr.dtype} cannot be saved (numbers and bools only; use bytes for the rest)")
+    if not arr.dtype.isnative:
+        arr = arr.astype(arr.dtype.newbyteorder("="))  # stored little-endian, as the manifest's dtype says
     if not arr.flags["C_CONTIGUOUS"]:
         arr = np.ascontiguousarray(arr)
     dtype = "bool" if arr.dtype == np.bool_ else arr.dtype.name
@@ -83,7 +88,11 @@ class Checkpointer:
 
     def save(self, step, blobs, meta=None):
         items = [_as_blob(name, value) for name, value in blobs.items()]
-        return self._impl.save(step, items, json.dumps(meta or {}))
+        try:
+            meta_json = json.dumps(meta or {}, allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise Error(f"meta cannot be stored as JSON: {e}") from None
+        return self._impl.save(step, items, meta_json)
 
     def latest(self):
         return self._impl.latest()

@@ -382,7 +382,9 @@ struct Checkpointer::Impl {
       paths[e.step] = e.path;
     }
     const bool fast = opt.fast_tier && tier_root == *opt.fast_tier;
-    for (auto s : retention_victims(committed, opt.keep_last, opt.keep_every)) {
+    // Node-local space is small: the fast tier keeps the newest keep_last only;
+    // the every-Mth history lives on the persistent tier.
+    for (auto s : retention_victims(committed, opt.keep_last, fast ? 0 : opt.keep_every)) {
       // The fast tier keeps a step until the persistent tier has it.
       if (fast && !fs::exists(fs::path(opt.root) / step_dir_name(s) / kManifestName)) continue;
       if (Status st = remove_checkpoint_dir(paths[s]); !st) warn(st.error().message);
@@ -669,7 +671,7 @@ Expected<std::unique_ptr<Checkpointer>> Checkpointer::open(Options o) {
 
 namespace {
 
-Status validate_save(std::uint64_t step, const std::vector<BlobView>& blobs, const json& meta, const std::string& tier) {
+Status validate_save(std::uint64_t step, const std::vector<BlobView>& blobs, const json& meta, const std::vector<std::string>& tiers) {
   std::set<std::string> names;
   for (const auto& b : blobs) {
     if (b.name.empty()) return Error{ErrorKind::kUsage, "a blob has an empty name"};
@@ -692,8 +694,11 @@ Status validate_save(std::uint64_t step, const std::vector<BlobView>& blobs, con
   } catch (const json::exception& e) {
     return Error{ErrorKind::kUsage, fmt::format("blob names and meta must be valid UTF-8: {}", e.what())};
   }
-  if (fs::exists(fs::path(tier) / step_dir_name(step)))
-    return Error{ErrorKind::kUsage, fmt::format("step {} is already committed in {}", step, tier)};
+  // Either tier: a step that survives only on the persistent tier (the node
+  // lost its fast tier) must not get a second, different copy.
+  for (const auto& tier : tiers)
+    if (fs::exists(fs::path(tier) / step_dir_name(step)))
+      return Error{ErrorKind::kUsage, fmt::format("step {} is already committed in {}", step, tier)};
   return {};
 }
 
@@ -707,7 +712,9 @@ Expected<SaveHandle> Checkpointer::save(std::uint64_t step, const std::vector<Bl
     (void)prev.wait();
   }
   const std::string tier = im.first_tier();
-  Status valid = validate_save(step, blobs, meta, tier);
+  std::vector<std::string> tiers = {im.opt.root};
+  if (im.opt.fast_tier) tiers.push_back(*im.opt.fast_tier);
+  Status valid = validate_save(step, blobs, meta, tiers);
   const bool several = im.comm->size() > 1;
   if (!valid && !several) return valid.error();
 

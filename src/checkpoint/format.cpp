@@ -207,15 +207,15 @@ Status Reader::read_piece(const BlobInfo& b, std::uint64_t from, std::uint64_t l
       const ssize_t n = ::pread(fd, buf + done, c_len - done, static_cast<off_t>(b.offset + c_begin + done));
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) {
-        st = Error{ErrorKind::kIo, fmt::format("{}: blob '{}' short read at offset {}", path, b.name, b.offset + c_begin + done)};
+        st = Error{ErrorKind::kIo, fmt::format("blob '{}': short read at offset {} of {}", b.name, b.offset + c_begin + done, path)};
         break;
       }
       done += static_cast<std::uint64_t>(n);
     }
     if (!st) break;
     if (XXH3_64bits(buf, c_len) != b.chunk_hashes[c]) {
-      st = Error{ErrorKind::kConfig, fmt::format("{}: blob '{}' (rank {}) checksum mismatch in bytes {}..{} of the blob",
-                                                 path, b.name, b.rank, c_begin, c_begin + c_len)};
+      st = Error{ErrorKind::kConfig, fmt::format("blob '{}' (rank {}): checksum mismatch in bytes {}..{} of the blob, in {}",
+                                                 b.name, b.rank, c_begin, c_begin + c_len, path)};
       break;
     }
     if (!direct) {
@@ -288,6 +288,7 @@ std::vector<Entry> list(const std::string& root, bool verify) {
       }
     } else if (auto tmp = parse_temp_dir_name(name)) {
       en.step = tmp->step;
+      en.partial = true;
       en.problem = "partial: a save that never committed";
     } else {
       continue;

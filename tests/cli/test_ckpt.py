@@ -182,11 +182,8 @@ class CkptCli(unittest.TestCase):
         self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
         self.assertIn("no checkpoint for step 42", r.stderr)
 
-    @unittest.expectedFailure
     def test_verify_names_the_blob_under_a_long_path(self):
-        # Library bug: the text table cuts PROBLEM at 100 characters and the
-        # message starts with the data file's full path, so under a deep root
-        # `verify` no longer names the blob (only --json does).
+        # Under a deep root the text output still names the blob.
         self.root = os.path.join(self.tmp.name, "project", "team-with-a-long-name", "experiment-2026-11-29",
                                  "run-0042", "checkpoints")
         self.make([1], partial=False)
@@ -216,12 +213,9 @@ class CkptCli(unittest.TestCase):
         self.assertIn("truncated", problem)
         self.assertEqual(pacer("ckpt", "verify", self.root, "--step", "3").returncode, 0)
 
-    @unittest.expectedFailure
     def test_verify_all_fails_on_missing_and_truncated_files(self):
-        # Library bug: ckpt::list() marks a step directory whose manifest is
-        # fine but whose data file is missing or truncated as not committed
-        # ("partial"), and `verify` without --step skips those, so it prints
-        # "OK: 1 checkpoint(s) checked" and exits 0 here (`ls --verify` too).
+        # A step directory with a missing or truncated data file is damage, not
+        # a leftover: `verify` and `ls --verify` fail on it.
         self.damage()
         r = pacer("ckpt", "verify", self.root)
         self.assertEqual(r.returncode, 1, r.stdout + r.stderr)

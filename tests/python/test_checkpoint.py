@@ -220,10 +220,8 @@ class RoundTrip(CheckpointTestCase):
         ck.save(2, {"ro": ro}).wait()
         self.assertArrayIdentical(ck.load(2)[1]["ro"], ro.copy())
 
-    @unittest.expectedFailure
     def test_non_native_byte_order(self):
-        # Library bug: _as_blob() records arr.dtype.name ("int32" for '>i4') and
-        # the raw big-endian bytes, so the values come back byte-swapped.
+        # Non-native byte order is converted on save: the manifest's dtypes are little-endian.
         ck = pacer.Checkpointer(self.root)
         want = np.arange(1, 6, dtype=">i4")
         ck.save(1, {"be": want}).wait()
@@ -406,13 +404,9 @@ class FastTier(CheckpointTestCase):
             self.assertEqual(ck.open(1).dir, step_dir(self.fast, 1))
         self.assertIn("missing", err[0])
 
-    @unittest.expectedFailure
     def test_step_committed_on_the_persistent_tier_only_is_a_duplicate(self):
-        # Library bug: Checkpointer::save() checks only the first (fast) tier for
-        # an existing step. After the node-local tier is wiped, saving a step
-        # the persistent tier already holds is accepted and committed on the
-        # fast tier with the new data; its flush then fails ("already committed
-        # by another saver"), leaving two different valid copies of one step.
+        # After the node-local tier is wiped, a step the persistent tier holds
+        # must not be saved again with other data (two valid copies of one step).
         ck = pacer.Checkpointer(self.root, fast_tier=self.fast)
         ck.save(5, {"x": np.arange(3)}).wait_persistent()
         del ck
@@ -543,9 +537,9 @@ class Errors(CheckpointTestCase):
     def test_unsupported_dtypes(self):
         ck = pacer.Checkpointer(self.root)
         for name, value, needle in [
-            ("strings", np.array(["ab", "cd"]), "unknown dtype"),
-            ("dates", np.array(["2024-01-01"], dtype="datetime64[D]"), "unknown dtype"),
-            ("record", np.zeros(2, dtype=[("a", "i4"), ("b", "f4")]), "unknown dtype"),
+            ("strings", np.array(["ab", "cd"]), "cannot be saved"),
+            ("dates", np.array(["2024-01-01"], dtype="datetime64[D]"), "cannot be saved"),
+            ("record", np.zeros(2, dtype=[("a", "i4"), ("b", "f4")]), "cannot be saved"),
         ]:
             with self.assertRaisesRegex(pacer.Error, needle, msg=name) as cm:
                 ck.save(1, {name: value})
@@ -553,27 +547,19 @@ class Errors(CheckpointTestCase):
         self.assertIsNone(ck.latest())
         self.assertEqual(os.listdir(self.root), [])
 
-    @unittest.expectedFailure
     def test_object_array_raises_pacer_error(self):
-        # Library bug: _as_blob() calls arr.view(np.uint8) on an object array,
-        # so numpy's TypeError escapes instead of a pacer.Error naming the blob.
+        # Object arrays have no bytes to save: a pacer.Error naming the blob.
         ck = pacer.Checkpointer(self.root)
         with self.assertRaisesRegex(pacer.Error, "'objs'"):
             ck.save(1, {"objs": np.array([object(), 1], dtype=object)})
-
-    def test_object_array_is_refused(self):
-        ck = pacer.Checkpointer(self.root)
-        with self.assertRaises((pacer.Error, TypeError, ValueError)):
-            ck.save(1, {"objs": np.array([object(), 1], dtype=object)})
-        self.assertIsNone(ck.latest())
 
     def test_bad_meta(self):
         ck = pacer.Checkpointer(self.root)
         with self.assertRaisesRegex(pacer.Error, "meta must be a JSON object"):
             ck.save(1, {"x": np.arange(3)}, meta=[1, 2])
-        with self.assertRaises(TypeError):  # not JSON-serialisable
+        with self.assertRaisesRegex(pacer.Error, "meta cannot be stored as JSON"):
             ck.save(1, {"x": np.arange(3)}, meta={"f": object()})
-        with self.assertRaisesRegex(pacer.Error, "not valid JSON"):  # json.dumps writes NaN, which JSON lacks
+        with self.assertRaisesRegex(pacer.Error, "meta cannot be stored as JSON"):
             ck.save(1, {"x": np.arange(3)}, meta={"loss": float("nan")})
         self.assertIsNone(ck.latest())
 
