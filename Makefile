@@ -31,6 +31,7 @@ test-slow: build
 # Side-by-side benchmarks against peer tools; results go to bench/results/.
 bench: build
 	bash bench/vet_peers.sh
+	bash bench/ckpt_vs_torch.sh $(BUILD)
 
 clean:
 	rm -rf $(BUILD)
