@@ -198,11 +198,21 @@ class Checkpointer {
   // Waits for every save and tier flush; returns the first error seen.
   Status flush();
 
+  struct Stats {
+    std::uint64_t saves = 0;          // save() calls accepted
+    std::uint64_t bytes_staged = 0;   // bytes copied into staging
+    std::uint64_t staging_bytes = 0;  // staging memory allocated so far
+    std::uint64_t pinned_bytes = 0;   // of which page-locked for the GPU
+    double blocked_s = 0;             // total time save() held the caller
+  };
+  Stats stats() const;
+
   const Options& options() const;
   struct Impl;
 
  private:
   explicit Checkpointer(std::unique_ptr<Impl> impl);
+  Expected<SaveHandle> save_impl(std::uint64_t step, const std::vector<BlobView>& blobs, const nlohmann::json& meta);
   std::unique_ptr<Impl> impl_;
 };
 

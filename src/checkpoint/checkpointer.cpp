@@ -158,6 +158,10 @@ class StagingPool {
     cv_.notify_one();
   }
   std::uint64_t buffer_bytes() const { return buffer_bytes_; }
+  std::pair<std::uint64_t, std::uint64_t> allocated_and_pinned() {
+    std::lock_guard g(mu_);
+    return {all_.size() * buffer_bytes_, pinned_.size() * buffer_bytes_};
+  }
 
  private:
   std::mutex mu_;
@@ -235,6 +239,7 @@ struct Checkpointer::Impl {
   std::thread writer;
   std::thread flusher;
   std::shared_ptr<SaveHandle::State> pending_collective;
+  Checkpointer::Stats counters;  // saves, bytes_staged, blocked_s (caller's thread only)
 
   std::string first_tier() const { return opt.fast_tier ? *opt.fast_tier : opt.root; }
 
@@ -705,6 +710,23 @@ Status validate_save(std::uint64_t step, const std::vector<BlobView>& blobs, con
 }  // namespace
 
 Expected<SaveHandle> Checkpointer::save(std::uint64_t step, const std::vector<BlobView>& blobs, const json& meta) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = save_impl(step, blobs, meta);
+  impl_->counters.blocked_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (r) {
+    ++impl_->counters.saves;
+    for (const auto& b : blobs) impl_->counters.bytes_staged += b.size;
+  }
+  return r;
+}
+
+Checkpointer::Stats Checkpointer::stats() const {
+  Stats s = impl_->counters;
+  std::tie(s.staging_bytes, s.pinned_bytes) = impl_->pool->allocated_and_pinned();
+  return s;
+}
+
+Expected<SaveHandle> Checkpointer::save_impl(std::uint64_t step, const std::vector<BlobView>& blobs, const json& meta) {
   Impl& im = *impl_;
   // Collectives stay in order: the previous step commits before this one starts.
   if (im.pending_collective) {

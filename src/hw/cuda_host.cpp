@@ -2,7 +2,10 @@
 
 #include <dlfcn.h>
 
+#include <cstdlib>
 #include <mutex>
+#include <string>
+#include <vector>
 
 namespace pacer::hw {
 namespace {
@@ -16,8 +19,13 @@ const CudaRuntime& runtime() {
   static CudaRuntime rt;
   static std::once_flag once;
   std::call_once(once, [] {
-    for (const char* name : {"libcudart.so", "libcudart.so.13", "libcudart.so.12"}) {
-      void* h = ::dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    std::vector<std::string> names = {"libcudart.so", "libcudart.so.13", "libcudart.so.12"};
+    // Toolkits are often not on the loader's path.
+    std::string home = "/usr/local/cuda";
+    if (const char* h = std::getenv("CUDA_HOME"); h && *h) home = h;
+    for (const char* n : {"libcudart.so", "libcudart.so.13", "libcudart.so.12"}) names.push_back(home + "/lib64/" + n);
+    for (const auto& name : names) {
+      void* h = ::dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
       if (!h) continue;
       rt.host_register = reinterpret_cast<int (*)(void*, std::size_t, unsigned)>(::dlsym(h, "cudaHostRegister"));
       rt.host_unregister = reinterpret_cast<int (*)(void*)>(::dlsym(h, "cudaHostUnregister"));

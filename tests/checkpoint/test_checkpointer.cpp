@@ -97,6 +97,22 @@ TEST(Checkpointer, SavesAndReadsBackEveryByte) {
   EXPECT_TRUE(r->verify_all());
 }
 
+TEST(Checkpointer, StatsCountSavesAndStaging) {
+  TempDir dir("pacer-ckpt-");
+  auto ck = Checkpointer::open(small_options(dir.path())).value();
+  const auto a = pattern(10000, 1);
+  ASSERT_TRUE(ck->save(1, {view("a", a)})->wait());
+  ASSERT_TRUE(ck->save(2, {view("a", a), view("b", a)})->wait());
+  EXPECT_FALSE(ck->save(2, {view("a", a)})) << "a rejected save is not counted";
+  const auto s = ck->stats();
+  EXPECT_EQ(s.saves, 2u);
+  EXPECT_EQ(s.bytes_staged, 3 * a.size());
+  EXPECT_GT(s.staging_bytes, 0u);
+  EXPECT_LE(s.staging_bytes, 64u * 1024) << "never more than the staging budget";
+  EXPECT_LE(s.pinned_bytes, s.staging_bytes);
+  EXPECT_GT(s.blocked_s, 0);
+}
+
 TEST(Checkpointer, CallerMayReuseBuffersOnceSaveReturns) {
   TempDir dir("pacer-ckpt-");
   auto ck = Checkpointer::open(small_options(dir.path())).value();
