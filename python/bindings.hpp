@@ -8,5 +8,6 @@ namespace pacer::python {
 // The module's exception type; every pacer::Exception becomes one.
 pybind11::object& error_type();
 void register_checkpoint(pybind11::module_& m);
+void register_data(pybind11::module_& m);
 
 }  // namespace pacer::python

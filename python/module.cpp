@@ -28,8 +28,9 @@ PYBIND11_MODULE(_pacer, m) {
       PyErr_SetString(pacer::python::error_type().ptr(), e.what());
     }
   });
-  // Huge-page backed memory for arrays that are filled from disk: fresh
-  // 4 KiB pages cost more to fault in than the read itself on VMs.
+  // Page-aligned memory for arrays filled from disk, without numpy's huge-page
+  // advice (which stalls first touch on compaction where THP defrag is
+  // "madvise").
   py::class_<pacer::HostBuffer>(m, "HostBuffer", py::buffer_protocol())
       .def(py::init([](std::size_t n) {
         pacer::HostBuffer b(n);
@@ -42,4 +43,5 @@ PYBIND11_MODULE(_pacer, m) {
                                {static_cast<py::ssize_t>(b.size())}, {1});
       });
   pacer::python::register_checkpoint(m);
+  pacer::python::register_data(m);
 }

@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   auto add = [&](pacer::cli::Handler h) { handlers[app.get_subcommands({}).back()] = std::move(h); };
   add(pacer::cli::register_vet(app));
   add(pacer::cli::register_ckpt(app));
+  add(pacer::cli::register_shard(app));
 
   try {
     app.parse(argc, argv);

@@ -83,7 +83,8 @@ std::optional<std::uint64_t> parse_step_dir_name(const std::string& name);
 
 // One committed checkpoint, opened for reading. Every byte read is checked
 // against its chunk's checksum; a mismatch is an error naming the blob, the
-// file and the offset. Not thread-safe.
+// file and the offset. read() and verify_all() may run on several threads at
+// once (each read opens its own descriptor).
 class Reader {
  public:
   static Expected<Reader> open(const std::string& step_dir);

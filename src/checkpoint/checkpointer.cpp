@@ -120,8 +120,7 @@ constexpr std::uint64_t kAlign = 4096;
 std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
 
 // Fixed-size staging buffers, reused across saves so that steady-state saves
-// copy into memory that is already faulted in (and pinned, with CUDA). Huge
-// pages make the first save's faults cheap too.
+// copy into memory that is already faulted in (and pinned, with CUDA).
 class StagingPool {
  public:
   StagingPool(std::uint64_t budget, std::uint64_t buffer_bytes, bool pin)
@@ -139,7 +138,7 @@ class StagingPool {
       free_.pop_back();
       return b;
     }
-    HostBuffer buf(buffer_bytes_);
+    HostBuffer buf(buffer_bytes_, /*huge=*/true);  // faulted once, reused by every save
     if (!buf) throw std::bad_alloc();
     unsigned char* b = buf.data();
     all_.push_back(std::move(buf));

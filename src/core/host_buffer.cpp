@@ -11,7 +11,7 @@ namespace {
 constexpr std::size_t kHuge = 2u << 20;
 }
 
-HostBuffer::HostBuffer(std::size_t bytes) : size_(bytes) {
+HostBuffer::HostBuffer(std::size_t bytes, bool huge) : size_(bytes) {
   if (bytes == 0) return;
   mapped_ = (bytes + kHuge - 1) / kHuge * kHuge;
   // Over-map by one huge page so the start can be aligned to it.
@@ -27,7 +27,7 @@ HostBuffer::HostBuffer(std::size_t bytes) : size_(bytes) {
   const std::uintptr_t end = base + total;
   if (end > aligned + mapped_) ::munmap(reinterpret_cast<void*>(aligned + mapped_), end - (aligned + mapped_));
   data_ = reinterpret_cast<unsigned char*>(aligned);
-  ::madvise(data_, mapped_, MADV_HUGEPAGE);
+  if (huge) ::madvise(data_, mapped_, MADV_HUGEPAGE);
 }
 
 HostBuffer::~HostBuffer() {

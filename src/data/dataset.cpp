@@ -32,13 +32,21 @@ Status expand_braces(const std::string& s, std::vector<std::string>& out) {
     out.push_back(s);
     return {};
   }
-  const auto close = s.find('}', open);
+  // The matching '}' and the commas at this level: groups may nest ("{a,b{0..1}}").
+  std::size_t close = std::string::npos;
+  std::vector<std::size_t> commas;
+  int depth = 0;
+  for (std::size_t i = open; i < s.size() && close == std::string::npos; ++i) {
+    if (s[i] == '{') ++depth;
+    else if (s[i] == '}' && --depth == 0) close = i;
+    else if (s[i] == ',' && depth == 1) commas.push_back(i);
+  }
   if (close == std::string::npos) return Error{ErrorKind::kUsage, fmt::format("'{}': unbalanced '{{'", s)};
   const std::string body = s.substr(open + 1, close - open - 1);
   const std::string head = s.substr(0, open);
   const std::string tail = s.substr(close + 1);
   std::vector<std::string> items;
-  if (const auto dots = body.find(".."); dots != std::string::npos) {
+  if (const auto dots = body.find(".."); commas.empty() && dots != std::string::npos) {
     const std::string a = body.substr(0, dots);
     const std::string b = body.substr(dots + 2);
     char* ea = nullptr;
@@ -50,11 +58,10 @@ Status expand_braces(const std::string& s, std::vector<std::string>& out) {
     const std::size_t width = a.size();
     for (long long v = from; v <= to; ++v) items.push_back(fmt::format("{:0{}d}", v, width));
   } else {
-    std::size_t pos = 0;
-    while (pos <= body.size()) {
-      std::size_t comma = body.find(',', pos);
-      if (comma == std::string::npos) comma = body.size();
-      items.push_back(body.substr(pos, comma - pos));
+    std::size_t pos = open + 1;
+    commas.push_back(close);
+    for (const std::size_t comma : commas) {
+      items.push_back(s.substr(pos, comma - pos));
       pos = comma + 1;
     }
   }
@@ -70,11 +77,16 @@ Expected<std::vector<std::string>> expand_shard_spec(const std::string& spec) {
     auto text = read_file(spec);
     if (!text) return text.error();
     json j = json::parse(*text, nullptr, false);
-    if (j.is_discarded() || j.value("schema", "") != "pacer.shards/1" || !j.contains("shards"))
+    if (j.is_discarded() || !j.is_object() || j.value("schema", "") != "pacer.shards/1" || !j.contains("shards") ||
+        !j["shards"].is_array())
       return Error{ErrorKind::kConfig, fmt::format("{}: not a pacer shard manifest (schema pacer.shards/1)", spec)};
     std::vector<std::string> out;
     const fs::path dir = fs::path(spec).parent_path();
-    for (const auto& s : j["shards"]) out.push_back((dir / s.at("path").get<std::string>()).string());
+    try {
+      for (const auto& s : j["shards"]) out.push_back((dir / s.at("path").get<std::string>()).string());
+    } catch (const json::exception& e) {
+      return Error{ErrorKind::kConfig, fmt::format("{}: shard {}: {}", spec, out.size(), e.what())};
+    }
     return out;
   }
   std::vector<std::string> expanded;
@@ -100,11 +112,20 @@ Expected<std::vector<std::string>> expand_shard_spec(const std::string& spec) {
 // Dataset
 
 struct Dataset::Impl {
+  // An open descriptor, closed when the last reader lets go of it: evicting a
+  // shard must not close a descriptor another thread is reading from.
+  struct Fd {
+    int fd;
+    explicit Fd(int f) : fd(f) {}
+    ~Fd() { ::close(fd); }
+    Fd(const Fd&) = delete;
+    Fd& operator=(const Fd&) = delete;
+  };
   // Per shard: its index entries (loaded on first use) and an open descriptor.
   struct Shard {
     std::mutex mu;
     std::shared_ptr<const std::vector<SampleEntry>> entries;
-    int fd = -1;
+    std::shared_ptr<const Fd> file;
   };
   std::vector<std::unique_ptr<Shard>> shards;
   // Open descriptors are bounded: thousands of shards must not exhaust the
@@ -112,11 +133,6 @@ struct Dataset::Impl {
   std::mutex lru_mu;
   std::list<std::size_t> lru;
   std::size_t max_open = 128;
-
-  ~Impl() {
-    for (auto& s : shards)
-      if (s->fd >= 0) ::close(s->fd);
-  }
 };
 
 Dataset::~Dataset() = default;
@@ -150,7 +166,7 @@ Expected<Dataset::Sample> Dataset::read(std::uint64_t i) const {
   const std::size_t s = static_cast<std::size_t>(std::upper_bound(starts_.begin(), starts_.end(), i) - starts_.begin() - 1);
   Impl::Shard& sh = *impl_->shards[s];
   std::shared_ptr<const std::vector<SampleEntry>> entries;
-  int fd = -1;
+  std::shared_ptr<const Impl::Fd> file;
   {
     std::lock_guard g(sh.mu);
     if (!sh.entries) {
@@ -158,14 +174,16 @@ Expected<Dataset::Sample> Dataset::read(std::uint64_t i) const {
       if (!idx) return idx.error();
       sh.entries = std::make_shared<const std::vector<SampleEntry>>(std::move(idx->entries));
     }
-    if (sh.fd < 0) {
-      sh.fd = ::open(shards_[s].c_str(), O_RDONLY | O_CLOEXEC);
-      if (sh.fd < 0) return Error{ErrorKind::kIo, fmt::format("{}: cannot open: {}", shards_[s], std::strerror(errno))};
-      ::posix_fadvise(sh.fd, 0, 0, POSIX_FADV_WILLNEED);
+    if (!sh.file) {
+      const int fd = ::open(shards_[s].c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) return Error{ErrorKind::kIo, fmt::format("{}: cannot open: {}", shards_[s], std::strerror(errno))};
+      ::posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);
+      sh.file = std::make_shared<const Impl::Fd>(fd);
     }
     entries = sh.entries;
-    fd = sh.fd;
+    file = sh.file;
   }
+  const int fd = file->fd;
   {
     // Close the least recently opened shards beyond the bound.
     std::lock_guard g(impl_->lru_mu);
@@ -177,10 +195,7 @@ Expected<Dataset::Sample> Dataset::read(std::uint64_t i) const {
       Impl::Shard& old = *impl_->shards[lru.back()];
       lru.pop_back();
       std::lock_guard g2(old.mu);
-      if (&old != &sh && old.fd >= 0) {
-        ::close(old.fd);
-        old.fd = -1;
-      }
+      if (&old != &sh) old.file.reset();
     }
   }
   const std::uint64_t local = i - starts_[s];

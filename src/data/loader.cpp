@@ -18,6 +18,7 @@ namespace {
 
 // One global batch of one epoch, read by one reader thread.
 struct Slot {
+  std::uint64_t seed = 0;          // opt.seed when scheduled: load_state may change it while this is read
   std::uint64_t epoch = 0;
   std::uint64_t global_batch = 0;  // counted from the epoch's base position
   std::uint64_t end_position = 0;  // the epoch position once this batch is consumed
@@ -81,6 +82,7 @@ struct Loader::Impl {
         continue;
       }
       auto s = std::make_shared<Slot>();
+      s->seed = opt.seed;
       s->epoch = sched_epoch;
       s->global_batch = sched_next;
       auto [lo, hi] = p.range(sched_next);
@@ -126,7 +128,7 @@ struct Loader::Impl {
   }
 
   void fill(Slot& s) {
-    const Permutation perm(ds->size(), opt.seed, s.epoch);
+    const Permutation perm(ds->size(), s.seed, s.epoch);
     s.batch.epoch = s.epoch;
     s.batch.global_batch = s.global_batch;
     s.batch.samples.reserve(s.hi - s.lo);
@@ -180,6 +182,10 @@ Expected<std::unique_ptr<Loader>> Loader::open(std::shared_ptr<Dataset> ds, Load
     return Error{ErrorKind::kUsage, fmt::format("rank {} is not in a world of {}", o.rank, o.world_size)};
   if (ds->size() < static_cast<std::uint64_t>(o.world_size))
     return Error{ErrorKind::kUsage, fmt::format("the dataset has {} samples, fewer than the {} ranks that share it", ds->size(), o.world_size)};
+  // Looping over epochs without a single batch would schedule forever.
+  if (o.loop && Partition{ds->size(), o.batch_size, 0, o.world_size, o.drop_last}.batches() == 0)
+    return Error{ErrorKind::kUsage, fmt::format("the dataset's {} samples make no full global batch of {} (drop_last), so a looping loader has nothing to read",
+                                                ds->size(), o.batch_size * static_cast<std::uint64_t>(o.world_size))};
   if (o.threads < 1) o.threads = 1;
   if (o.prefetch_batches < 1) o.prefetch_batches = 1;
   auto impl = std::make_unique<Impl>();
@@ -245,7 +251,10 @@ Status Loader::load_state(const json& s) {
     if (samples != impl_->ds->size())
       return Error{ErrorKind::kConfig, fmt::format("state is for a dataset of {} samples, this one has {}", samples, impl_->ds->size())};
     if (position > samples) return Error{ErrorKind::kConfig, fmt::format("position {} past the {} samples", position, samples)};
-    impl_->opt.seed = seed;
+    {
+      std::lock_guard g(impl_->mu);  // readers and state() read it
+      impl_->opt.seed = seed;
+    }
     impl_->seek(epoch, position);
     return {};
   } catch (const json::exception& e) {

@@ -4,9 +4,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 
 #include "pacer/core/atomic_file.hpp"
 #include "pacer/data.hpp"
@@ -132,6 +134,7 @@ Expected<std::vector<TarMember>> scan_tar(const std::string& path) {
   std::string pax_path;
   std::uint64_t pax_size = 0;
   bool has_pax_size = false;
+  std::optional<std::uint64_t> first_header;  // of the 'L'/'x' records before a member
   for (;;) {
     if (off + kBlock > file_size) return shard_error(path, off, "truncated: the archive ends inside a header (no end-of-archive blocks)");
     if (!read_exact(f.fd(), h, kBlock, off)) return shard_error(path, off, "read failed");
@@ -147,6 +150,7 @@ Expected<std::vector<TarMember>> scan_tar(const std::string& path) {
     if (data_off + size > file_size) return shard_error(path, off, fmt::format("truncated: member data of {} bytes runs past the end of the file", size));
     const std::uint64_t next = data_off + (size + kBlock - 1) / kBlock * kBlock;
     if (type == 'L' || type == 'x') {
+      if (!first_header) first_header = off;
       std::string data(size, '\0');
       if (!read_exact(f.fd(), data.data(), size, data_off)) return shard_error(path, off, "read failed");
       if (type == 'L') long_name = field(reinterpret_cast<const unsigned char*>(data.data()), data.size());
@@ -160,14 +164,18 @@ Expected<std::vector<TarMember>> scan_tar(const std::string& path) {
       else if (!long_name.empty()) name = long_name;
       else {
         name = field(h, 100);
-        const std::string prefix = std::memcmp(h + 257, "ustar", 5) == 0 ? field(h + 345, 155) : "";
+        // Only POSIX ustar ("ustar\0") has a name prefix there; old GNU headers
+        // ("ustar  \0") keep atime and ctime in those bytes.
+        const std::string prefix = std::memcmp(h + 257, "ustar", 6) == 0 ? field(h + 345, 155) : "";
         if (!prefix.empty()) name = prefix + "/" + name;
       }
       while (name.rfind("./", 0) == 0) name = name.substr(2);
-      if (escapes_root(name)) return shard_error(path, off, fmt::format("member '{}' escapes the archive root", name));
-      out.push_back({name, off, data_off, size});
+      const std::uint64_t header_off = first_header.value_or(off);
+      if (escapes_root(name)) return shard_error(path, header_off, fmt::format("member '{}' escapes the archive root", name));
+      out.push_back({name, header_off, data_off, size});
     }
     // Directories, links, devices, 'g' global headers: not samples.
+    first_header.reset();
     long_name.clear();
     pax_path.clear();
     has_pax_size = false;
@@ -282,7 +290,8 @@ Expected<ShardIndex> read_index(const std::string& shard, bool header_only) {
   if (actual != idx.shard_bytes)
     return Error{ErrorKind::kConfig, fmt::format("{}: index is for a {}-byte shard, the shard has {} bytes (rebuild with pacer shard index)", path, idx.shard_bytes, actual)};
   if (header_only) return idx;
-  idx.entries.reserve(idx.samples);
+  // Each entry takes at least 4 bytes: a corrupt count must not reserve absurd memory.
+  idx.entries.reserve(std::min<std::uint64_t>(idx.samples, bin.size() / 4));
   for (std::uint64_t i = 0; i < idx.samples; ++i) {
     SampleEntry e;
     std::uint16_t klen = 0, nf = 0;

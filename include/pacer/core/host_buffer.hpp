@@ -1,18 +1,19 @@
-// Large page-aligned host buffers backed by transparent huge pages where the kernel allows.
+// Large page-aligned host buffers, optionally backed by transparent huge pages.
 #pragma once
 
 #include <cstddef>
 
 namespace pacer {
 
-// An anonymous mapping of at least `bytes`, 2 MiB aligned, with MADV_HUGEPAGE,
-// so that first touch faults once per 2 MiB instead of once per 4 KiB (on VMs
-// the difference is several times the memcpy cost). Move-only; unmapped on
-// destruction. Contents start zeroed.
+// An anonymous mapping of at least `bytes`, 2 MiB aligned. With `huge`, it is
+// advised as huge pages: first touch then faults once per 2 MiB, but where
+// THP defrag is "madvise" that first touch may stall on compaction (measured
+// slower than 4 KiB pages on a 2-core VM), so it is for long-lived buffers
+// only. Move-only; unmapped on destruction. Contents start zeroed.
 class HostBuffer {
  public:
   HostBuffer() = default;
-  explicit HostBuffer(std::size_t bytes);
+  explicit HostBuffer(std::size_t bytes, bool huge = false);
   ~HostBuffer();
   HostBuffer(HostBuffer&& o) noexcept;
   HostBuffer& operator=(HostBuffer&& o) noexcept;

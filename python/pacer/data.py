@@ -1,0 +1,171 @@
+"""pacer.data: shards and a deterministic, resumable loader.
+
+Datasets are WebDataset tar shards (written by ``pacer shard pack`` or any tar
+writer) with a ``.pidx`` index beside each shard, built on first open when
+missing::
+
+    ds = pacer.data.open("shards/manifest.json")    # or "train-{000000..000099}.tar", a glob, a list of paths
+    len(ds), ds.shards, ds.shard_samples
+    ds[17]                                          # {"__key__": "dir/000017", "jpg": b"...", "json": b"..."}
+
+    loader = pacer.data.Loader(ds, batch_size=32, seed=0, rank=rank, world_size=world)
+    for epoch in range(3):
+        for batch in loader:                        # {"__key__": [keys], "jpg": [bytes, ...], "npy": [ndarray, ...]}
+            ...
+    state = loader.state_dict()                     # store it with the checkpoint
+    loader.load_state_dict(state)                   # continues exactly, also with another world size
+
+Every ``for`` loop over a loader reads one epoch; once an epoch has been read
+to its end, the next loop starts the following epoch (as a DataLoader whose
+sampler gets ``set_epoch``). A loop left early continues where it stopped.
+The order depends only on (seed, epoch): a seeded permutation of all samples,
+split between ranks by global batch, so the ranks together read every sample
+exactly once per epoch.
+"""
+import io
+import json
+import operator
+import os
+
+from ._pacer import Error, _Dataset, _Loader, _open_dataset
+
+__all__ = ["Dataset", "Error", "Loader", "open"]
+
+
+def _is_npy(ext):
+    return ext == "npy" or ext.endswith(".npy")
+
+
+def _decode_npy(data):
+    import numpy as np
+
+    return np.load(io.BytesIO(data), allow_pickle=False)
+
+
+class Dataset:
+    """Opened shards; samples are numbered 0..len-1 across shards in shard order."""
+
+    def __init__(self, impl):
+        if not isinstance(impl, _Dataset):
+            raise TypeError("use pacer.data.open(spec) to open a dataset")
+        self._impl = impl
+
+    def __len__(self):
+        return len(self._impl)
+
+    @property
+    def shards(self):
+        """The shard paths, in order."""
+        return list(self._impl.shards)
+
+    @property
+    def shard_samples(self):
+        """The number of samples in each shard."""
+        return list(self._impl.shard_samples)
+
+    samples_per_shard = shard_samples
+
+    def __getitem__(self, i):
+        """{"__key__": key, ext: bytes, ...} of sample i (negative i counts from the end)."""
+        i = operator.index(i)
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"sample {i} of a {n}-sample dataset")
+        return self._impl.read(i)
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]
+
+    def __repr__(self):
+        return f"<pacer.data.Dataset: {len(self)} samples in {len(self._impl.shards)} shard(s)>"
+
+
+def open(spec):  # noqa: A001 - the module's front door, as in tarfile.open
+    """Opens shards: a path, "train-{000000..000099}.tar", a glob, a manifest.json, or a list of paths."""
+    if isinstance(spec, (str, bytes, os.PathLike)):
+        return Dataset(_open_dataset(os.fsdecode(spec)))
+    return Dataset(_open_dataset([os.fsdecode(s) for s in spec]))
+
+
+class Loader:
+    """Batches of one rank, read ahead by `threads` reader threads, `prefetch` batches deep.
+
+    Each batch is a dict {"__key__": [keys], ext: [values]}; fields whose
+    extension is "npy" are decoded to numpy arrays, everything else (json
+    included) stays bytes. A sample that lacks a field has None there.
+    len(loader) is the number of batches per epoch. With skip_bad, samples
+    that cannot be read are skipped and counted in stats()["skipped"].
+    """
+
+    def __init__(self, dataset, batch_size=32, seed=0, rank=0, world_size=1, shuffle=True, drop_last=False, threads=2,
+                 prefetch=4, skip_bad=False, decode=True, max_bytes=512 << 20):
+        if not isinstance(dataset, Dataset):
+            dataset = open(dataset)
+        self.dataset = dataset
+        self.decode = decode
+        self._impl = _Loader(dataset._impl, batch_size, seed, rank, world_size, shuffle, drop_last, threads, prefetch,
+                             skip_bad, max_bytes)
+        self._finished = False  # the current epoch was read to its end
+
+    def __len__(self):
+        return self._impl.batches_per_epoch()
+
+    def __iter__(self):
+        return self._epoch()
+
+    def _start_next_epoch(self):
+        self._impl.set_epoch(self.epoch + 1)
+        self._finished = False
+
+    def _epoch(self):
+        advanced = self._finished
+        if self._finished:
+            self._start_next_epoch()
+        yielded = False
+        while True:
+            batch = self._impl.next()  # releases the GIL while it waits
+            if batch is None:
+                # A state saved at the very end of an epoch: nothing is left of
+                # it, so this loop reads the next one.
+                if not yielded and not advanced and len(self) > 0:
+                    self._start_next_epoch()
+                    advanced = True
+                    continue
+                self._finished = True
+                return
+            yielded = True
+            yield self._decode(batch)
+
+    def _decode(self, batch):
+        if self.decode:
+            for ext, values in batch.items():
+                if ext != "__key__" and _is_npy(ext):
+                    batch[ext] = [None if v is None else _decode_npy(v) for v in values]
+        return batch
+
+    @property
+    def epoch(self):
+        return self.state_dict()["epoch"]
+
+    def set_epoch(self, epoch):
+        """Start epoch `epoch` from its beginning."""
+        self._impl.set_epoch(int(epoch))
+        self._finished = False
+
+    def state_dict(self):
+        """{"schema", "seed", "epoch", "position", "global_batch", "samples"}: where the next batch starts."""
+        return json.loads(self._impl.state())
+
+    def load_state_dict(self, state):
+        self._impl.load_state(json.dumps(state))
+        self._finished = False
+
+    def stats(self):
+        """wait_s, last_wait_s, batches, samples, bytes, skipped, queue_depth, elapsed_s."""
+        return self._impl.stats()
+
+    def __repr__(self):
+        return f"<pacer.data.Loader: {len(self)} batches per epoch over {len(self.dataset)} samples>"

@@ -1,0 +1,1036 @@
+// Tar shards and datasets: scan_tar (ustar, pax, GNU, malformed archives), WebDataset grouping, the
+// per-shard index, shard spec expansion, Dataset reads, the Permutation and the Partition.
+#include <gtest/gtest.h>
+#include <sys/mount.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "pacer/data.hpp"
+#include "test_util.hpp"
+
+namespace pacer::data {
+namespace {
+
+namespace fs = std::filesystem;
+using test::contains;
+using test::TempDir;
+
+// ---------------------------------------------------------------------------
+// Helpers
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+std::string bytes_at(const std::string& path, std::uint64_t offset, std::uint64_t size) {
+  const std::string all = slurp(path);
+  if (offset + size > all.size()) return "<out of range>";
+  return all.substr(offset, size);
+}
+
+// Runs a shell command; true on exit status 0.
+bool sh(const std::string& cmd) { return std::system(cmd.c_str()) == 0; }
+
+std::string quote(const std::string& s) { return "'" + s + "'"; }
+
+// Creates `files` (name -> contents) under dir/src and archives `args` (paths
+// relative to dir/src, in that order) with GNU tar into dir/NAME.
+std::string gnu_tar(const TempDir& dir, const std::string& name, const std::string& format,
+                    const std::map<std::string, std::string>& files, const std::vector<std::string>& args,
+                    const std::string& extra = "") {
+  for (const auto& [f, text] : files) dir.file("src/" + f, text);
+  std::string cmd = "cd " + quote(dir.path() + "/src") + " && tar --sort=name --format=" + format + " " + extra + " -cf " +
+                    quote(dir.path() + "/" + name);
+  for (const auto& a : args) cmd += " " + quote(a);
+  EXPECT_TRUE(sh(cmd)) << cmd;
+  return dir.path() + "/" + name;
+}
+
+// Raw tar blocks, for archives GNU tar will not write.
+struct RawTar {
+  std::string bytes;
+
+  static void octal(char* p, std::size_t n, std::uint64_t v) {
+    const std::string s = fmt::format("{:0{}o}", v, n - 1);
+    std::memcpy(p, s.data(), n - 1);
+    p[n - 1] = '\0';
+  }
+  static void set_checksum(char* h) {
+    std::memset(h + 148, ' ', 8);
+    unsigned sum = 0;
+    for (int i = 0; i < 512; ++i) sum += static_cast<unsigned char>(h[i]);
+    const std::string s = fmt::format("{:06o}", sum);
+    std::memcpy(h + 148, s.data(), 6);
+    h[154] = '\0';
+    h[155] = ' ';
+  }
+  // A POSIX ustar header; `tweak` edits it before the checksum is computed.
+  static std::string header(const std::string& name, std::uint64_t size, char type = '0',
+                            const std::function<void(char*)>& tweak = nullptr) {
+    std::string h(512, '\0');
+    std::memcpy(h.data(), name.data(), std::min<std::size_t>(name.size(), 100));
+    octal(h.data() + 100, 8, 0644);
+    octal(h.data() + 108, 8, 0);
+    octal(h.data() + 116, 8, 0);
+    octal(h.data() + 124, 12, size);
+    octal(h.data() + 136, 12, 1700000000);
+    h[156] = type;
+    std::memcpy(h.data() + 257, "ustar\0" "00", 8);
+    if (tweak) tweak(h.data());
+    set_checksum(h.data());
+    return h;
+  }
+  void pad() { bytes.append((512 - bytes.size() % 512) % 512, '\0'); }
+  // Adds a member; returns the offset of its header.
+  std::uint64_t add(const std::string& name, const std::string& data, char type = '0',
+                    const std::function<void(char*)>& tweak = nullptr) {
+    const std::uint64_t off = bytes.size();
+    bytes += header(name, data.size(), type, tweak);
+    bytes += data;
+    pad();
+    return off;
+  }
+  // A pax extended header ('x') carrying `records` (key, value).
+  void pax(const std::vector<std::pair<std::string, std::string>>& records) {
+    std::string data;
+    for (const auto& [k, v] : records) {
+      const std::string body = " " + k + "=" + v + "\n";
+      std::size_t len = body.size() + 1;
+      while (std::to_string(len).size() + body.size() != len) ++len;
+      data += std::to_string(len) + body;
+    }
+    add("PaxHeaders/x", data, 'x');
+  }
+  std::string finish() const { return bytes + std::string(1024, '\0'); }
+};
+
+std::vector<std::string> names_of(const std::vector<TarMember>& ms) {
+  std::vector<std::string> out;
+  for (const auto& m : ms) out.push_back(m.name);
+  return out;
+}
+
+// Every member's bytes equal the source file's.
+void expect_member_bytes(const std::string& tar, const std::vector<TarMember>& ms,
+                         const std::map<std::string, std::string>& files) {
+  for (const auto& m : ms) {
+    auto it = files.find(m.name);
+    ASSERT_NE(it, files.end()) << "unexpected member " << m.name;
+    EXPECT_EQ(m.size, it->second.size()) << m.name;
+    EXPECT_EQ(bytes_at(tar, m.offset, m.size), it->second) << m.name;
+    EXPECT_LT(m.header_offset, m.offset) << m.name;
+    EXPECT_EQ(m.offset % 512, 0u) << m.name;
+  }
+}
+
+std::string binary_blob(std::size_t n, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::string s(n, '\0');
+  for (auto& c : s) c = static_cast<char>(rng() & 0xff);
+  return s;
+}
+
+void truncate_file(const std::string& path, std::uint64_t size) { fs::resize_file(path, size); }
+
+void write_bytes(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
+
+// ---------------------------------------------------------------------------
+// scan_tar
+
+TEST(TarScan, UstarMembersWithOffsetsAndExactBytes) {
+  TempDir d("pacer-tar-");
+  const std::string long_dir = std::string(60, 'd') + "/" + std::string(60, 'e');  // > 100 chars: ustar splits it into prefix and name
+  const std::map<std::string, std::string> files = {
+      {"a.txt", "hello"},
+      {"sub/b.bin", binary_blob(1000, 1)},
+      {"sub/empty.txt", ""},
+      {"sub/exact.bin", std::string(512, 'x')},
+      {long_dir + "/file.txt", "in a long directory"},
+  };
+  const std::string tar = gnu_tar(d, "u.tar", "ustar", files, {"a.txt", "sub", long_dir});
+  auto ms = scan_tar(tar);
+  ASSERT_TRUE(ms) << ms.error().message;
+  // Directories ("sub/", long_dir + "/") are skipped.
+  EXPECT_EQ(names_of(*ms), (std::vector<std::string>{"a.txt", "sub/b.bin", "sub/empty.txt", "sub/exact.bin", long_dir + "/file.txt"}));
+  expect_member_bytes(tar, *ms, files);
+  EXPECT_EQ((*ms)[0].header_offset, 0u);
+  EXPECT_EQ((*ms)[0].offset, 512u);
+}
+
+TEST(TarScan, PaxLongAndNonAsciiNames) {
+  TempDir d("pacer-tar-");
+  const std::string long_name = "d/" + std::string(150, 'n') + ".txt";
+  const std::string utf8 = "donn\xc3\xa9" "es/\xc3\xa9t\xc3\xa9-\xe6\x97\xa5\xe6\x9c\xac.txt";
+  const std::map<std::string, std::string> files = {
+      {long_name, "long"},
+      {utf8, "accents"},
+      {"plain.cls", "7"},
+  };
+  const std::string tar = gnu_tar(d, "p.tar", "pax", files, {long_name, utf8, "plain.cls"});
+  auto ms = scan_tar(tar);
+  ASSERT_TRUE(ms) << ms.error().message;
+  EXPECT_EQ(names_of(*ms), (std::vector<std::string>{long_name, utf8, "plain.cls"}));
+  expect_member_bytes(tar, *ms, files);
+  EXPECT_EQ((*ms)[0].header_offset, 0u) << "the pax header comes first";
+  EXPECT_GE((*ms)[0].offset, 3u * 512);
+}
+
+TEST(TarScan, GnuLongNamesAndLongDirectories) {
+  TempDir d("pacer-tar-");
+  const std::string long_dir(130, 'D');
+  const std::string long_name = std::string(140, 'f') + ".jpg";
+  const std::map<std::string, std::string> files = {
+      {long_name, binary_blob(700, 2)},
+      {long_dir + "/x.txt", "under a long dir"},
+      {"short.txt", "s"},
+  };
+  // The long directory gets its own 'L' record: it must not leak into the next member.
+  const std::string tar = gnu_tar(d, "g.tar", "gnu", files, {long_name, long_dir, "short.txt"});
+  auto ms = scan_tar(tar);
+  ASSERT_TRUE(ms) << ms.error().message;
+  EXPECT_EQ(names_of(*ms), (std::vector<std::string>{long_name, long_dir + "/x.txt", "short.txt"}));
+  expect_member_bytes(tar, *ms, files);
+  // header_offset is that of the member's first header: its 'L' record.
+  EXPECT_EQ((*ms)[0].header_offset, 0u);
+  EXPECT_EQ((*ms)[0].offset, 3u * 512);
+}
+
+TEST(TarScan, GnuHeadersWithAccessTimesAreNotReadAsUstarPrefix) {
+  // GNU tar -G (incremental) fills the old-GNU atime/ctime fields, which sit
+  // where ustar keeps its name prefix.
+  TempDir d("pacer-tar-");
+  const std::map<std::string, std::string> files = {{"a.txt", "hi\n"}};
+  const std::string tar = gnu_tar(d, "g.tar", "gnu", files, {"a.txt"}, "-G");
+  auto ms = scan_tar(tar);
+  ASSERT_TRUE(ms) << ms.error().message;
+  EXPECT_EQ(names_of(*ms), (std::vector<std::string>{"a.txt"}));
+  expect_member_bytes(tar, *ms, files);
+}
+
+TEST(TarScan, DotSlashPrefixesAreStripped) {
+  TempDir d("pacer-tar-");
+  const std::map<std::string, std::string> files = {{"a.txt", "A"}, {"sub/b.txt", "B"}};
+  const std::string tar = gnu_tar(d, "dot.tar", "ustar", files, {"."});
+  auto ms = scan_tar(tar);
+  ASSERT_TRUE(ms) << ms.error().message;
+  EXPECT_EQ(names_of(*ms), (std::vector<std::string>{"a.txt", "sub/b.txt"}));
+  expect_member_bytes(tar, *ms, files);
+
+  RawTar raw;
+  raw.add("././c.txt", "C");
+  const std::string rt = d.file("raw.tar", raw.finish());
+  auto rm = scan_tar(rt);
+  ASSERT_TRUE(rm) << rm.error().message;
+  EXPECT_EQ(names_of(*rm), (std::vector<std::string>{"c.txt"}));
+}
+
+TEST(TarScan, RawPaxRecordsBase256SizesAndSkippedTypes) {
+  TempDir d("pacer-tar-");
+  RawTar raw;
+  raw.add("g", "9 a=bcd\n", 'g');             // a pax global header: skipped, affects nothing
+  raw.add("dir/", "", '5');                   // a directory
+  raw.add("link", "", '2', [](char* h) { std::memcpy(h + 157, "a.txt", 5); });  // a symlink
+  raw.pax({{"path", "pax/" + std::string(200, 'p') + ".txt"}, {"mtime", "1700000000.5"}});
+  raw.add("short-name-ignored", "pax data");
+  raw.add("after-pax.txt", "plain");  // the pax path does not stick
+  // A base-256 size (GNU, for >= 8 GiB members), here a small one.
+  const std::string b256 = "base256 data!";
+  {
+    std::string h = RawTar::header("b256.bin", 0, '0', [&](char* p) {
+      std::memset(p + 124, 0, 12);
+      p[124] = static_cast<char>(0x80);
+      p[135] = static_cast<char>(b256.size());
+    });
+    raw.bytes += h + b256;
+    raw.pad();
+  }
+  // A pax size record overrides the header's size field.
+  raw.pax({{"size", "9"}});
+  raw.bytes += RawTar::header("pax-size.bin", 0) + "nine byte";
+  raw.pad();
+  raw.add("contiguous.bin", "seven", '7');
+  raw.add("v7-type.bin", "nul type", '\0');
+  const std::string tar = d.file("raw.tar", raw.finish());
+  auto ms = scan_tar(tar);
+  ASSERT_TRUE(ms) << ms.error().message;
+  EXPECT_EQ(names_of(*ms), (std::vector<std::string>{"pax/" + std::string(200, 'p') + ".txt", "after-pax.txt", "b256.bin",
+                                                    "pax-size.bin", "contiguous.bin", "v7-type.bin"}));
+  const std::vector<std::string> data = {"pax data", "plain", b256, "nine byte", "seven", "nul type"};
+  for (std::size_t i = 0; i < ms->size() && i < data.size(); ++i)
+    EXPECT_EQ(bytes_at(tar, (*ms)[i].offset, (*ms)[i].size), data[i]) << (*ms)[i].name;
+}
+
+TEST(TarScan, EmptyArchiveHasNoMembers) {
+  TempDir d("pacer-tar-");
+  RawTar raw;
+  auto ms = scan_tar(d.file("empty.tar", raw.finish()));
+  ASSERT_TRUE(ms) << ms.error().message;
+  EXPECT_TRUE(ms->empty());
+}
+
+TEST(TarScan, TruncatedInsideDataNamesShardAndHeaderOffset) {
+  TempDir d("pacer-tar-");
+  const std::map<std::string, std::string> files = {{"a.txt", "A"}, {"b.bin", binary_blob(3000, 3)}, {"c.txt", "C"}};
+  const std::string tar = gnu_tar(d, "t.tar", "ustar", files, {"a.txt", "b.bin", "c.txt"});
+  auto ms = scan_tar(tar);
+  ASSERT_TRUE(ms) << ms.error().message;
+  ASSERT_EQ(ms->size(), 3u);
+  const TarMember b = (*ms)[1];
+  truncate_file(tar, b.offset + 1000);
+  auto bad = scan_tar(tar);
+  ASSERT_FALSE(bad);
+  EXPECT_TRUE(contains(bad.error().message, tar));
+  EXPECT_TRUE(contains(bad.error().message, fmt::format("offset {}", b.header_offset)));
+  EXPECT_TRUE(contains(bad.error().message, "truncated"));
+}
+
+TEST(TarScan, TruncatedInsideHeaderNamesShardAndOffset) {
+  TempDir d("pacer-tar-");
+  const std::map<std::string, std::string> files = {{"a.txt", "A"}, {"b.txt", "B"}};
+  const std::string tar = gnu_tar(d, "t.tar", "ustar", files, {"a.txt", "b.txt"});
+  auto ms = scan_tar(tar);
+  ASSERT_TRUE(ms) << ms.error().message;
+  const TarMember b = (*ms)[1];
+  truncate_file(tar, b.header_offset + 100);
+  auto bad = scan_tar(tar);
+  ASSERT_FALSE(bad);
+  EXPECT_TRUE(contains(bad.error().message, tar));
+  EXPECT_TRUE(contains(bad.error().message, fmt::format("offset {}", b.header_offset)));
+  EXPECT_TRUE(contains(bad.error().message, "truncated"));
+
+  // Cut cleanly after the last member's data: no end-of-archive blocks.
+  const std::string tar2 = gnu_tar(d, "t2.tar", "ustar", files, {"a.txt", "b.txt"});
+  truncate_file(tar2, b.offset + 512);
+  auto bad2 = scan_tar(tar2);
+  ASSERT_FALSE(bad2);
+  EXPECT_TRUE(contains(bad2.error().message, tar2));
+  EXPECT_TRUE(contains(bad2.error().message, fmt::format("offset {}", b.offset + 512)));
+}
+
+TEST(TarScan, CorruptHeaderChecksumNamesShardAndOffset) {
+  TempDir d("pacer-tar-");
+  const std::map<std::string, std::string> files = {{"a.txt", "A"}, {"b.txt", "B"}, {"c.txt", "C"}};
+  const std::string tar = gnu_tar(d, "c.tar", "ustar", files, {"a.txt", "b.txt", "c.txt"});
+  auto ms = scan_tar(tar);
+  ASSERT_TRUE(ms) << ms.error().message;
+  const TarMember c = (*ms)[2];
+  std::string bytes = slurp(tar);
+  bytes[c.header_offset + 1] ^= 0x20;  // "c.txt" -> "cxtxt": the stored checksum no longer matches
+  write_bytes(tar, bytes);
+  auto bad = scan_tar(tar);
+  ASSERT_FALSE(bad);
+  EXPECT_TRUE(contains(bad.error().message, tar));
+  EXPECT_TRUE(contains(bad.error().message, fmt::format("offset {}", c.header_offset)));
+  EXPECT_TRUE(contains(bad.error().message, "checksum"));
+}
+
+TEST(TarScan, MembersEscapingTheRootAreErrors) {
+  TempDir d("pacer-tar-");
+  int n = 0;
+  for (const std::string name : {"../evil", "/abs", "a/../../b", "./../x", "a/..", "x/../y"}) {
+    RawTar raw;
+    raw.add("good.txt", "fine");
+    const std::uint64_t off = raw.add(name, "evil");
+    const std::string tar = d.file(fmt::format("e{}.tar", n++), raw.finish());
+    auto bad = scan_tar(tar);
+    ASSERT_FALSE(bad) << name;
+    EXPECT_TRUE(contains(bad.error().message, tar)) << name;
+    EXPECT_TRUE(contains(bad.error().message, fmt::format("offset {}", off))) << name;
+    EXPECT_EQ(off, 1024u);
+  }
+  // A pax path escaping the root: the offset is that of the member's first (pax) header.
+  {
+    RawTar raw;
+    raw.add("good.txt", "fine");
+    const std::uint64_t off = raw.bytes.size();
+    raw.pax({{"path", "../../etc/passwd"}});
+    raw.add("harmless.txt", "evil");
+    const std::string tar = d.file("pax-evil.tar", raw.finish());
+    auto bad = scan_tar(tar);
+    ASSERT_FALSE(bad);
+    EXPECT_TRUE(contains(bad.error().message, tar));
+    EXPECT_TRUE(contains(bad.error().message, fmt::format("offset {}", off)));
+    EXPECT_TRUE(contains(bad.error().message, "../../etc/passwd"));
+  }
+  // Names that merely contain dots are fine.
+  RawTar ok;
+  ok.add("..hidden/x.txt", "1");
+  ok.add("a..b/c...d", "2");
+  auto ms = scan_tar(d.file("ok.tar", ok.finish()));
+  ASSERT_TRUE(ms) << ms.error().message;
+  EXPECT_EQ(names_of(*ms), (std::vector<std::string>{"..hidden/x.txt", "a..b/c...d"}));
+}
+
+TEST(TarScan, NonTarFilesAreErrorsNamingTheShard) {
+  TempDir d("pacer-tar-");
+  std::string text;
+  for (int i = 0; i < 100; ++i) text += "this is not a tar archive, just some text\n";
+  const std::string p = d.file("text.tar", text);
+  auto bad = scan_tar(p);
+  ASSERT_FALSE(bad);
+  EXPECT_TRUE(contains(bad.error().message, p));
+  EXPECT_TRUE(contains(bad.error().message, "offset 0"));
+
+  const std::string small = d.file("small.tar", "tiny");
+  auto bad2 = scan_tar(small);
+  ASSERT_FALSE(bad2);
+  EXPECT_TRUE(contains(bad2.error().message, small));
+  EXPECT_TRUE(contains(bad2.error().message, "offset 0"));
+
+  const std::string blob = d.file("blob.tar", binary_blob(4096, 9));
+  auto bad3 = scan_tar(blob);
+  ASSERT_FALSE(bad3);
+  EXPECT_TRUE(contains(bad3.error().message, blob));
+
+  auto missing = scan_tar(d.path() + "/missing.tar");
+  ASSERT_FALSE(missing);
+  EXPECT_TRUE(contains(missing.error().message, "missing.tar"));
+}
+
+// ---------------------------------------------------------------------------
+// group_samples
+
+TarMember member(const std::string& name, std::uint64_t off, std::uint64_t size) { return {name, off - 512, off, size}; }
+
+TEST(TarGroup, WebDatasetKeysAndExtensions) {
+  const std::vector<TarMember> ms = {
+      member("dir/000017.jpg", 512, 10),  member("dir/000017.cls", 1536, 1), member("dir/000017.seg.png", 2560, 5),
+      member("a.b.c", 4096, 3),           member("a.txt", 5120, 4),         member("b.x", 6144, 1),
+      member("a.y", 7168, 2),             member("dir.v2/file.ext", 8192, 6), member("noext", 9216, 7),
+  };
+  const auto s = group_samples(ms);
+  ASSERT_EQ(s.size(), 6u);
+  EXPECT_EQ(s[0].key, "dir/000017");
+  ASSERT_EQ(s[0].fields.size(), 3u);
+  EXPECT_EQ(s[0].fields[0].ext, "jpg");
+  EXPECT_EQ(s[0].fields[0].offset, 512u);
+  EXPECT_EQ(s[0].fields[0].size, 10u);
+  EXPECT_EQ(s[0].fields[1].ext, "cls");
+  EXPECT_EQ(s[0].fields[2].ext, "seg.png");
+  EXPECT_EQ(s[0].fields[2].offset, 2560u);
+  EXPECT_EQ(s[0].fields[2].size, 5u);
+  // "a.b.c" -> key "a", ext "b.c"; "a.txt" is consecutive with the same key.
+  EXPECT_EQ(s[1].key, "a");
+  ASSERT_EQ(s[1].fields.size(), 2u);
+  EXPECT_EQ(s[1].fields[0].ext, "b.c");
+  EXPECT_EQ(s[1].fields[1].ext, "txt");
+  EXPECT_EQ(s[2].key, "b");
+  // Grouping is by consecutive runs: a later "a" is a new sample.
+  EXPECT_EQ(s[3].key, "a");
+  ASSERT_EQ(s[3].fields.size(), 1u);
+  EXPECT_EQ(s[3].fields[0].ext, "y");
+  // Dots in directories do not count.
+  EXPECT_EQ(s[4].key, "dir.v2/file");
+  EXPECT_EQ(s[4].fields[0].ext, "ext");
+  EXPECT_EQ(s[5].key, "noext");
+  EXPECT_EQ(s[5].fields[0].ext, "");
+  EXPECT_TRUE(group_samples({}).empty());
+}
+
+// ---------------------------------------------------------------------------
+// Index
+
+// A shard of `n` samples with fields "txt" and "cls"; returns its path.
+std::string make_shard(const TempDir& d, const std::string& name, int n, int first = 0,
+                       std::map<std::string, std::vector<std::pair<std::string, std::string>>>* expected = nullptr) {
+  RawTar raw;
+  for (int i = first; i < first + n; ++i) {
+    const std::string key = fmt::format("s/{:06d}", i);
+    const std::string txt = fmt::format("sample {} ", i) + std::string(static_cast<std::size_t>(i % 13) * 40, 'a' + i % 26);
+    const std::string cls = std::to_string(i % 10);
+    raw.add(key + ".txt", txt);
+    raw.add(key + ".cls", cls);
+    if (expected) (*expected)[key] = {{"txt", txt}, {"cls", cls}};
+  }
+  return d.file(name, raw.finish());
+}
+
+void expect_same_entries(const std::vector<SampleEntry>& a, const std::vector<SampleEntry>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].key, b[i].key) << i;
+    ASSERT_EQ(a[i].fields.size(), b[i].fields.size()) << i;
+    for (std::size_t k = 0; k < a[i].fields.size(); ++k) {
+      EXPECT_EQ(a[i].fields[k].ext, b[i].fields[k].ext);
+      EXPECT_EQ(a[i].fields[k].offset, b[i].fields[k].offset);
+      EXPECT_EQ(a[i].fields[k].size, b[i].fields[k].size);
+    }
+  }
+}
+
+TEST(ShardIndex, BuildWritesIndexAndReadsBack) {
+  TempDir d("pacer-idx-");
+  const std::string shard = make_shard(d, "a.tar", 25);
+  EXPECT_EQ(index_path(shard), shard + ".pidx");
+  auto built = build_index(shard);
+  ASSERT_TRUE(built) << built.error().message;
+  EXPECT_TRUE(fs::exists(shard + ".pidx"));
+  EXPECT_EQ(built->samples, 25u);
+  EXPECT_EQ(built->entries.size(), 25u);
+  EXPECT_EQ(built->shard_bytes, fs::file_size(shard));
+  EXPECT_EQ(built->shard, shard);
+
+  auto head = read_index(shard, true);
+  ASSERT_TRUE(head) << head.error().message;
+  EXPECT_EQ(head->samples, 25u);
+  EXPECT_EQ(head->shard_bytes, fs::file_size(shard));
+  EXPECT_TRUE(head->entries.empty());
+
+  auto full = read_index(shard, false);
+  ASSERT_TRUE(full) << full.error().message;
+  EXPECT_EQ(full->samples, 25u);
+  expect_same_entries(full->entries, built->entries);
+
+  // The entries point at the members' bytes.
+  EXPECT_EQ(bytes_at(shard, full->entries[3].fields[1].offset, full->entries[3].fields[1].size), "3");
+  EXPECT_EQ(full->entries[3].key, "s/000003");
+}
+
+TEST(ShardIndex, IndexOfChangedShardIsRejected) {
+  TempDir d("pacer-idx-");
+  const std::string shard = make_shard(d, "a.tar", 4);
+  ASSERT_TRUE(build_index(shard));
+  {
+    std::ofstream(shard, std::ios::binary | std::ios::app) << std::string(512, '\0');
+  }
+  for (bool header_only : {true, false}) {
+    auto r = read_index(shard, header_only);
+    ASSERT_FALSE(r) << header_only;
+    EXPECT_TRUE(contains(r.error().message, shard)) << r.error().message;
+    EXPECT_TRUE(contains(r.error().message, "bytes")) << r.error().message;
+    auto l = load_or_build_index(shard, header_only);
+    EXPECT_FALSE(l) << "a stale index must not be used";
+  }
+  // Rebuilding fixes it.
+  ASSERT_TRUE(build_index(shard));
+  EXPECT_TRUE(read_index(shard, false));
+}
+
+TEST(ShardIndex, MalformedIndexesAreErrors) {
+  TempDir d("pacer-idx-");
+  const std::string shard = make_shard(d, "a.tar", 6);
+  ASSERT_TRUE(build_index(shard));
+  const std::string good = slurp(index_path(shard));
+
+  write_bytes(index_path(shard), "NOTANIDX" + good.substr(8));
+  auto r1 = read_index(shard, true);
+  ASSERT_FALSE(r1);
+  EXPECT_TRUE(contains(r1.error().message, "not a pacer shard index"));
+
+  write_bytes(index_path(shard), good.substr(0, 20));
+  EXPECT_FALSE(read_index(shard, true));
+  EXPECT_FALSE(read_index(shard, false));
+
+  write_bytes(index_path(shard), good.substr(0, good.size() - 5));
+  auto r3 = read_index(shard, false);
+  ASSERT_FALSE(r3);
+  EXPECT_TRUE(contains(r3.error().message, "truncated"));
+  EXPECT_TRUE(read_index(shard, true)) << "the header alone is intact";
+
+  // A sample count far beyond what the file holds is an error, not an exception.
+  std::string huge = good;
+  const std::uint64_t count = 1ULL << 60;
+  std::memcpy(huge.data() + 24, &count, 8);
+  write_bytes(index_path(shard), huge);
+  auto r4 = read_index(shard, false);
+  EXPECT_FALSE(r4);
+
+  std::string v2 = good;
+  v2[8] = 2;
+  write_bytes(index_path(shard), v2);
+  auto r5 = read_index(shard, true);
+  ASSERT_FALSE(r5);
+  EXPECT_TRUE(contains(r5.error().message, "version"));
+
+  fs::remove(index_path(shard));
+  EXPECT_FALSE(read_index(shard, true));
+}
+
+TEST(ShardIndex, MissingIndexIsBuiltAndWritten) {
+  TempDir d("pacer-idx-");
+  const std::string shard = make_shard(d, "a.tar", 9);
+  ASSERT_FALSE(fs::exists(index_path(shard)));
+  auto idx = load_or_build_index(shard, true);
+  ASSERT_TRUE(idx) << idx.error().message;
+  EXPECT_EQ(idx->samples, 9u);
+  EXPECT_TRUE(fs::exists(index_path(shard)));
+  auto again = load_or_build_index(shard, false);
+  ASSERT_TRUE(again) << again.error().message;
+  EXPECT_EQ(again->entries.size(), 9u);
+
+  // A shard that is not a tar: the scan error comes through.
+  const std::string bad = d.file("bad.tar", std::string(2048, 'z'));
+  auto e = load_or_build_index(bad, true);
+  ASSERT_FALSE(e);
+  EXPECT_TRUE(contains(e.error().message, bad));
+  EXPECT_FALSE(fs::exists(index_path(bad)));
+  auto e2 = build_index(bad);
+  EXPECT_FALSE(e2);
+}
+
+TEST(ShardIndex, EmptyShardHasNoSamples) {
+  TempDir d("pacer-idx-");
+  RawTar raw;
+  raw.add("only-a-dir/", "", '5');
+  const std::string shard = d.file("e.tar", raw.finish());
+  auto idx = build_index(shard);
+  ASSERT_TRUE(idx) << idx.error().message;
+  EXPECT_EQ(idx->samples, 0u);
+  auto back = read_index(shard, false);
+  ASSERT_TRUE(back) << back.error().message;
+  EXPECT_EQ(back->samples, 0u);
+}
+
+// A read-only directory (a tmpfs remounted read-only): the index stays in memory.
+TEST(ShardIndex, ReadOnlyDirectoryKeepsIndexInMemory) {
+  TempDir d("pacer-ro-");
+  const std::string mnt = d.path() + "/mnt";
+  fs::create_directories(mnt);
+  if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=4m") != 0) {
+    const int e = errno;
+    if (e == EPERM || e == EACCES) GTEST_SKIP() << "cannot mount a tmpfs here: " << std::strerror(e);
+    FAIL() << "mount: " << std::strerror(e);
+  }
+  struct Unmount {
+    std::string dir;
+    ~Unmount() {
+      if (::umount2(dir.c_str(), 0) != 0) ::umount2(dir.c_str(), MNT_DETACH);
+    }
+  } unmount{mnt};
+  std::map<std::string, std::vector<std::pair<std::string, std::string>>> expected;
+  RawTar raw;
+  for (int i = 0; i < 5; ++i) raw.add(fmt::format("k{}.txt", i), fmt::format("value {}", i));
+  const std::string shard = mnt + "/ro.tar";
+  write_bytes(shard, raw.finish());
+  ASSERT_EQ(::mount(nullptr, mnt.c_str(), nullptr, MS_REMOUNT | MS_RDONLY, nullptr), 0) << std::strerror(errno);
+  ASSERT_FALSE(build_index(shard)) << "writing the index into a read-only directory must fail";
+
+  auto idx = load_or_build_index(shard, true);
+  ASSERT_TRUE(idx) << idx.error().message;
+  EXPECT_EQ(idx->samples, 5u);
+  EXPECT_EQ(idx->entries.size(), 5u) << "a scanned index is returned whole";
+  EXPECT_FALSE(fs::exists(index_path(shard)));
+
+  auto ds = Dataset::open(std::vector<std::string>{shard});
+  ASSERT_TRUE(ds) << ds.error().message;
+  ASSERT_EQ((*ds)->size(), 5u);
+  for (std::uint64_t i = 0; i < 5; ++i) {
+    auto s = (*ds)->read(i);
+    ASSERT_TRUE(s) << s.error().message;
+    EXPECT_EQ(s->key, fmt::format("k{}", i));
+    ASSERT_EQ(s->fields.size(), 1u);
+    EXPECT_EQ(s->fields[0].second, fmt::format("value {}", i));
+  }
+}
+
+// ---------------------------------------------------------------------------
+// expand_shard_spec
+
+TEST(SpecExpand, NumericRangesAreZeroPadded) {
+  auto r = expand_shard_spec("/data/train-{000..003}.tar");
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_EQ(*r, (std::vector<std::string>{"/data/train-000.tar", "/data/train-001.tar", "/data/train-002.tar", "/data/train-003.tar"}));
+  auto w = expand_shard_spec("s-{8..11}.tar");
+  ASSERT_TRUE(w) << w.error().message;
+  EXPECT_EQ(*w, (std::vector<std::string>{"s-8.tar", "s-9.tar", "s-10.tar", "s-11.tar"}));
+  auto one = expand_shard_spec("s-{000005..000005}.tar");
+  ASSERT_TRUE(one);
+  EXPECT_EQ(*one, (std::vector<std::string>{"s-000005.tar"}));
+  auto plain = expand_shard_spec("just/a/file.tar");
+  ASSERT_TRUE(plain);
+  EXPECT_EQ(*plain, (std::vector<std::string>{"just/a/file.tar"}));
+}
+
+TEST(SpecExpand, ListsMultipleAndNestedGroups) {
+  auto a = expand_shard_spec("a-{x,y}.tar");
+  ASSERT_TRUE(a) << a.error().message;
+  EXPECT_EQ(*a, (std::vector<std::string>{"a-x.tar", "a-y.tar"}));
+  auto m = expand_shard_spec("{p,q}/s-{0..1}.tar");
+  ASSERT_TRUE(m) << m.error().message;
+  EXPECT_EQ(*m, (std::vector<std::string>{"p/s-0.tar", "p/s-1.tar", "q/s-0.tar", "q/s-1.tar"}));
+  auto n = expand_shard_spec("d-{a,b{0..1},c}.tar");
+  ASSERT_TRUE(n) << n.error().message;
+  EXPECT_EQ(*n, (std::vector<std::string>{"d-a.tar", "d-b0.tar", "d-b1.tar", "d-c.tar"}));
+  auto n2 = expand_shard_spec("{x,{y,z}w}.tar");
+  ASSERT_TRUE(n2) << n2.error().message;
+  EXPECT_EQ(*n2, (std::vector<std::string>{"x.tar", "yw.tar", "zw.tar"}));
+}
+
+TEST(SpecExpand, BadRangesAndUnbalancedBracesAreErrors) {
+  for (const std::string spec : {"s-{3..1}.tar", "s-{a..b}.tar", "s-{1..}.tar", "s-{..2}.tar", "s-{1..2x}.tar"}) {
+    auto r = expand_shard_spec(spec);
+    ASSERT_FALSE(r) << spec;
+    EXPECT_TRUE(contains(r.error().message, "range")) << r.error().message;
+  }
+  auto u = expand_shard_spec("s-{a,b.tar");
+  ASSERT_FALSE(u);
+  EXPECT_TRUE(contains(u.error().message, "{"));
+}
+
+TEST(SpecExpand, GlobsMatchInOrder) {
+  TempDir d("pacer-spec-");
+  for (const char* n : {"s-2.tar", "s-0.tar", "s-1.tar", "t-0.tar", "other.txt"}) d.file(n, "x");
+  auto g = expand_shard_spec(d.path() + "/s-*.tar");
+  ASSERT_TRUE(g) << g.error().message;
+  EXPECT_EQ(*g, (std::vector<std::string>{d.path() + "/s-0.tar", d.path() + "/s-1.tar", d.path() + "/s-2.tar"}));
+  auto q = expand_shard_spec(d.path() + "/{t,s}-?.tar");
+  ASSERT_TRUE(q) << q.error().message;
+  EXPECT_EQ(*q, (std::vector<std::string>{d.path() + "/t-0.tar", d.path() + "/s-0.tar", d.path() + "/s-1.tar", d.path() + "/s-2.tar"}));
+  auto c = expand_shard_spec(d.path() + "/s-[01].tar");
+  ASSERT_TRUE(c) << c.error().message;
+  EXPECT_EQ(c->size(), 2u);
+
+  auto none = expand_shard_spec(d.path() + "/none-*.tar");
+  ASSERT_FALSE(none);
+  EXPECT_TRUE(contains(none.error().message, "none-*.tar"));
+  EXPECT_TRUE(contains(none.error().message, "matches no file"));
+}
+
+TEST(SpecExpand, ManifestPathsAreRelativeToItsDirectory) {
+  TempDir d("pacer-spec-");
+  const std::string m = d.file("pack/manifest.json",
+                               R"({"schema":"pacer.shards/1","shards":[{"path":"s-0.tar","samples":3},{"path":"sub/s-1.tar"},{"path":"/abs/s-2.tar"}]})");
+  auto r = expand_shard_spec(m);
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_EQ(*r, (std::vector<std::string>{d.path() + "/pack/s-0.tar", d.path() + "/pack/sub/s-1.tar", "/abs/s-2.tar"}));
+
+  // A manifest named relative to the working directory.
+  const std::string cwd = fs::current_path().string();
+  fs::current_path(d.path() + "/pack");
+  auto rel = expand_shard_spec("manifest.json");
+  fs::current_path(cwd);
+  ASSERT_TRUE(rel) << rel.error().message;
+  EXPECT_EQ(rel->at(0), "s-0.tar");
+}
+
+TEST(SpecExpand, BadManifestsAreErrors) {
+  TempDir d("pacer-spec-");
+  const std::vector<std::string> bad = {
+      R"({"schema":"other/1","shards":[]})",
+      R"({"schema":"pacer.shards/1"})",
+      R"(not json)",
+      R"([1,2,3])",
+      R"({"schema":"pacer.shards/1","shards":[{"name":"x.tar"}]})",
+      R"({"schema":"pacer.shards/1","shards":[{"path":7}]})",
+      R"({"schema":"pacer.shards/1","shards":"x.tar"})",
+  };
+  int i = 0;
+  for (const auto& text : bad) {
+    const std::string m = d.file(fmt::format("m{}.json", i++), text);
+    Expected<std::vector<std::string>> r = Error{};
+    ASSERT_NO_THROW(r = expand_shard_spec(m)) << text;
+    ASSERT_FALSE(r) << text;
+    EXPECT_TRUE(contains(r.error().message, m)) << r.error().message;
+  }
+  auto missing = expand_shard_spec(d.path() + "/missing.json");
+  EXPECT_FALSE(missing);
+}
+
+// ---------------------------------------------------------------------------
+// Dataset
+
+struct Shards {
+  TempDir dir{"pacer-ds-"};
+  std::vector<std::string> paths;
+  std::vector<std::string> keys;  // in dataset order
+  std::map<std::string, std::vector<std::pair<std::string, std::string>>> expected;
+
+  explicit Shards(const std::vector<int>& counts) {
+    int first = 0;
+    for (std::size_t s = 0; s < counts.size(); ++s) {
+      paths.push_back(make_shard(dir, fmt::format("shard-{:03d}.tar", s), counts[s], first, &expected));
+      for (int i = first; i < first + counts[s]; ++i) keys.push_back(fmt::format("s/{:06d}", i));
+      first += counts[s];
+    }
+  }
+};
+
+TEST(DatasetRead, SamplesAreNumberedAcrossShardsWithExactBytes) {
+  Shards sh({5, 0, 7, 1, 3});
+  auto ds = Dataset::open(sh.dir.path() + "/shard-{000..004}.tar");
+  ASSERT_TRUE(ds) << ds.error().message;
+  const Dataset& d = **ds;
+  EXPECT_EQ(d.size(), 16u);
+  EXPECT_EQ(d.shards(), sh.paths);
+  EXPECT_EQ(d.shard_samples(), (std::vector<std::uint64_t>{5, 0, 7, 1, 3}));
+  for (const auto& p : sh.paths) EXPECT_TRUE(fs::exists(index_path(p))) << "open builds missing indexes";
+  for (std::uint64_t i = 0; i < d.size(); ++i) {
+    auto s = d.read(i);
+    ASSERT_TRUE(s) << s.error().message;
+    EXPECT_EQ(s->key, sh.keys[i]);
+    EXPECT_EQ(s->fields, sh.expected[sh.keys[i]]) << i;
+  }
+  // A second open uses the written indexes and reads the same.
+  auto again = Dataset::open(sh.paths);
+  ASSERT_TRUE(again) << again.error().message;
+  for (std::uint64_t i = d.size(); i-- > 0;) {
+    auto s = (*again)->read(i);
+    ASSERT_TRUE(s) << s.error().message;
+    EXPECT_EQ(s->key, sh.keys[i]);
+    EXPECT_EQ(s->fields, sh.expected[sh.keys[i]]);
+  }
+}
+
+TEST(DatasetRead, OutOfRangeAndMissingShardsAreErrors) {
+  Shards sh({3, 2});
+  auto ds = Dataset::open(sh.paths);
+  ASSERT_TRUE(ds) << ds.error().message;
+  auto r = (*ds)->read(5);
+  ASSERT_FALSE(r);
+  EXPECT_TRUE(contains(r.error().message, "5"));
+  EXPECT_FALSE((*ds)->read(~0ULL));
+  EXPECT_TRUE((*ds)->read(4));
+
+  auto missing = Dataset::open(std::vector<std::string>{sh.paths[0], sh.dir.path() + "/nope.tar"});
+  ASSERT_FALSE(missing);
+  EXPECT_TRUE(contains(missing.error().message, "nope.tar"));
+
+  auto notar = Dataset::open(std::vector<std::string>{sh.dir.file("text.tar", std::string(3000, 'q'))});
+  ASSERT_FALSE(notar);
+  EXPECT_TRUE(contains(notar.error().message, "text.tar"));
+
+  auto empty = Dataset::open(std::vector<std::string>{});
+  ASSERT_TRUE(empty) << empty.error().message;
+  EXPECT_EQ((*empty)->size(), 0u);
+  EXPECT_FALSE((*empty)->read(0));
+}
+
+TEST(DatasetRead, ShardTruncatedAfterIndexingNamesShardAndOffset) {
+  Shards sh({4, 10});
+  auto ds = Dataset::open(sh.paths);
+  ASSERT_TRUE(ds) << ds.error().message;
+  const Dataset& d = **ds;
+  ASSERT_TRUE(d.read(4));  // loads shard 1's entries
+  auto idx = read_index(sh.paths[1], false);
+  ASSERT_TRUE(idx);
+  const Field cut_field = idx->entries[6].fields[0];
+  truncate_file(sh.paths[1], cut_field.offset + 1);
+  for (std::uint64_t i = 0; i < 4 + 6; ++i) {
+    auto s = d.read(i);
+    EXPECT_TRUE(s) << i << ": " << s.error().message;
+  }
+  auto bad = d.read(4 + 6);
+  ASSERT_FALSE(bad);
+  EXPECT_TRUE(contains(bad.error().message, sh.paths[1]));
+  EXPECT_TRUE(contains(bad.error().message, fmt::format("offset {}", cut_field.offset + 1)));
+  auto bad2 = d.read(13);
+  ASSERT_FALSE(bad2);
+  EXPECT_TRUE(contains(bad2.error().message, sh.paths[1]));
+  EXPECT_TRUE(contains(bad2.error().message, "offset"));
+
+  // A fresh open sees the index no longer matches the shard.
+  auto reopened = Dataset::open(sh.paths);
+  ASSERT_FALSE(reopened);
+  EXPECT_TRUE(contains(reopened.error().message, sh.paths[1]));
+
+  // Truncation before the entries are loaded: every read from the shard fails, naming it.
+  Shards sh2({3, 3});
+  auto ds2 = Dataset::open(sh2.paths);
+  ASSERT_TRUE(ds2);
+  truncate_file(sh2.paths[1], 1024);
+  auto bad3 = (*ds2)->read(3);
+  ASSERT_FALSE(bad3);
+  EXPECT_TRUE(contains(bad3.error().message, sh2.paths[1]));
+  EXPECT_TRUE((*ds2)->read(2));
+}
+
+TEST(DatasetRead, ConcurrentReadsReturnExactBytes) {
+  Shards sh({13, 9, 21});
+  auto ds = Dataset::open(sh.paths);
+  ASSERT_TRUE(ds) << ds.error().message;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 4; ++t)
+    ts.emplace_back([&, t] {
+      std::mt19937 rng(t);
+      for (int k = 0; k < 500; ++k) {
+        const std::uint64_t i = rng() % (*ds)->size();
+        auto s = (*ds)->read(i);
+        if (!s || s->key != sh.keys[i] || s->fields != sh.expected[sh.keys[i]]) ++failures;
+      }
+    });
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(failures.load(), 0);
+}
+
+// More shards than the dataset keeps open: descriptors are closed and reopened
+// while other threads read.
+TEST(DatasetRead, ManyShardsWithConcurrentReaders) {
+  TempDir d("pacer-many-");
+  std::vector<std::string> paths;
+  std::vector<std::string> values;
+  for (int s = 0; s < 150; ++s) {
+    RawTar raw;
+    for (int i = 0; i < 2; ++i) {
+      const std::string v = fmt::format("shard {} sample {} ", s, i) + std::string(static_cast<std::size_t>(s * 7 % 600), 'a' + s % 26);
+      raw.add(fmt::format("k{:03d}{}.bin", s, i), v);
+      values.push_back(v);
+    }
+    paths.push_back(d.file(fmt::format("m-{:03d}.tar", s), raw.finish()));
+  }
+  auto ds = Dataset::open(paths);
+  ASSERT_TRUE(ds) << ds.error().message;
+  ASSERT_EQ((*ds)->size(), 300u);
+  std::atomic<int> failures{0};
+  std::string first_error;
+  std::mutex mu;
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 4; ++t)
+    ts.emplace_back([&, t] {
+      std::mt19937 rng(100 + t);
+      for (int k = 0; k < 6000; ++k) {
+        const std::uint64_t i = rng() % 300;
+        auto s = (*ds)->read(i);
+        if (!s || s->fields.size() != 1 || s->fields[0].second != values[i]) {
+          if (failures++ == 0) {
+            std::lock_guard g(mu);
+            first_error = s ? "wrong bytes for sample " + std::to_string(i) : s.error().message;
+          }
+        }
+      }
+    });
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(failures.load(), 0) << first_error;
+}
+
+// ---------------------------------------------------------------------------
+// Permutation
+
+TEST(PermutationTest, IsABijection) {
+  for (std::uint64_t n : {1ULL, 2ULL, 3ULL, 7ULL, 100ULL, 1000ULL, 4097ULL, 100003ULL}) {
+    for (std::uint64_t seed : {0ULL, 42ULL}) {
+      const Permutation p(n, seed, 3);
+      EXPECT_EQ(p.size(), n);
+      std::vector<char> seen(n, 0);
+      bool ok = true;
+      for (std::uint64_t i = 0; i < n; ++i) {
+        const std::uint64_t v = p(i);
+        if (v >= n || seen[v]) {
+          ok = false;
+          ADD_FAILURE() << "n=" << n << " seed=" << seed << ": p(" << i << ") = " << v;
+          break;
+        }
+        seen[v] = 1;
+      }
+      EXPECT_TRUE(ok) << n;
+      EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), static_cast<std::ptrdiff_t>(n)) << n;
+    }
+  }
+}
+
+TEST(PermutationTest, DeterministicPerSeedAndEpoch) {
+  for (std::uint64_t n : {1ULL, 2ULL, 3ULL, 7ULL, 100ULL, 1000ULL, 4097ULL, 100003ULL}) {
+    const Permutation a(n, 7, 2), b(n, 7, 2);
+    for (std::uint64_t i = 0; i < n; i += 1 + n / 1000) ASSERT_EQ(a(i), b(i)) << n << " " << i;
+  }
+}
+
+TEST(PermutationTest, NewSeedOrEpochGivesNewOrder) {
+  for (std::uint64_t n : {100ULL, 1000ULL, 4097ULL, 100003ULL}) {
+    const Permutation base(n, 7, 0), epoch1(n, 7, 1), seed8(n, 8, 0);
+    std::uint64_t same_epoch = 0, same_seed = 0, fixed = 0;
+    for (std::uint64_t i = 0; i < n; ++i) {
+      same_epoch += base(i) == epoch1(i);
+      same_seed += base(i) == seed8(i);
+      fixed += base(i) == i;
+    }
+    // A random permutation agrees with another in about one place.
+    EXPECT_LT(same_epoch, n / 10) << n;
+    EXPECT_LT(same_seed, n / 10) << n;
+    EXPECT_LT(fixed, n / 10) << n << ": barely shuffled";
+  }
+  // Different epochs of one seed are all distinct orders.
+  std::set<std::vector<std::uint64_t>> orders;
+  for (std::uint64_t e = 0; e < 20; ++e) {
+    const Permutation p(100, 1, e);
+    std::vector<std::uint64_t> v;
+    for (std::uint64_t i = 0; i < 100; ++i) v.push_back(p(i));
+    orders.insert(v);
+  }
+  EXPECT_EQ(orders.size(), 20u);
+}
+
+// ---------------------------------------------------------------------------
+// Partition
+
+TEST(PartitionTest, EveryPositionOnceWithContiguousRanges) {
+  int combos = 0;
+  for (std::uint64_t samples : {1ULL, 2ULL, 5ULL, 7ULL, 8ULL, 16ULL, 17ULL, 31ULL, 64ULL, 97ULL, 100ULL, 1001ULL}) {
+    for (std::uint64_t batch : {1ULL, 2ULL, 3ULL, 5ULL, 8ULL, 32ULL}) {
+      for (int world : {1, 2, 3, 4, 7}) {
+        for (bool drop_last : {false, true}) {
+          ++combos;
+          const std::string what = fmt::format("samples={} batch={} world={} drop_last={}", samples, batch, world, drop_last);
+          Partition p0{samples, batch, 0, world, drop_last};
+          const std::uint64_t gb = batch * static_cast<std::uint64_t>(world);
+          ASSERT_EQ(p0.global_batch(), gb) << what;
+          const std::uint64_t batches = p0.batches();
+          ASSERT_EQ(batches, drop_last ? samples / gb : (samples + gb - 1) / gb) << what;
+          const std::uint64_t covered = drop_last ? batches * gb : samples;
+          std::vector<int> hits(samples, 0);
+          for (std::uint64_t g = 0; g < batches; ++g) {
+            const std::uint64_t start = g * gb;
+            const std::uint64_t end = std::min(start + gb, samples);
+            std::uint64_t expect_lo = start;
+            for (int r = 0; r < world; ++r) {
+              Partition p{samples, batch, r, world, drop_last};
+              ASSERT_EQ(p.batches(), batches) << what;
+              const auto [lo, hi] = p.range(g);
+              ASSERT_EQ(lo, expect_lo) << what << " g=" << g << " r=" << r;
+              ASSERT_LE(lo, hi) << what;
+              ASSERT_LE(hi, end) << what;
+              ASSERT_LE(hi - lo, batch) << what;
+              if (end - start == gb) {
+                ASSERT_EQ(hi - lo, batch) << what << ": a full global batch gives every rank batch_size";
+              }
+              for (std::uint64_t i = lo; i < hi; ++i) ++hits[i];
+              expect_lo = hi;
+            }
+            ASSERT_EQ(expect_lo, end) << what << " g=" << g;
+          }
+          for (std::uint64_t i = 0; i < samples; ++i) ASSERT_EQ(hits[i], i < covered ? 1 : 0) << what << " position " << i;
+        }
+      }
+    }
+  }
+  EXPECT_GT(combos, 500);
+}
+
+TEST(PartitionTest, GlobalBatchesHoldTheSamePositionsAtAnyWorldSize) {
+  // The same global batch over 1, 2, 4, 8 ranks reads the same positions per global batch.
+  for (std::uint64_t samples : {50ULL, 64ULL, 77ULL}) {
+    for (std::uint64_t w : {1ULL, 2ULL, 4ULL, 8ULL}) {
+      const std::uint64_t b = 8 / w;
+      Partition p{samples, b, 0, static_cast<int>(w), false};
+      ASSERT_EQ(p.batches(), (samples + 7) / 8);
+      for (std::uint64_t g = 0; g < p.batches(); ++g) {
+        Partition first{samples, b, 0, static_cast<int>(w), false};
+        Partition last{samples, b, static_cast<int>(w) - 1, static_cast<int>(w), false};
+        EXPECT_EQ(first.range(g).first, g * 8);
+        EXPECT_EQ(last.range(g).second, std::min(g * 8 + 8, samples));
+      }
+    }
+  }
+  EXPECT_EQ((Partition{10, 0, 0, 1, false}.batches()), 0u);
+}
+
+}  // namespace
+}  // namespace pacer::data

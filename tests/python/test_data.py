@@ -1,0 +1,400 @@
+"""Tests of pacer.data: datasets over tar shards and the deterministic, resumable loader.
+
+Shards are written by `pacer shard pack` ($PACER_BIN) and by Python's tarfile.
+Run with the python the module was built for (Debian's, with numpy):
+    PYTHONPATH=BUILD/python PACER_BIN=BUILD/bin/pacer /usr/bin/python3 -m unittest -v test_data
+"""
+import bisect
+import io
+import json
+import math
+import os
+import subprocess
+import tarfile
+import tempfile
+import threading
+import time
+import unittest
+
+import numpy as np
+
+import pacer
+import pacer.data
+
+PACER = os.environ.get("PACER_BIN", os.path.join(os.path.dirname(__file__), "../../build/bin/pacer"))
+N = 103  # prime: batches never divide it evenly
+
+
+def npy_bytes(arr):
+    buf = io.BytesIO()
+    np.save(buf, arr)
+    return buf.getvalue()
+
+
+def sample(i):
+    """The fields of sample i; every fifth one has no npy field."""
+    fields = {"txt": f"sample {i}".encode(), "json": json.dumps({"i": i}).encode()}
+    if i % 5:
+        fields["npy"] = npy_bytes(np.arange(i % 7 + 1, dtype=np.float32) * i)
+    return fields
+
+
+def write_tree(root, n=N):
+    expected = {}
+    for i in range(n):
+        key = f"g{i % 3}/s{i:04d}"
+        expected[key] = sample(i)
+        for ext, data in expected[key].items():
+            path = os.path.join(root, f"{key}.{ext}")
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as f:
+                f.write(data)
+    return expected
+
+
+def keys_of(batches):
+    return [k for b in batches for k in b["__key__"]]
+
+
+class DataTestCase(unittest.TestCase):
+    """Packs N samples once into several shards with the CLI."""
+
+    @classmethod
+    def setUpClass(cls):
+        if not os.path.exists(PACER):
+            raise unittest.SkipTest(f"no pacer binary at {PACER} (set PACER_BIN)")
+        cls.tmp = tempfile.TemporaryDirectory(prefix="pacer-data-py-")
+        src = os.path.join(cls.tmp.name, "src")
+        cls.out = os.path.join(cls.tmp.name, "shards")
+        cls.expected = write_tree(src)
+        r = subprocess.run([PACER, "shard", "pack", src, cls.out, "--target-size", "24KB", "--json"],
+                           capture_output=True, text=True, timeout=120)
+        if r.returncode != 0:
+            raise AssertionError(f"pacer shard pack failed:\n{r.stdout}{r.stderr}")
+        cls.manifest = os.path.join(cls.out, "manifest.json")
+        with open(cls.manifest) as f:
+            cls.shard_list = json.load(f)["shards"]
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def open(self):
+        return pacer.data.open(self.manifest)
+
+    def loader(self, ds=None, **kw):
+        return pacer.data.Loader(ds or self.open(), **kw)
+
+
+class DatasetTest(DataTestCase):
+    def test_len_shards_getitem(self):
+        ds = self.open()
+        self.assertGreater(len(self.shard_list), 3)
+        self.assertEqual(len(ds), N)
+        self.assertEqual(ds.shards, [os.path.join(self.out, s["path"]) for s in self.shard_list])
+        self.assertEqual(ds.shard_samples, [s["samples"] for s in self.shard_list])
+        self.assertEqual(ds.samples_per_shard, ds.shard_samples)
+        # Pack writes samples in key order, so the dataset's order is the sorted keys.
+        keys = sorted(self.expected)
+        for i in [0, 1, 17, N - 1]:
+            s = ds[i]
+            self.assertEqual(s["__key__"], keys[i])
+            want = self.expected[keys[i]]
+            self.assertEqual(set(s), {"__key__", *want})
+            for ext, data in want.items():
+                self.assertIsInstance(s[ext], bytes)
+                self.assertEqual(s[ext], data)
+        self.assertEqual(ds[-1], ds[N - 1])
+        self.assertEqual(ds[np.int64(3)]["__key__"], keys[3])
+        with self.assertRaises(IndexError):
+            ds[N]
+        with self.assertRaises(IndexError):
+            ds[-N - 1]
+        self.assertEqual([s["__key__"] for s in ds], keys)
+        self.assertIn(f"{N} samples", repr(ds))
+
+    def test_specs(self):
+        want = [s["__key__"] for s in self.open()]
+        n = len(self.shard_list)
+        for spec in [os.path.join(self.out, "train-*.tar"), os.path.join(self.out, f"train-{{000000..{n - 1:06d}}}.tar"),
+                     [os.path.join(self.out, s["path"]) for s in self.shard_list]]:
+            ds = pacer.data.open(spec)
+            self.assertEqual([s["__key__"] for s in ds], want, spec)
+        ds = pacer.data.open(os.path.join(self.out, "train-{000001,000000}.tar"))
+        self.assertEqual(ds.shard_samples, [self.shard_list[1]["samples"], self.shard_list[0]["samples"]])
+
+    def test_open_errors(self):
+        self.assertIs(pacer.data.Error, pacer.Error)
+        with self.assertRaises(pacer.Error) as cm:
+            pacer.data.open(os.path.join(self.tmp.name, "missing.tar"))
+        self.assertIn("missing.tar", str(cm.exception))
+        with self.assertRaises(pacer.Error):
+            pacer.data.open(os.path.join(self.tmp.name, "none-*.tar"))
+        with self.assertRaises(pacer.Error):
+            pacer.data.open(os.path.join(self.tmp.name, "missing.json"))
+        with self.assertRaises(TypeError):
+            pacer.data.Dataset(object())
+
+
+class TarfileShardsTest(unittest.TestCase):
+    """Shards from another writer: pax and GNU long names, no index until the first open."""
+
+    def test_foreign_shards(self):
+        with tempfile.TemporaryDirectory(prefix="pacer-data-tar-") as tmp:
+            expected = {}
+            long_dir = "p" * 90 + "/" + "q" * 90
+            for s, fmt in enumerate([tarfile.PAX_FORMAT, tarfile.GNU_FORMAT, tarfile.USTAR_FORMAT]):
+                with tarfile.open(os.path.join(tmp, f"w-{s}.tar"), "w", format=fmt) as t:
+                    for i in range(10):
+                        key = f"{long_dir}/k{s}{i:02d}" if fmt != tarfile.USTAR_FORMAT else f"k{s}{i:02d}"
+                        expected[key] = {"cls": str(i).encode(), "npy": npy_bytes(np.full((2, 2), i, dtype=np.int16))}
+                        for ext, data in expected[key].items():
+                            info = tarfile.TarInfo(f"{key}.{ext}")
+                            info.size = len(data)
+                            t.addfile(info, io.BytesIO(data))
+            ds = pacer.data.open(os.path.join(tmp, "w-{0..2}.tar"))
+            self.assertEqual(len(ds), 30)
+            self.assertEqual(ds.shard_samples, [10, 10, 10])
+            for s in range(3):
+                self.assertTrue(os.path.exists(os.path.join(tmp, f"w-{s}.tar.pidx")))
+            self.assertEqual({ds[i]["__key__"]: {k: v for k, v in ds[i].items() if k != "__key__"} for i in range(30)}, expected)
+            batches = list(pacer.data.Loader(ds, batch_size=4, seed=5))
+            self.assertEqual(sorted(keys_of(batches)), sorted(expected))
+            for b in batches:
+                for key, arr in zip(b["__key__"], b["npy"]):
+                    np.testing.assert_array_equal(arr, np.full((2, 2), int(expected[key]["cls"]), dtype=np.int16))
+                    self.assertEqual(arr.dtype, np.int16)
+
+
+class LoaderTest(DataTestCase):
+    def test_one_epoch_covers_every_key_once(self):
+        loader = self.loader(batch_size=7, seed=3)
+        self.assertEqual(len(loader), math.ceil(N / 7))
+        batches = list(loader)
+        self.assertEqual(len(batches), len(loader))
+        self.assertEqual([len(b["__key__"]) for b in batches], [7] * (N // 7) + [N % 7])
+        keys = keys_of(batches)
+        self.assertEqual(len(keys), N)
+        self.assertEqual(sorted(keys), sorted(self.expected))
+        self.assertNotEqual(keys, sorted(keys))  # shuffled
+        for b in batches:
+            self.assertEqual(set(b), {"__key__", "txt", "json", "npy"})
+            for ext in ["txt", "json", "npy"]:
+                self.assertEqual(len(b[ext]), len(b["__key__"]))  # lists line up with the keys
+            for j, key in enumerate(b["__key__"]):
+                want = self.expected[key]
+                self.assertEqual(b["txt"][j], want["txt"])
+                self.assertIsInstance(b["json"][j], bytes)  # json stays bytes
+                self.assertEqual(json.loads(b["json"][j]), json.loads(want["json"]))
+                if "npy" not in want:
+                    self.assertIsNone(b["npy"][j])
+
+    def test_no_shuffle_and_drop_last(self):
+        loader = self.loader(batch_size=10, shuffle=False, drop_last=True)
+        self.assertEqual(len(loader), N // 10)
+        batches = list(loader)
+        self.assertEqual([len(b["__key__"]) for b in batches], [10] * (N // 10))
+        self.assertEqual(keys_of(batches), sorted(self.expected)[: N // 10 * 10])
+
+    def test_two_ranks_cover_every_key_once(self):
+        ds = self.open()
+        for drop_last in (False, True):
+            ranks = [self.loader(ds, batch_size=5, seed=11, rank=r, world_size=2, drop_last=drop_last) for r in range(2)]
+            self.assertEqual(len(ranks[0]), len(ranks[1]))
+            per_rank = [list(r) for r in ranks]
+            self.assertEqual(len(per_rank[0]), len(ranks[0]))
+            self.assertEqual(len(per_rank[1]), len(ranks[1]))
+            k0, k1 = keys_of(per_rank[0]), keys_of(per_rank[1])
+            self.assertFalse(set(k0) & set(k1))
+            self.assertEqual(len(set(k0)), len(k0))
+            self.assertEqual(len(set(k1)), len(k1))
+            if drop_last:
+                self.assertEqual(len(k0) + len(k1), N // 10 * 10)
+            else:
+                self.assertEqual(sorted(k0 + k1), sorted(self.expected))
+            # Global batch g is rank 0's batch g followed by rank 1's: the single-rank order.
+            single = keys_of(self.loader(ds, batch_size=10, seed=11, drop_last=drop_last))
+            merged = [k for b0, b1 in zip(per_rank[0], per_rank[1]) for k in b0["__key__"] + b1["__key__"]]
+            self.assertEqual(merged, single)
+
+    def test_state_dict_resume(self):
+        ds = self.open()
+        whole = self.loader(ds, batch_size=6, seed=7)
+        uninterrupted = [b["__key__"] for _ in range(2) for b in whole]  # two epochs
+        per_epoch = len(whole)
+        for stop in [0, 1, 5, per_epoch - 1, per_epoch, per_epoch + 3]:
+            first = self.loader(ds, batch_size=6, seed=7)
+            got = []
+            it = iter(first)
+            for _ in range(stop):
+                try:
+                    got.append(next(it)["__key__"])
+                except StopIteration:  # the end of epoch 0: the next loop reads epoch 1
+                    it = iter(first)
+                    got.append(next(it)["__key__"])
+            state = json.loads(json.dumps(first.state_dict()))  # plain JSON data
+            self.assertEqual(state["schema"], "pacer.loader/1")
+            self.assertEqual(state["seed"], 7)
+            del first, it
+            second = self.loader(ds, batch_size=6, seed=999)  # the state brings its seed
+            second.load_state_dict(state)
+            while len(got) < len(uninterrupted):
+                before = len(got)
+                got += [b["__key__"] for b in second]
+                self.assertGreater(len(got), before)
+            self.assertEqual(got, uninterrupted, f"resumed after {stop} batches")
+
+    def test_resume_with_another_world_size(self):
+        ds = self.open()
+        one = self.loader(ds, batch_size=8, seed=2)
+        it = iter(one)
+        for _ in range(3):
+            next(it)
+        state = one.state_dict()
+        rest_single = keys_of(it)
+        ranks = []
+        for r in range(2):
+            loader = self.loader(ds, batch_size=4, seed=2, rank=r, world_size=2)
+            loader.load_state_dict(state)
+            ranks.append(list(loader))
+        merged = [k for b0, b1 in zip(*ranks) for k in b0["__key__"] + b1["__key__"]]
+        self.assertEqual(merged, rest_single)
+
+    def test_state_at_the_end_of_an_epoch(self):
+        ds = self.open()
+        a = self.loader(ds, batch_size=10, seed=4)
+        list(a)
+        state = a.state_dict()
+        self.assertEqual((state["epoch"], state["position"]), (0, N))
+        epoch1 = keys_of(a)
+        b = self.loader(ds, batch_size=10, seed=4)
+        b.load_state_dict(state)
+        self.assertEqual(keys_of(b), epoch1)  # the first loop after loading reads epoch 1
+        self.assertEqual(b.epoch, 1)
+
+    def test_next_epoch_differs_in_order(self):
+        ds = self.open()
+        loader = self.loader(ds, batch_size=16, seed=1)
+        e0 = keys_of(loader)
+        self.assertEqual(loader.epoch, 0)
+        e1 = keys_of(loader)  # a new loop: the next epoch
+        self.assertEqual(loader.epoch, 1)
+        self.assertNotEqual(e0, e1)
+        self.assertEqual(sorted(e0), sorted(e1))
+        # Deterministic: (seed, epoch) gives the order.
+        self.assertEqual(keys_of(self.loader(ds, batch_size=16, seed=1)), e0)
+        other = self.loader(ds, batch_size=16, seed=2)
+        self.assertNotEqual(keys_of(other), e0)
+        loader.set_epoch(1)
+        self.assertEqual(keys_of(loader), e1)
+        loader.set_epoch(0)
+        self.assertEqual(keys_of(loader), e0)
+        # A loop left early continues where it stopped.
+        loader.set_epoch(0)
+        for i, b in enumerate(loader):
+            if i == 2:
+                break
+        self.assertEqual(keys_of(loader), e0[3 * 16:])
+
+    def test_npy_decoding(self):
+        batches = list(self.loader(batch_size=9, seed=0))
+        seen = 0
+        for b in batches:
+            for key, arr in zip(b["__key__"], b["npy"]):
+                i = int(key.rsplit("s", 1)[1])
+                if i % 5 == 0:
+                    self.assertIsNone(arr)
+                    continue
+                self.assertIsInstance(arr, np.ndarray)
+                self.assertEqual(arr.dtype, np.float32)
+                np.testing.assert_array_equal(arr, np.arange(i % 7 + 1, dtype=np.float32) * i)
+                seen += 1
+        self.assertEqual(seen, sum(1 for i in range(N) if i % 5))
+        raw = next(iter(self.loader(batch_size=9, seed=0, decode=False)))
+        self.assertTrue(all(v is None or isinstance(v, bytes) for v in raw["npy"]))
+
+    def test_stats(self):
+        loader = self.loader(batch_size=10, seed=0, threads=3, prefetch=2)
+        s = loader.stats()
+        self.assertEqual(set(s), {"wait_s", "last_wait_s", "batches", "samples", "bytes", "skipped", "queue_depth", "elapsed_s"})
+        self.assertEqual((s["batches"], s["samples"], s["bytes"]), (0, 0, 0))
+        batches = list(loader)
+        s = loader.stats()
+        self.assertEqual(s["batches"], len(batches))
+        self.assertEqual(s["samples"], N)
+        self.assertEqual(s["bytes"], sum(len(d) for f in self.expected.values() for d in f.values()))
+        self.assertEqual(s["skipped"], 0)
+        self.assertGreaterEqual(s["wait_s"], s["last_wait_s"])
+        self.assertGreaterEqual(s["last_wait_s"], 0)
+        self.assertGreater(s["elapsed_s"], 0)
+        self.assertIsInstance(s["queue_depth"], int)
+        self.assertLessEqual(s["queue_depth"], 2)
+
+    def test_next_releases_the_gil(self):
+        # Another Python thread runs while next() waits for the reader threads:
+        # it records times, and some fall inside next() calls. (Were the GIL
+        # held throughout next(), none could.)
+        loader = self.loader(batch_size=N, seed=0, threads=1, prefetch=1)
+        ticks = []
+        stop = threading.Event()
+
+        def spin():
+            while not stop.is_set():
+                ticks.append(time.perf_counter())
+                time.sleep(0)
+
+        t = threading.Thread(target=spin)
+        t.start()
+        intervals = []
+        try:
+            for _ in range(30):
+                loader.set_epoch(0)  # drops the read-ahead: next() has to wait for the reads
+                a = time.perf_counter()
+                batch = loader._impl.next()
+                intervals.append((a, time.perf_counter()))
+                self.assertEqual(len(batch["__key__"]), N)
+        finally:
+            stop.set()
+            t.join()
+        inside = sum(bisect.bisect_left(ticks, b) - bisect.bisect_right(ticks, a) for a, b in intervals)
+        self.assertGreater(inside, 0)
+
+    def test_loader_errors(self):
+        ds = self.open()
+        with self.assertRaises(pacer.Error):
+            pacer.data.Loader(ds, batch_size=0)
+        with self.assertRaises(pacer.Error):
+            pacer.data.Loader(ds, rank=2, world_size=2)
+        loader = pacer.data.Loader(ds, batch_size=4)
+        with self.assertRaises(pacer.Error):
+            loader.load_state_dict({"schema": "something/1"})
+        state = loader.state_dict()
+        with self.assertRaises(pacer.Error):
+            loader.load_state_dict(dict(state, samples=N + 1))  # another dataset
+        with self.assertRaises(pacer.Error):
+            loader.load_state_dict(dict(state, position=N + 1))
+        self.assertEqual(len(keys_of(loader)), N)  # still usable
+
+    def test_skip_bad(self):
+        with tempfile.TemporaryDirectory(prefix="pacer-data-bad-") as tmp:
+            src = os.path.join(tmp, "src")
+            write_tree(src, n=40)
+            out = os.path.join(tmp, "out")
+            r = subprocess.run([PACER, "shard", "pack", src, out, "--target-size", "24KB"], capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            ds = pacer.data.open(os.path.join(out, "manifest.json"))
+            self.assertGreater(len(ds.shards), 1)
+            lost = ds.shard_samples[1]
+            with open(ds.shards[1], "r+b") as f:  # the shard no longer matches its index
+                f.truncate(1024)
+            with self.assertRaises(pacer.Error) as cm:
+                list(pacer.data.Loader(ds, batch_size=4, seed=0, shuffle=False))
+            self.assertIn(ds.shards[1], str(cm.exception))
+            loader = pacer.data.Loader(ds, batch_size=4, seed=0, skip_bad=True)
+            keys = keys_of(loader)
+            self.assertEqual(len(keys), 40 - lost)
+            self.assertEqual(loader.stats()["skipped"], lost)
+
+
+if __name__ == "__main__":
+    unittest.main()
