@@ -137,7 +137,7 @@ PACER_COMMIT=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown
 git -C "$REPO" diff --quiet HEAD -- src include apps 2>/dev/null || PACER_COMMIT="$PACER_COMMIT (+ uncommitted changes)"
 MBW_VERSION=$(dpkg-query -W -f '${Version}' mbw 2>/dev/null || echo unknown)
 FIO_VERSION=$(fio --version 2>/dev/null || echo unknown)
-GLIBC_VERSION=$(ldd --version 2>/dev/null | head -1 | awk '{print $NF}')
+GLIBC_VERSION=$(ldd --version 2>/dev/null | awk 'NR==1{print $NF}')  # no head: SIGPIPE under pipefail
 THP=$(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null || echo unknown)
 
 mkdir -p "$RESULTS"

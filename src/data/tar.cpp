@@ -1,4 +1,4 @@
-// Tar shards: header parsing (ustar, pax, GNU), WebDataset grouping and the per-shard index.
+// Tar shards: header parsing (ustar, pax, GNU) and writing (ustar, pax), WebDataset grouping and the per-shard index.
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/stat.h>
@@ -6,20 +6,20 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <optional>
 
 #include "pacer/core/atomic_file.hpp"
 #include "pacer/data.hpp"
+#include "tar_internal.hpp"
 
 namespace pacer::data {
 
 namespace fs = std::filesystem;
 
 namespace {
-
-constexpr std::size_t kBlock = 512;
 
 Error shard_error(const std::string& path, std::uint64_t offset, const std::string& what) {
   return Error{ErrorKind::kConfig, fmt::format("{}: offset {}: {}", path, offset, what)};
@@ -56,7 +56,7 @@ bool checksum_ok(const unsigned char* h) {
   std::uint64_t stored = 0;
   if (!parse_number(h + 148, 8, stored)) return false;
   std::uint64_t sum = 0;
-  for (std::size_t i = 0; i < kBlock; ++i) sum += (i >= 148 && i < 156) ? ' ' : h[i];
+  for (std::size_t i = 0; i < kTarBlock; ++i) sum += (i >= 148 && i < 156) ? ' ' : h[i];
   return sum == stored;
 }
 
@@ -80,18 +80,6 @@ void parse_pax(const std::string& data, std::string& path, std::uint64_t& size, 
     }
     pos += len;
   }
-}
-
-bool escapes_root(const std::string& name) {
-  if (name.empty() || name[0] == '/') return true;
-  std::size_t pos = 0;
-  while (pos <= name.size()) {
-    std::size_t end = name.find('/', pos);
-    if (end == std::string::npos) end = name.size();
-    if (name.compare(pos, end - pos, "..") == 0 && end - pos == 2) return true;
-    pos = end + 1;
-  }
-  return false;
 }
 
 class File {
@@ -121,6 +109,18 @@ bool read_exact(int fd, void* buf, std::size_t n, std::uint64_t off) {
 
 }  // namespace
 
+bool escapes_root(std::string_view name) {
+  if (name.empty() || name[0] == '/') return true;
+  std::size_t pos = 0;
+  while (pos <= name.size()) {
+    std::size_t end = name.find('/', pos);
+    if (end == std::string_view::npos) end = name.size();
+    if (name.substr(pos, end - pos) == "..") return true;
+    pos = end + 1;
+  }
+  return false;
+}
+
 Expected<std::vector<TarMember>> scan_tar(const std::string& path) {
   File f(path);
   if (f.fd() < 0) return Error{ErrorKind::kIo, fmt::format("{}: cannot open: {}", path, std::strerror(errno))};
@@ -128,16 +128,18 @@ Expected<std::vector<TarMember>> scan_tar(const std::string& path) {
   ::fstat(f.fd(), &st);
   const std::uint64_t file_size = static_cast<std::uint64_t>(st.st_size);
   std::vector<TarMember> out;
-  unsigned char h[kBlock];
+  unsigned char h[kTarBlock];
   std::uint64_t off = 0;
   std::string long_name;
   std::string pax_path;
   std::uint64_t pax_size = 0;
   bool has_pax_size = false;
-  std::optional<std::uint64_t> first_header;  // of the 'L'/'x' records before a member
+  // Offset of the first 'L'/'x' record before a member; kNone when there is none.
+  constexpr std::uint64_t kNone = ~std::uint64_t{0};
+  std::uint64_t first_header = kNone;
   for (;;) {
-    if (off + kBlock > file_size) return shard_error(path, off, "truncated: the archive ends inside a header (no end-of-archive blocks)");
-    if (!read_exact(f.fd(), h, kBlock, off)) return shard_error(path, off, "read failed");
+    if (off + kTarBlock > file_size) return shard_error(path, off, "truncated: the archive ends inside a header (no end-of-archive blocks)");
+    if (!read_exact(f.fd(), h, kTarBlock, off)) return shard_error(path, off, "read failed");
     bool zero = true;
     for (unsigned char c : h) zero = zero && c == 0;
     if (zero) break;  // end of archive
@@ -146,11 +148,11 @@ Expected<std::vector<TarMember>> scan_tar(const std::string& path) {
     if (!parse_number(h + 124, 12, size)) return shard_error(path, off, "bad size field");
     const char type = static_cast<char>(h[156]);
     if (has_pax_size && type != 'x' && type != 'g') size = pax_size;
-    const std::uint64_t data_off = off + kBlock;
+    const std::uint64_t data_off = off + kTarBlock;
     if (data_off + size > file_size) return shard_error(path, off, fmt::format("truncated: member data of {} bytes runs past the end of the file", size));
-    const std::uint64_t next = data_off + (size + kBlock - 1) / kBlock * kBlock;
+    const std::uint64_t next = data_off + tar_padded(size);
     if (type == 'L' || type == 'x') {
-      if (!first_header) first_header = off;
+      if (first_header == kNone) first_header = off;
       std::string data(size, '\0');
       if (!read_exact(f.fd(), data.data(), size, data_off)) return shard_error(path, off, "read failed");
       if (type == 'L') long_name = field(reinterpret_cast<const unsigned char*>(data.data()), data.size());
@@ -170,12 +172,12 @@ Expected<std::vector<TarMember>> scan_tar(const std::string& path) {
         if (!prefix.empty()) name = prefix + "/" + name;
       }
       while (name.rfind("./", 0) == 0) name = name.substr(2);
-      const std::uint64_t header_off = first_header.value_or(off);
+      const std::uint64_t header_off = first_header == kNone ? off : first_header;
       if (escapes_root(name)) return shard_error(path, header_off, fmt::format("member '{}' escapes the archive root", name));
       out.push_back({name, header_off, data_off, size});
     }
     // Directories, links, devices, 'g' global headers: not samples.
-    first_header.reset();
+    first_header = kNone;
     long_name.clear();
     pax_path.clear();
     has_pax_size = false;
@@ -197,6 +199,93 @@ std::vector<SampleEntry> group_samples(const std::vector<TarMember>& members) {
   }
   return out;
 }
+
+// ---------------------------------------------------------------------------
+// Writing (ustar, pax 'x' headers for long names)
+
+namespace {
+
+// n-1 zero-padded octal digits and a NUL.
+void put_octal(char* p, std::size_t n, std::uint64_t v) {
+  p[n - 1] = '\0';
+  for (std::size_t i = n - 1; i-- > 0;) {
+    p[i] = static_cast<char>('0' + (v & 7));
+    v >>= 3;
+  }
+}
+
+void put_size(char* p, std::uint64_t size) {
+  if (size < (1ULL << 33)) {  // 11 octal digits
+    put_octal(p, 12, size);
+    return;
+  }
+  // GNU base-256 for 8 GiB and more: 0x80, then big-endian.
+  p[0] = static_cast<char>(0x80);
+  for (int i = 11; i >= 1; --i) {
+    p[i] = static_cast<char>(size & 0xff);
+    size >>= 8;
+  }
+}
+
+void put_str(char* p, std::size_t n, std::string_view s) { std::memcpy(p, s.data(), std::min(n, s.size())); }
+
+std::string ustar_block(std::string_view name, std::string_view prefix, std::uint64_t size, std::int64_t mtime, char type) {
+  std::string h(kTarBlock, '\0');
+  char* b = h.data();
+  put_str(b, 100, name);
+  put_octal(b + 100, 8, 0644);
+  put_octal(b + 108, 8, 0);
+  put_octal(b + 116, 8, 0);
+  put_size(b + 124, size);
+  // Negative mtimes are clamped; ones beyond 11 octal digits wrap rather than spill into the next field.
+  put_octal(b + 136, 12, static_cast<std::uint64_t>(std::max<std::int64_t>(mtime, 0)) & ((1ULL << 33) - 1));
+  b[156] = type;
+  std::memcpy(b + 257, "ustar", 6);  // magic with its NUL
+  std::memcpy(b + 263, "00", 2);
+  put_octal(b + 329, 8, 0);
+  put_octal(b + 337, 8, 0);
+  put_str(b + 345, 155, prefix);
+  std::memset(b + 148, ' ', 8);
+  unsigned sum = 0;
+  for (unsigned char c : h) sum += c;
+  std::snprintf(b + 148, 8, "%06o", sum & 0777777);  // six digits, NUL
+  b[155] = ' ';
+  return h;
+}
+
+// "LEN key=value\n" where LEN counts the whole record, itself included.
+std::string pax_record(std::string_view key, std::string_view value) {
+  const std::size_t base = 1 + key.size() + 1 + value.size() + 1;
+  std::size_t len = base + 1;
+  while (std::to_string(len).size() + base != len) len = std::to_string(len).size() + base;
+  return fmt::format("{} {}={}\n", len, key, value);
+}
+
+}  // namespace
+
+std::string tar_member_headers(const std::string& name, std::uint64_t size, std::int64_t mtime) {
+  if (name.size() <= 100) return ustar_block(name, "", size, mtime, '0');
+  // Split at a '/' so that the prefix holds at most 155 bytes and the rest at most 100.
+  for (std::size_t slash = name.find('/'); slash != std::string::npos; slash = name.find('/', slash + 1)) {
+    if (slash > 155) break;
+    const std::size_t rest = name.size() - slash - 1;
+    if (rest == 0) break;
+    if (rest <= 100) return ustar_block(std::string_view(name).substr(slash + 1), std::string_view(name).substr(0, slash), size, mtime, '0');
+  }
+  const std::string records = pax_record("path", name);
+  const std::size_t slash = name.rfind('/');
+  std::string base = slash == std::string::npos ? name : name.substr(slash + 1);
+  if (base.size() > 89) base.resize(89);
+  std::string out = ustar_block("PaxHeaders/" + base, "", records.size(), mtime, 'x');
+  out += records;
+  out.append(tar_padded(records.size()) - records.size(), '\0');
+  // The ustar name is only a fallback for readers without pax support.
+  out += ustar_block(std::string_view(name).substr(0, 100), "", size, mtime, '0');
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// The per-shard index
 
 std::string index_path(const std::string& shard) { return shard + ".pidx"; }
 
