@@ -1,11 +1,11 @@
 // `pacer ckpt`: list, verify, prune and inspect checkpoint directories.
 #include <fmt/format.h>
 
-#include <cstdio>
 #include <filesystem>
 #include <memory>
 
 #include "commands.hpp"
+#include "output.hpp"
 #include "pacer/checkpoint.hpp"
 #include "pacer/core/table.hpp"
 #include "pacer/core/units.hpp"
@@ -26,15 +26,6 @@ struct CkptArgs {
   std::string save_cost;
   std::string mtbf;
 };
-
-void require_dir(const std::string& dir) {
-  if (!fs::is_directory(dir)) throw Exception(Error{ErrorKind::kUsage, fmt::format("{}: not a directory", dir)});
-}
-
-void print(const json& j, bool as_json, const std::string& table) {
-  if (as_json) std::puts(j.dump(2).c_str());
-  else std::fputs(table.c_str(), stdout);
-}
 
 json entry_json(const ckpt::Entry& e) {
   return {{"step", e.step}, {"path", e.path}, {"bytes", e.bytes}, {"partial", e.partial}, {"committed", e.committed},
@@ -80,7 +71,7 @@ int verify(const CkptArgs& a) {
     j["checkpoints"].push_back(entry_json(e));
     t.add_row({std::to_string(e.step), e.committed ? format_bytes(double(e.bytes)) : "-", status_of(e, true), e.problem});
   }
-  if (a.step && checked == 0) throw Exception(Error{ErrorKind::kUsage, fmt::format("{}: no checkpoint for step {}", a.dir, *a.step)});
+  if (a.step && checked == 0) usage_error(fmt::format("{}: no checkpoint for step {}", a.dir, *a.step));
   j["verdict"] = bad ? "fail" : "pass";
   std::string table = t.render() + fmt::format("{}: {} checkpoint(s) checked in {}\n", bad ? "FAILED" : "OK", checked, a.dir);
   print(j, a.json, table);
@@ -89,7 +80,7 @@ int verify(const CkptArgs& a) {
 
 int prune(const CkptArgs& a) {
   require_dir(a.dir);
-  if (a.keep_last < 1) throw Exception(Error{ErrorKind::kUsage, "--keep-last must be at least 1"});
+  if (a.keep_last < 1) usage_error("--keep-last must be at least 1");
   const auto removed = unwrap(ckpt::prune(a.dir, a.keep_last, a.keep_every));
   json j = {{"schema", "pacer.ckpt.prune/1"}, {"dir", a.dir}, {"removed", removed}};
   std::string text;
@@ -112,7 +103,7 @@ int inspect(const CkptArgs& a) {
       }
   }
   auto r = ckpt::Reader::open(step_dir);
-  if (!r) throw Exception(Error{ErrorKind::kUsage, r.error().message});
+  if (!r) usage_error(r.error().message);
   const auto& m = r->manifest();
   json j = ckpt::to_json(m);
   j["dir"] = step_dir;
@@ -136,8 +127,8 @@ int inspect(const CkptArgs& a) {
 int interval(const CkptArgs& a) {
   auto cost = parse_duration(a.save_cost);
   auto mtbf = parse_duration(a.mtbf);
-  if (!cost || *cost <= 0) throw Exception(Error{ErrorKind::kUsage, fmt::format("--save-cost '{}': expected a positive duration", a.save_cost)});
-  if (!mtbf || *mtbf <= 0) throw Exception(Error{ErrorKind::kUsage, fmt::format("--mtbf '{}': expected a positive duration", a.mtbf)});
+  if (!cost || *cost <= 0) usage_error(fmt::format("--save-cost '{}': expected a positive duration", a.save_cost));
+  if (!mtbf || *mtbf <= 0) usage_error(fmt::format("--mtbf '{}': expected a positive duration", a.mtbf));
   const double daly = ckpt::optimal_interval(*cost, *mtbf);
   const double young = ckpt::young_interval(*cost, *mtbf);
   json j = {{"schema", "pacer.ckpt.interval/1"}, {"save_cost_s", *cost}, {"mtbf_s", *mtbf}, {"interval_s", daly}, {"young_interval_s", young}};

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -193,5 +194,137 @@ class Loader {
   explicit Loader(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// ---------------------------------------------------------------------------
+// Shard sets: pack, inspect, verify (what `pacer shard` runs; docs/data.md)
+//
+// Each call blocks until it is done and prints nothing; progress goes to the
+// optional callback, always on the calling thread, so the callback needs no
+// locking. Problems with the input (a missing path, a malformed manifest) are
+// Errors; in verify_shards a bad shard is a finding in the report instead.
+
+// What pack_shards packs and where.
+struct PackOptions {
+  // A directory: its regular files, hidden ones (and the output directory)
+  // skipped, grouped into samples by key and sorted by key, then extension.
+  // A file: one sample per non-empty line, keyed by its line number (from 1,
+  // zero-padded to at least 9 digits); field "json" for .jsonl/.ndjson (every
+  // line must parse), "txt" otherwise.
+  std::string src;
+  std::string out;                           // created when missing
+  std::uint64_t target_bytes = 256'000'000;  // a shard closes before it would pass this; a sample is never split
+  std::string prefix = "train";              // shard names PREFIX-000000.tar, ...: no '/', not starting with '.'
+  int jobs = 1;                              // shards written in parallel, at least 1
+};
+
+// How far the writing has come; shards already complete on disk are not counted.
+struct PackProgress {
+  std::size_t shards_done = 0;
+  std::size_t shards_total = 0;
+  std::uint64_t bytes_done = 0;
+  std::uint64_t bytes_total = 0;
+  double elapsed_s = 0;  // since writing began
+};
+
+struct PackedShard {
+  std::string path;  // file name in `out`
+  std::uint64_t samples = 0;
+  std::uint64_t bytes = 0;  // the whole file, end-of-archive blocks included
+  std::uint64_t xxh3 = 0;   // XXH3-64 of the whole file
+  bool written = false;     // false: already complete on disk, left as it was
+};
+
+struct PackReport {
+  std::string src, out;      // as given
+  std::string manifest;      // path of OUT/manifest.json
+  std::string version;       // XXH3-64 of the shard checksums in order, 16 hex digits
+  std::uint64_t samples = 0;
+  std::uint64_t bytes = 0;
+  std::vector<PackedShard> shards;   // in order
+  std::vector<std::string> removed;  // file names of shards and indexes beyond this plan, deleted
+  bool manifest_changed = false;
+
+  std::size_t written() const;
+  std::size_t up_to_date() const { return shards.size() - written(); }
+};
+
+// Packs SRC into tar shards in OUT, each with its .pidx index, and writes
+// OUT/manifest.json (schema pacer.shards/1). A shard is a pure function of
+// its plan (member names, sizes, source mtimes, bytes), so the output does not
+// depend on `jobs`, and a rerun recognises complete shards by their header
+// blocks and writes only what is missing or changed: an interrupted pack is
+// resumed by calling it again. Each shard is written as .PREFIX-NNNNNN.tar.partial,
+// fsynced and renamed into place; the manifest is replaced atomically, and
+// only when its contents change. Leftover temporaries of PREFIX and
+// PREFIX-NNNNNN.tar(.pidx) files numbered beyond this plan are deleted.
+// Holds an exclusive lock (flock) on OUT throughout: a second pack into the
+// same directory fails with ErrorKind::kIo rather than interleaving.
+// `on_progress` is called about every 100 ms while shards are written (not at
+// all when every shard is up to date). Runs `jobs` threads of its own.
+Expected<PackReport> pack_shards(const PackOptions& options, const std::function<void(const PackProgress&)>& on_progress = {});
+// Schema pacer.shard.pack/1.
+nlohmann::json to_json(const PackReport& report);
+
+// Called before each shard is read: `index` counts from 0 up to `count` - 1.
+struct ShardStep {
+  std::size_t index = 0;
+  std::size_t count = 0;
+  std::string path;
+};
+
+struct InspectedShard {
+  std::string path;
+  std::uint64_t samples = 0;
+  std::uint64_t bytes = 0;
+  std::map<std::string, std::uint64_t> fields;  // extension -> samples that have it
+  std::string first_key, last_key;              // empty for a shard without samples
+};
+
+struct InspectReport {
+  std::string spec;
+  std::vector<InspectedShard> shards;
+  std::uint64_t samples = 0;
+  std::uint64_t bytes = 0;
+  std::map<std::string, std::uint64_t> fields;  // over all shards
+  std::vector<std::string> first_keys;          // the first five of the set
+};
+
+// Counts the samples and fields of the shards SPEC names (expand_shard_spec).
+// Reads each shard's index when present and valid, else scans the shard;
+// writes nothing. A shard that cannot be read is an error.
+Expected<InspectReport> inspect_shards(const std::string& spec, const std::function<void(const ShardStep&)>& on_shard = {});
+// Schema pacer.shard.inspect/1.
+nlohmann::json to_json(const InspectReport& report);
+
+struct VerifiedShard {
+  std::string path;
+  std::uint64_t samples = 0;  // found by the scan
+  std::uint64_t bytes = 0;
+  std::string xxh3;           // 16 hex digits, when the manifest asked for a checksum
+  std::string problem;        // empty when the shard passed
+  bool ok() const { return problem.empty(); }
+};
+
+struct VerifyReport {
+  std::string spec;
+  bool manifest = false;  // SPEC was a manifest
+  std::vector<VerifiedShard> shards;
+  std::vector<std::string> manifest_problems;  // version or sample total not matching its shards
+  std::uint64_t samples = 0;
+  // "PATH: problem" for each bad shard, then "SPEC: problem" for each manifest problem.
+  std::vector<std::string> failures;
+  bool ok() const { return failures.empty(); }
+};
+
+// Checks shards without changing them. With a manifest (SPEC ending in
+// .json, schema pacer.shards/1; shard paths relative to its directory and
+// inside it): every listed shard exists with the listed size, samples and
+// XXH3-64, and the manifest's version and total match its shards. Always:
+// each shard scans cleanly and its index matches the scan. Reads every byte
+// of every shard that has a checksum to check. A missing SPEC, a SPEC that
+// names no shard or a malformed manifest is an Error.
+Expected<VerifyReport> verify_shards(const std::string& spec, const std::function<void(const ShardStep&)>& on_shard = {});
+// Schema pacer.shard.verify/1.
+nlohmann::json to_json(const VerifyReport& report);
 
 }  // namespace pacer::data

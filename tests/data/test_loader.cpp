@@ -17,6 +17,7 @@
 
 #include <fmt/format.h>
 
+#include "data/raw_tar.hpp"
 #include "pacer/data.hpp"
 #include "test_util.hpp"
 
@@ -30,37 +31,7 @@ using test::TempDir;
 // ---------------------------------------------------------------------------
 // Helpers
 
-// A POSIX ustar archive written block by block.
-struct RawTar {
-  std::string bytes;
-
-  static void octal(char* p, std::size_t n, std::uint64_t v) {
-    const std::string s = fmt::format("{:0{}o}", v, n - 1);
-    std::memcpy(p, s.data(), n - 1);
-    p[n - 1] = '\0';
-  }
-  void add(const std::string& name, const std::string& data) {
-    std::string h(512, '\0');
-    std::memcpy(h.data(), name.data(), std::min<std::size_t>(name.size(), 100));
-    octal(h.data() + 100, 8, 0644);
-    octal(h.data() + 108, 8, 0);
-    octal(h.data() + 116, 8, 0);
-    octal(h.data() + 124, 12, data.size());
-    octal(h.data() + 136, 12, 1700000000);
-    h[156] = '0';
-    std::memcpy(h.data() + 257, "ustar\0" "00", 8);
-    std::memset(h.data() + 148, ' ', 8);
-    unsigned sum = 0;
-    for (char c : h) sum += static_cast<unsigned char>(c);
-    const std::string cs = fmt::format("{:06o}", sum);
-    std::memcpy(h.data() + 148, cs.data(), 6);
-    h[154] = '\0';
-    bytes += h + data;
-    bytes.append((512 - bytes.size() % 512) % 512, '\0');
-  }
-  std::string finish() const { return bytes + std::string(1024, '\0'); }
-};
-
+using test::RawTar;
 using Fields = std::vector<std::pair<std::string, std::string>>;
 
 // Shards of samples "NNNNNN" with a "txt" field of varying size and a "cls" field.
