@@ -102,6 +102,57 @@ class Dataset {
 };
 
 // ---------------------------------------------------------------------------
+// Token datasets: Megatron-Core indexed datasets (PREFIX.bin + PREFIX.idx,
+// the "MMIDIDX" layout), memory-mapped.
+//
+// PREFIX.idx: 9-byte header "MMIDIDX\0\0", u64 version 1, u8 dtype code
+// (1 uint8, 2 int8, 3 int16, 4 int32, 5 int64, 6 float64, 7 float32,
+// 8 uint16), u64 sequence count S, u64 document index count D, then int32
+// sequence lengths[S] (in elements), int64 sequence byte offsets[S] into
+// PREFIX.bin, int64 document indices[D] (sequence index boundaries, starting
+// at 0: document d is sequences [doc[d], doc[d+1])). Little-endian.
+class TokenDataset {
+ public:
+  // Maps both files; every length, offset and boundary is checked against
+  // the file sizes, so reads never leave the mapping. Errors name the file.
+  static Expected<std::shared_ptr<TokenDataset>> open(const std::string& prefix);
+  ~TokenDataset();
+  TokenDataset(const TokenDataset&) = delete;
+  TokenDataset& operator=(const TokenDataset&) = delete;
+
+  const std::string& dtype() const { return dtype_; }
+  std::size_t itemsize() const { return itemsize_; }
+  std::uint64_t sequences() const { return lengths_.size(); }
+  std::uint64_t documents() const { return doc_index_.empty() ? 0 : doc_index_.size() - 1; }
+  std::uint64_t tokens() const { return total_tokens_; }
+  std::uint64_t length(std::uint64_t seq) const { return static_cast<std::uint64_t>(lengths_.at(seq)); }
+  // The raw elements of a sequence, inside the mapping (valid while this lives).
+  const void* data(std::uint64_t seq) const;
+  // A sequence's tokens widened to int64 (float datasets are refused).
+  Expected<std::vector<std::int64_t>> read(std::uint64_t seq) const;
+  // Sequences [first, last) of document d.
+  std::pair<std::uint64_t, std::uint64_t> document(std::uint64_t d) const;
+
+ private:
+  TokenDataset() = default;
+  std::string prefix_;
+  std::string dtype_;
+  std::size_t itemsize_ = 0;
+  std::vector<std::int32_t> lengths_;
+  std::vector<std::int64_t> pointers_;
+  std::vector<std::int64_t> doc_index_;
+  std::uint64_t total_tokens_ = 0;
+  void* bin_ = nullptr;
+  std::size_t bin_size_ = 0;
+};
+
+// Writes a token dataset: one sequence per document, each a vector of token
+// ids, in `dtype` ("uint16" or "int32" as Megatron writes them; any integer
+// dtype above). Both files are replaced atomically.
+Status write_token_dataset(const std::string& prefix, const std::string& dtype,
+                           const std::vector<std::vector<std::int64_t>>& documents);
+
+// ---------------------------------------------------------------------------
 // Order: a seeded permutation of [0, n) computed per index (no table in
 // memory): a Feistel network on the next power of four, cycle-walking into
 // range. Same seed and epoch, same order; a new order each epoch.

@@ -1,0 +1,188 @@
+// Megatron-Core indexed datasets (.bin + .idx, "MMIDIDX"): memory-mapped reading and writing.
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <limits>
+
+#include "pacer/core/atomic_file.hpp"
+#include "pacer/data.hpp"
+
+namespace pacer::data {
+
+namespace {
+
+constexpr char kHeader[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', '\0', '\0'};
+
+struct DtypeInfo {
+  int code;
+  const char* name;
+  std::size_t size;
+  bool integer;
+};
+constexpr DtypeInfo kDtypes[] = {{1, "uint8", 1, true},    {2, "int8", 1, true},     {3, "int16", 2, true},
+                                 {4, "int32", 4, true},    {5, "int64", 8, true},    {6, "float64", 8, false},
+                                 {7, "float32", 4, false}, {8, "uint16", 2, true}};
+
+const DtypeInfo* by_code(int code) {
+  for (const auto& d : kDtypes)
+    if (d.code == code) return &d;
+  return nullptr;
+}
+const DtypeInfo* by_name(const std::string& name) {
+  for (const auto& d : kDtypes)
+    if (name == d.name) return &d;
+  return nullptr;
+}
+
+template <class T>
+void put(std::string& s, T v) {
+  s.append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+
+std::int64_t element(const void* base, std::size_t i, int code) {
+  const auto* p = static_cast<const unsigned char*>(base);
+  switch (code) {
+    case 1: return p[i];
+    case 2: return static_cast<std::int8_t>(p[i]);
+    case 3: { std::int16_t v; std::memcpy(&v, p + 2 * i, 2); return v; }
+    case 4: { std::int32_t v; std::memcpy(&v, p + 4 * i, 4); return v; }
+    case 5: { std::int64_t v; std::memcpy(&v, p + 8 * i, 8); return v; }
+    case 8: { std::uint16_t v; std::memcpy(&v, p + 2 * i, 2); return v; }
+    default: return 0;
+  }
+}
+
+}  // namespace
+
+TokenDataset::~TokenDataset() {
+  if (bin_) ::munmap(bin_, bin_size_);
+}
+
+Expected<std::shared_ptr<TokenDataset>> TokenDataset::open(const std::string& prefix) {
+  const std::string idx_path = prefix + ".idx";
+  const std::string bin_path = prefix + ".bin";
+  auto idx = read_file(idx_path);
+  if (!idx) return idx.error();
+  const std::string& b = *idx;
+  auto bad = [&](const std::string& why) { return Error{ErrorKind::kConfig, fmt::format("{}: {}", idx_path, why)}; };
+  std::size_t pos = 0;
+  auto take = [&](void* dst, std::size_t n) {
+    if (pos + n > b.size()) return false;
+    std::memcpy(dst, b.data() + pos, n);
+    pos += n;
+    return true;
+  };
+  char header[9];
+  if (!take(header, 9) || std::memcmp(header, kHeader, 9) != 0) return bad("not a Megatron indexed dataset (no MMIDIDX header)");
+  std::uint64_t version = 0, seqs = 0, docs = 0;
+  std::uint8_t code = 0;
+  if (!take(&version, 8) || !take(&code, 1) || !take(&seqs, 8) || !take(&docs, 8)) return bad("truncated header");
+  if (version != 1) return bad(fmt::format("version {} (pacer reads 1)", version));
+  const DtypeInfo* dt = by_code(code);
+  if (!dt) return bad(fmt::format("unknown dtype code {}", code));
+  const std::uint64_t need = seqs * 4 + seqs * 8 + docs * 8;
+  if (seqs > b.size() || docs > b.size() || b.size() - pos < need)
+    return bad(fmt::format("truncated: {} sequences and {} document indices need {} more bytes, the file has {}", seqs, docs, need, b.size() - pos));
+  std::shared_ptr<TokenDataset> ds(new TokenDataset());
+  ds->prefix_ = prefix;
+  ds->dtype_ = dt->name;
+  ds->itemsize_ = dt->size;
+  ds->lengths_.resize(seqs);
+  ds->pointers_.resize(seqs);
+  ds->doc_index_.resize(docs);
+  take(ds->lengths_.data(), seqs * 4);
+  take(ds->pointers_.data(), seqs * 8);
+  take(ds->doc_index_.data(), docs * 8);
+
+  const int fd = ::open(bin_path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Error{ErrorKind::kIo, fmt::format("{}: cannot open: {}", bin_path, std::strerror(errno))};
+  struct stat st {};
+  ::fstat(fd, &st);
+  ds->bin_size_ = static_cast<std::size_t>(st.st_size);
+  if (ds->bin_size_ > 0) {
+    void* m = ::mmap(nullptr, ds->bin_size_, PROT_READ, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) {
+      const int err = errno;
+      ::close(fd);
+      return Error{ErrorKind::kIo, fmt::format("{}: cannot map: {}", bin_path, std::strerror(err))};
+    }
+    ds->bin_ = m;
+  }
+  ::close(fd);
+  for (std::uint64_t i = 0; i < seqs; ++i) {
+    const auto len = ds->lengths_[i];
+    const auto ptr = ds->pointers_[i];
+    if (len < 0 || ptr < 0 || static_cast<std::uint64_t>(ptr) + static_cast<std::uint64_t>(len) * dt->size > ds->bin_size_)
+      return Error{ErrorKind::kConfig, fmt::format("{}: sequence {} ({} elements at byte {}) lies outside {} ({} bytes)", idx_path, i, len, ptr, bin_path, ds->bin_size_)};
+    ds->total_tokens_ += static_cast<std::uint64_t>(len);
+  }
+  for (std::uint64_t d = 0; d < docs; ++d) {
+    const auto v = ds->doc_index_[d];
+    if (v < 0 || static_cast<std::uint64_t>(v) > seqs || (d > 0 && v < ds->doc_index_[d - 1]))
+      return bad(fmt::format("document index {} is {}: not a sequence boundary in order", d, v));
+  }
+  return ds;
+}
+
+const void* TokenDataset::data(std::uint64_t seq) const {
+  return static_cast<const unsigned char*>(bin_) + pointers_.at(seq);
+}
+
+Expected<std::vector<std::int64_t>> TokenDataset::read(std::uint64_t seq) const {
+  if (seq >= sequences()) return Error{ErrorKind::kUsage, fmt::format("{}: sequence {} of {}", prefix_, seq, sequences())};
+  const DtypeInfo* dt = by_name(dtype_);
+  if (!dt->integer) return Error{ErrorKind::kUsage, fmt::format("{}: dtype {} holds no token ids", prefix_, dtype_)};
+  std::vector<std::int64_t> out(length(seq));
+  const void* p = data(seq);
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = element(p, i, dt->code);
+  return out;
+}
+
+std::pair<std::uint64_t, std::uint64_t> TokenDataset::document(std::uint64_t d) const {
+  return {static_cast<std::uint64_t>(doc_index_.at(d)), static_cast<std::uint64_t>(doc_index_.at(d + 1))};
+}
+
+Status write_token_dataset(const std::string& prefix, const std::string& dtype,
+                           const std::vector<std::vector<std::int64_t>>& documents) {
+  const DtypeInfo* dt = by_name(dtype);
+  if (!dt || !dt->integer) return Error{ErrorKind::kUsage, fmt::format("token dtype '{}' (uint8, int8, int16, uint16, int32, int64)", dtype)};
+  std::int64_t lo = 0, hi = 0;
+  switch (dt->code) {
+    case 1: lo = 0; hi = 255; break;
+    case 2: lo = -128; hi = 127; break;
+    case 3: lo = -32768; hi = 32767; break;
+    case 8: lo = 0; hi = 65535; break;
+    case 4: lo = std::numeric_limits<std::int32_t>::min(); hi = std::numeric_limits<std::int32_t>::max(); break;
+    default: lo = std::numeric_limits<std::int64_t>::min(); hi = std::numeric_limits<std::int64_t>::max();
+  }
+  std::string bin;
+  std::string idx(kHeader, 9);
+  put<std::uint64_t>(idx, 1);
+  put<std::uint8_t>(idx, static_cast<std::uint8_t>(dt->code));
+  put<std::uint64_t>(idx, documents.size());
+  put<std::uint64_t>(idx, documents.size() + 1);
+  std::vector<std::int64_t> pointers;
+  for (std::size_t d = 0; d < documents.size(); ++d) {
+    const auto& doc = documents[d];
+    if (doc.size() > static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max()))
+      return Error{ErrorKind::kUsage, fmt::format("document {} has too many tokens for the format", d)};
+    pointers.push_back(static_cast<std::int64_t>(bin.size()));
+    for (std::int64_t t : doc) {
+      if (t < lo || t > hi) return Error{ErrorKind::kUsage, fmt::format("document {}: token {} does not fit {}", d, t, dtype)};
+      const std::uint64_t u = static_cast<std::uint64_t>(t);
+      bin.append(reinterpret_cast<const char*>(&u), dt->size);  // little-endian low bytes
+    }
+  }
+  for (const auto& doc : documents) put<std::int32_t>(idx, static_cast<std::int32_t>(doc.size()));
+  for (auto p : pointers) put<std::int64_t>(idx, p);
+  for (std::size_t d = 0; d <= documents.size(); ++d) put<std::int64_t>(idx, static_cast<std::int64_t>(d));
+  if (Status st = write_file_atomic(prefix + ".bin", bin); !st) return st;
+  return write_file_atomic(prefix + ".idx", idx);
+}
+
+}  // namespace pacer::data

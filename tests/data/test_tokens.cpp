@@ -1,0 +1,114 @@
+// Megatron-Core indexed datasets: reading files laid out by hand, the writer, and bad input.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+
+#include "pacer/data.hpp"
+#include "test_util.hpp"
+
+namespace pacer::data {
+namespace {
+
+using test::contains;
+using test::TempDir;
+
+template <class T>
+void put(std::string& s, T v) {
+  s.append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+
+// An index written field by field from the Megatron layout, not by pacer's writer.
+std::string megatron_idx(std::uint8_t code, const std::vector<std::int32_t>& lengths, const std::vector<std::int64_t>& pointers,
+                         const std::vector<std::int64_t>& docs) {
+  std::string s("MMIDIDX\0\0", 9);
+  put<std::uint64_t>(s, 1);
+  put<std::uint8_t>(s, code);
+  put<std::uint64_t>(s, lengths.size());
+  put<std::uint64_t>(s, docs.size());
+  for (auto v : lengths) put(s, v);
+  for (auto v : pointers) put(s, v);
+  for (auto v : docs) put(s, v);
+  return s;
+}
+
+void write(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
+
+TEST(TokenDataset, ReadsTheMegatronLayout) {
+  TempDir dir("pacer-tokens-");
+  const std::string prefix = dir.path() + "/corpus_text_document";
+  std::string bin;
+  const std::vector<std::uint16_t> tokens = {10, 11, 12, 65535, 7, 8, 9, 1};
+  for (auto t : tokens) put(bin, t);
+  write(prefix + ".bin", bin);
+  // Three sequences (3, 1 and 4 tokens); documents {0} and {1, 2}.
+  write(prefix + ".idx", megatron_idx(8, {3, 1, 4}, {0, 6, 8}, {0, 1, 3}));
+  auto ds = TokenDataset::open(prefix);
+  ASSERT_TRUE(ds) << ds.error().message;
+  EXPECT_EQ((*ds)->dtype(), "uint16");
+  EXPECT_EQ((*ds)->sequences(), 3u);
+  EXPECT_EQ((*ds)->documents(), 2u);
+  EXPECT_EQ((*ds)->tokens(), 8u);
+  EXPECT_EQ((*ds)->read(0).value(), (std::vector<std::int64_t>{10, 11, 12}));
+  EXPECT_EQ((*ds)->read(1).value(), (std::vector<std::int64_t>{65535}));
+  EXPECT_EQ((*ds)->read(2).value(), (std::vector<std::int64_t>{7, 8, 9, 1}));
+  EXPECT_EQ((*ds)->document(1), (std::pair<std::uint64_t, std::uint64_t>{1, 3}));
+  EXPECT_FALSE((*ds)->read(3));
+}
+
+TEST(TokenDataset, WriterRoundTripsAndRefusesTokensThatDoNotFit) {
+  TempDir dir("pacer-tokens-");
+  const std::vector<std::vector<std::int64_t>> docs = {{1, 2, 3}, {}, {70000, 5}, {42}};
+  for (const char* dtype : {"int32", "int64"}) {
+    const std::string prefix = dir.path() + "/ds-" + dtype;
+    ASSERT_TRUE(write_token_dataset(prefix, dtype, docs));
+    auto ds = TokenDataset::open(prefix).value();
+    EXPECT_EQ(ds->dtype(), dtype);
+    ASSERT_EQ(ds->sequences(), docs.size());
+    ASSERT_EQ(ds->documents(), docs.size());
+    for (std::size_t i = 0; i < docs.size(); ++i) {
+      EXPECT_EQ(ds->read(i).value(), docs[i]) << dtype << " " << i;
+      EXPECT_EQ(ds->document(i), (std::pair<std::uint64_t, std::uint64_t>{i, i + 1}));
+    }
+  }
+  Status st = write_token_dataset(dir.path() + "/small", "uint16", docs);
+  ASSERT_FALSE(st);
+  EXPECT_TRUE(contains(st.error().message, "70000"));
+  EXPECT_FALSE(write_token_dataset(dir.path() + "/f", "float32", docs));
+}
+
+TEST(TokenDataset, BadInputNamesTheFile) {
+  TempDir dir("pacer-tokens-");
+  const std::string p = dir.path() + "/x";
+  std::string bin(16, '\1');
+  write(p + ".bin", bin);
+  struct Case {
+    std::string idx;
+    std::string needle;
+  };
+  std::string truncated = megatron_idx(4, {2, 2}, {0, 8}, {0, 2});
+  truncated.resize(truncated.size() - 4);
+  std::string bad_version = megatron_idx(4, {2}, {0}, {0, 1});
+  bad_version[9] = 2;
+  const std::vector<Case> cases = {
+      {"not an index at all", "MMIDIDX"},
+      {truncated, "truncated"},
+      {bad_version, "version 2"},
+      {megatron_idx(9, {2}, {0}, {0, 1}), "dtype code 9"},
+      {megatron_idx(4, {3}, {8}, {0, 1}), "outside"},       // 12 bytes from byte 8 of a 16-byte file
+      {megatron_idx(4, {1, 1}, {0, 4}, {0, 2, 1}), "not a sequence boundary"},
+  };
+  for (const auto& c : cases) {
+    write(p + ".idx", c.idx);
+    auto ds = TokenDataset::open(p);
+    ASSERT_FALSE(ds) << c.needle;
+    EXPECT_TRUE(contains(ds.error().message, p + ".idx")) << ds.error().message;
+    EXPECT_TRUE(contains(ds.error().message, c.needle)) << ds.error().message;
+  }
+  auto missing = TokenDataset::open(dir.path() + "/nothing");
+  ASSERT_FALSE(missing);
+  EXPECT_TRUE(contains(missing.error().message, "nothing.idx"));
+}
+
+}  // namespace
+}  // namespace pacer::data
