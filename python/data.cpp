@@ -1,6 +1,8 @@
 // Python face of the data loader: datasets and loaders, samples as bytes; no logic beyond translation.
 #include <pybind11/stl.h>
 
+#include <fmt/format.h>
+
 #include <optional>
 
 #include "bindings.hpp"
@@ -12,6 +14,8 @@ namespace pacer::python {
 namespace {
 
 using data::Dataset;
+using data::TokenDataset;
+using data::write_token_dataset;
 
 // Keys and extensions come from file names, which need not be UTF-8.
 py::str text(const std::string& s) {
@@ -152,6 +156,22 @@ void register_data(py::module_& m) {
         return sample_dict(**r);
       }, py::arg("i"));
 
+  py::class_<TokenDataset, std::shared_ptr<TokenDataset>>(m, "_TokenDataset", "A memory-mapped Megatron-Core indexed dataset")
+      .def(py::init([](const std::string& prefix) { return unwrap(TokenDataset::open(prefix)); }), py::arg("prefix"))
+      .def_property_readonly("dtype", &TokenDataset::dtype)
+      .def_property_readonly("documents", &TokenDataset::documents)
+      .def_property_readonly("tokens", &TokenDataset::tokens)
+      .def("__len__", &TokenDataset::sequences)
+      .def("document", &TokenDataset::document, py::arg("d"))
+      // A read-only view into the mapping; the array keeps the dataset alive.
+      .def("sequence_view", [](std::shared_ptr<TokenDataset> ds, std::uint64_t i) {
+        if (i >= ds->sequences()) throw Exception(Error{ErrorKind::kUsage, fmt::format("sequence {} of {}", i, ds->sequences())});
+        const auto n = static_cast<py::ssize_t>(ds->length(i) * ds->itemsize());
+        return py::memoryview::from_memory(const_cast<void*>(ds->data(i)), n, /*readonly=*/true);
+      }, py::keep_alive<0, 1>(), py::arg("i"));
+  m.def("_write_token_dataset", [](const std::string& prefix, const std::string& dtype,
+                                   const std::vector<std::vector<std::int64_t>>& docs) { unwrap(write_token_dataset(prefix, dtype, docs)); },
+        py::arg("prefix"), py::arg("dtype"), py::arg("documents"));
   m.def("_open_dataset", &open_spec, py::arg("spec"));
   m.def("_open_dataset", &open_list, py::arg("shards"));
 

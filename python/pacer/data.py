@@ -27,6 +27,7 @@ import json
 import operator
 import os
 
+from . import _pacer
 from ._pacer import Error, _Dataset, _Loader, _open_dataset
 
 __all__ = ["Dataset", "Error", "Loader", "open"]
@@ -83,10 +84,58 @@ class Dataset:
         return f"<pacer.data.Dataset: {len(self)} samples in {len(self._impl.shards)} shard(s)>"
 
 
+class TokenDataset:
+    """A Megatron-Core indexed dataset (PREFIX.bin + PREFIX.idx), memory-mapped.
+
+    ds[i] is sequence i as a read-only numpy array viewing the mapping (no copy);
+    ds.document(d) gives the range of sequences of document d.
+    """
+
+    def __init__(self, prefix):
+        self._impl = _pacer._TokenDataset(os.fsdecode(prefix))
+
+    def __len__(self):
+        return len(self._impl)
+
+    @property
+    def dtype(self):
+        return self._impl.dtype
+
+    @property
+    def documents(self):
+        return self._impl.documents
+
+    @property
+    def tokens(self):
+        return self._impl.tokens
+
+    def document(self, d):
+        return self._impl.document(d)
+
+    def __getitem__(self, i):
+        import numpy as np
+
+        if i < 0:
+            i += len(self)
+        return np.frombuffer(self._impl.sequence_view(i), dtype=np.dtype(self.dtype))
+
+    def __repr__(self):
+        return f"pacer.data.TokenDataset({len(self)} sequences, {self.documents} documents, {self.tokens} {self.dtype} tokens)"
+
+
+def write_tokens(prefix, documents, dtype="int32"):
+    """Writes documents (lists of token ids) as a Megatron-Core indexed dataset."""
+    _pacer._write_token_dataset(os.fsdecode(prefix), dtype, [list(map(int, d)) for d in documents])
+
+
 def open(spec):  # noqa: A001 - the module's front door, as in tarfile.open
-    """Opens shards: a path, "train-{000000..000099}.tar", a glob, a manifest.json, or a list of paths."""
+    """Opens shards: a path, "train-{000000..000099}.tar", a glob, a manifest.json, or a list of paths;
+    or a Megatron-Core dataset prefix (PREFIX.idx and PREFIX.bin exist)."""
     if isinstance(spec, (str, bytes, os.PathLike)):
-        return Dataset(_open_dataset(os.fsdecode(spec)))
+        path = os.fsdecode(spec)
+        if os.path.exists(path + ".idx") and os.path.exists(path + ".bin"):
+            return TokenDataset(path)
+        return Dataset(_open_dataset(path))
     return Dataset(_open_dataset([os.fsdecode(s) for s in spec]))
 
 

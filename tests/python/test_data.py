@@ -398,3 +398,51 @@ class LoaderTest(DataTestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class TokenData(unittest.TestCase):
+    """Megatron-Core .bin/.idx through pacer.data.open(prefix)."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory(prefix="pacer-tokens-")
+        self.prefix = os.path.join(self.tmp.name, "corpus_text_document")
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def write_by_hand(self, seqs, docs, dtype=np.uint16, code=8):
+        # The MMIDIDX layout, written here with struct and numpy, not by pacer.
+        import struct
+        arrays = [np.asarray(s, dtype=dtype) for s in seqs]
+        with open(self.prefix + ".bin", "wb") as f:
+            for a in arrays:
+                f.write(a.tobytes())
+        lengths = np.array([len(a) for a in arrays], dtype=np.int32)
+        pointers = np.concatenate([[0], np.cumsum([a.nbytes for a in arrays])[:-1]]).astype(np.int64)
+        with open(self.prefix + ".idx", "wb") as f:
+            f.write(b"MMIDIDX\x00\x00" + struct.pack("<Q", 1) + struct.pack("<B", code))
+            f.write(struct.pack("<Q", len(arrays)) + struct.pack("<Q", len(docs)))
+            f.write(lengths.tobytes() + pointers.tobytes() + np.asarray(docs, dtype=np.int64).tobytes())
+
+    def test_open_reads_megatron_layout(self):
+        seqs = [[5, 6, 7], [65535], [1, 2, 3, 4]]
+        self.write_by_hand(seqs, [0, 1, 3])
+        ds = pacer.data.open(self.prefix)
+        self.assertIsInstance(ds, pacer.data.TokenDataset)
+        self.assertEqual((len(ds), ds.documents, ds.tokens, ds.dtype), (3, 2, 8, "uint16"))
+        for i, s in enumerate(seqs):
+            np.testing.assert_array_equal(ds[i], np.array(s, dtype=np.uint16))
+        self.assertEqual(ds.document(1), (1, 3))
+        self.assertFalse(ds[0].flags.writeable)
+
+    def test_writer_round_trip_and_errors(self):
+        docs = [[1, 2, 3], [], [100000, 4]]
+        pacer.data.write_tokens(self.prefix, docs, dtype="int32")
+        ds = pacer.data.open(self.prefix)
+        self.assertEqual([list(ds[i]) for i in range(len(ds))], docs)
+        with self.assertRaisesRegex(pacer.Error, "100000"):
+            pacer.data.write_tokens(self.prefix + "-small", docs, dtype="uint16")
+        with open(self.prefix + ".idx", "r+b") as f:
+            f.write(b"NOTANIDX")
+        with self.assertRaisesRegex(pacer.Error, "MMIDIDX"):
+            pacer.data.open(self.prefix)
