@@ -146,6 +146,31 @@ class TokenDataset {
   std::size_t bin_size_ = 0;
 };
 
+// One packed training sequence: pieces of documents laid end to end.
+struct PackedSequence {
+  std::vector<std::int64_t> tokens;        // seq_len ids, the tail padded with pad_id
+  std::vector<std::int32_t> cu_seqlens;    // piece boundaries: 0, end of piece 1, ..., used length
+  std::vector<std::int32_t> position_ids;  // restart at 0 at every piece (for varlen attention)
+  std::vector<std::uint64_t> documents;    // the document of each piece
+};
+
+struct PackStats {
+  std::uint64_t sequences = 0;
+  std::uint64_t tokens = 0;        // real tokens
+  std::uint64_t padding = 0;       // pad tokens
+  double padding_fraction() const { return sequences ? double(padding) / double(padding + tokens) : 0; }
+};
+
+// Packs the documents of `order` (document ids, e.g. a shuffled epoch) into
+// sequences of seq_len tokens: within each window of `window` documents,
+// best-fit decreasing (longest piece first, into the open sequence it fills
+// most tightly). A document longer than seq_len is split into seq_len-long
+// pieces. Deterministic for the same inputs; every token of every document
+// appears exactly once, in document order within a piece.
+Expected<std::vector<PackedSequence>> pack_documents(const TokenDataset& ds, const std::vector<std::uint64_t>& order,
+                                                     std::uint64_t seq_len, std::uint64_t window, std::int64_t pad_id,
+                                                     PackStats* stats = nullptr);
+
 // Writes a token dataset: one sequence per document, each a vector of token
 // ids, in `dtype` ("uint16" or "int32" as Megatron writes them; any integer
 // dtype above). Both files are replaced atomically.

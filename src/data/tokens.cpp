@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <algorithm>
 #include <limits>
 
 #include "pacer/core/atomic_file.hpp"
@@ -183,6 +184,73 @@ Status write_token_dataset(const std::string& prefix, const std::string& dtype,
   for (std::size_t d = 0; d <= documents.size(); ++d) put<std::int64_t>(idx, static_cast<std::int64_t>(d));
   if (Status st = write_file_atomic(prefix + ".bin", bin); !st) return st;
   return write_file_atomic(prefix + ".idx", idx);
+}
+
+}  // namespace pacer::data
+
+namespace pacer::data {
+
+Expected<std::vector<PackedSequence>> pack_documents(const TokenDataset& ds, const std::vector<std::uint64_t>& order,
+                                                     std::uint64_t seq_len, std::uint64_t window, std::int64_t pad_id,
+                                                     PackStats* stats) {
+  if (seq_len == 0) return Error{ErrorKind::kUsage, "seq_len must be positive"};
+  if (seq_len > static_cast<std::uint64_t>(std::numeric_limits<std::int32_t>::max()))
+    return Error{ErrorKind::kUsage, "seq_len too large"};
+  if (window == 0) window = 1;
+  struct Piece {
+    std::uint64_t doc;
+    std::vector<std::int64_t> tokens;
+    std::size_t rank;  // position in the window, for a stable order among equal lengths
+  };
+  std::vector<PackedSequence> out;
+  PackStats st;
+  for (std::size_t w = 0; w < order.size(); w += window) {
+    std::vector<Piece> pieces;
+    for (std::size_t k = w; k < std::min<std::size_t>(order.size(), w + window); ++k) {
+      const std::uint64_t d = order[k];
+      if (d >= ds.documents()) return Error{ErrorKind::kUsage, fmt::format("document {} of {}", d, ds.documents())};
+      std::vector<std::int64_t> doc;
+      auto [first, last] = ds.document(d);
+      for (std::uint64_t q = first; q < last; ++q) {
+        auto toks = ds.read(q);
+        if (!toks) return toks.error();
+        doc.insert(doc.end(), toks->begin(), toks->end());
+      }
+      for (std::size_t off = 0; off < doc.size(); off += seq_len) {
+        const std::size_t end = std::min<std::size_t>(doc.size(), off + seq_len);
+        pieces.push_back({d, std::vector<std::int64_t>(doc.begin() + static_cast<long>(off), doc.begin() + static_cast<long>(end)), pieces.size()});
+      }
+    }
+    std::stable_sort(pieces.begin(), pieces.end(), [](const Piece& a, const Piece& b) { return a.tokens.size() > b.tokens.size(); });
+    const std::size_t first_bin = out.size();
+    std::vector<std::uint64_t> free;  // remaining room of this window's sequences
+    for (auto& p : pieces) {
+      const std::uint64_t n = p.tokens.size();
+      std::size_t best = free.size();
+      for (std::size_t b = 0; b < free.size(); ++b)
+        if (free[b] >= n && (best == free.size() || free[b] < free[best])) best = b;
+      if (best == free.size()) {
+        out.emplace_back();
+        out.back().cu_seqlens.push_back(0);
+        free.push_back(seq_len);
+      }
+      PackedSequence& s = out[first_bin + best];
+      for (std::uint64_t i = 0; i < n; ++i) s.position_ids.push_back(static_cast<std::int32_t>(i));
+      s.tokens.insert(s.tokens.end(), p.tokens.begin(), p.tokens.end());
+      s.cu_seqlens.push_back(static_cast<std::int32_t>(s.tokens.size()));
+      s.documents.push_back(p.doc);
+      free[best] -= n;
+      st.tokens += n;
+    }
+  }
+  for (auto& s : out) {
+    st.padding += seq_len - s.tokens.size();
+    while (s.position_ids.size() < seq_len) s.position_ids.push_back(0);
+    s.tokens.resize(seq_len, pad_id);
+  }
+  st.sequences = out.size();
+  if (stats) *stats = st;
+  return out;
 }
 
 }  // namespace pacer::data

@@ -3,6 +3,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <map>
 
 #include "pacer/data.hpp"
 #include "test_util.hpp"
@@ -108,6 +109,67 @@ TEST(TokenDataset, BadInputNamesTheFile) {
   auto missing = TokenDataset::open(dir.path() + "/nothing");
   ASSERT_FALSE(missing);
   EXPECT_TRUE(contains(missing.error().message, "nothing.idx"));
+}
+
+}  // namespace
+}  // namespace pacer::data
+
+namespace pacer::data {
+namespace {
+
+TEST(SequencePacking, EveryTokenOnceWithinBoundsAndDeterministic) {
+  test::TempDir dir("pacer-pack-");
+  std::vector<std::vector<std::int64_t>> docs;
+  std::uint64_t total = 0;
+  for (int d = 0; d < 40; ++d) {
+    std::vector<std::int64_t> doc;
+    const int len = 1 + (d * 37) % 23 + (d % 7 == 0 ? 40 : 0);  // some longer than seq_len
+    for (int i = 0; i < len; ++i) doc.push_back(1000 * d + i);
+    total += doc.size();
+    docs.push_back(doc);
+  }
+  const std::string prefix = dir.path() + "/docs";
+  ASSERT_TRUE(write_token_dataset(prefix, "int32", docs));
+  auto ds = TokenDataset::open(prefix).value();
+  std::vector<std::uint64_t> order(docs.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = (i * 17) % docs.size();  // a permutation
+  const std::uint64_t seq_len = 32;
+  PackStats stats;
+  auto packed = pack_documents(*ds, order, seq_len, 8, -1, &stats).value();
+
+  std::map<std::int64_t, int> seen;
+  for (const auto& s : packed) {
+    ASSERT_EQ(s.tokens.size(), seq_len);
+    ASSERT_EQ(s.position_ids.size(), seq_len);
+    ASSERT_EQ(s.cu_seqlens.front(), 0);
+    ASSERT_EQ(s.cu_seqlens.size(), s.documents.size() + 1);
+    for (std::size_t p = 0; p + 1 < s.cu_seqlens.size(); ++p) {
+      const auto lo = s.cu_seqlens[p], hi = s.cu_seqlens[p + 1];
+      ASSERT_LT(lo, hi);
+      for (auto i = lo; i < hi; ++i) {
+        EXPECT_EQ(s.position_ids[static_cast<std::size_t>(i)], i - lo);
+        const std::int64_t t = s.tokens[static_cast<std::size_t>(i)];
+        EXPECT_EQ(static_cast<std::uint64_t>(t / 1000), s.documents[p]) << "a piece holds one document";
+        if (i > lo) {
+          EXPECT_EQ(t, s.tokens[static_cast<std::size_t>(i - 1)] + 1) << "document order kept inside a piece";
+        }
+        ++seen[t];
+      }
+    }
+    for (std::size_t i = static_cast<std::size_t>(s.cu_seqlens.back()); i < seq_len; ++i) EXPECT_EQ(s.tokens[i], -1);
+  }
+  EXPECT_EQ(seen.size(), total);
+  for (const auto& [t, n] : seen) EXPECT_EQ(n, 1) << "token " << t;
+  EXPECT_EQ(stats.tokens, total);
+  EXPECT_EQ(stats.sequences, packed.size());
+  EXPECT_EQ(stats.padding, packed.size() * seq_len - total);
+  EXPECT_LT(stats.padding_fraction(), 0.2) << "best-fit should pack tightly";
+
+  auto again = pack_documents(*ds, order, seq_len, 8, -1).value();
+  ASSERT_EQ(again.size(), packed.size());
+  for (std::size_t i = 0; i < packed.size(); ++i) EXPECT_EQ(again[i].tokens, packed[i].tokens);
+  EXPECT_FALSE(pack_documents(*ds, {999}, seq_len, 8, -1));
+  EXPECT_FALSE(pack_documents(*ds, order, 0, 8, -1));
 }
 
 }  // namespace
