@@ -23,6 +23,7 @@ struct ShardArgs {
   int jobs = 1;
   std::vector<std::string> shards;
   std::string spec;
+  std::string vocab, field = "text";
   bool json = false;
 };
 
@@ -128,12 +129,25 @@ int verify(const ShardArgs& a) {
   return r.ok() ? 0 : 1;
 }
 
+int tokenize(const ShardArgs& a) {
+  const auto vocab = a.vocab.empty() ? data::Vocabulary::bytes_only() : unwrap(data::Vocabulary::load(a.vocab));
+  const auto r = unwrap(data::tokenize_file(a.src, a.out, vocab, a.field));
+  nlohmann::json j = {{"schema", "pacer.shard.tokenize/1"}, {"input", a.src}, {"prefix", a.out},
+                      {"vocabulary", a.vocab.empty() ? nlohmann::json(nullptr) : nlohmann::json(a.vocab)},
+                      {"vocabulary_size", vocab.size()}, {"documents", r.documents}, {"tokens", r.tokens},
+                      {"bytes", r.bytes}, {"fallback_bytes", r.fallback_bytes}, {"dtype", r.dtype}};
+  print(j, a.json,
+        fmt::format("OK: {} documents, {} {} tokens ({} bytes of text, {} by byte fallback) in {}.bin/.idx\n", r.documents,
+                    r.tokens, r.dtype, r.bytes, r.fallback_bytes, a.out));
+  return 0;
+}
+
 }  // namespace
 
 Handler register_shard(CLI::App& app) {
   auto args = std::make_shared<ShardArgs>();
   auto handler = std::make_shared<Handler>();
-  CLI::App* cmd = app.add_subcommand("shard", "Pack, index, inspect and verify data shards");
+  CLI::App* cmd = app.add_subcommand("shard", "Pack, index, inspect, verify and tokenize data shards");
   cmd->require_subcommand(1);
   cmd->footer(
       "SPEC: a shard, a brace range (train-{000000..000099}.tar), a glob or a manifest.json.\n"
@@ -162,6 +176,13 @@ Handler register_shard(CLI::App& app) {
   CLI::App* v = cmd->add_subcommand("verify", "Check checksums (manifest) and that each index matches a fresh scan; exit 1 naming the bad shard");
   v->add_option("spec", args->spec, "A manifest.json, or shards: a path, brace range or glob")->required();
   bind(v, verify);
+
+  CLI::App* tk = cmd->add_subcommand("tokenize", "Text or JSONL to a Megatron-Core token dataset (PREFIX.bin/.idx)");
+  tk->add_option("input", args->src, "Text file (a document per line) or .jsonl (its 'text' field)")->required();
+  tk->add_option("prefix", args->out, "Output prefix: writes PREFIX.bin and PREFIX.idx")->required();
+  tk->add_option("--vocab", args->vocab, "Vocabulary: a token per line, id = line number (default: bytes only)");
+  tk->add_option("--field", args->field, "JSONL field holding the text")->capture_default_str();
+  bind(tk, tokenize);
 
   return [handler] { return *handler ? (*handler)() : static_cast<int>(ExitCode::kUsage); };
 }

@@ -7,6 +7,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -170,6 +172,41 @@ struct PackStats {
 Expected<std::vector<PackedSequence>> pack_documents(const TokenDataset& ds, const std::vector<std::uint64_t>& order,
                                                      std::uint64_t seq_len, std::uint64_t window, std::int64_t pad_id,
                                                      PackStats* stats = nullptr);
+
+// A vocabulary for `pacer shard tokenize`: one token per line of a text file,
+// its id the line number (from 0). Encoding is greedy longest match over the
+// bytes; a byte no token covers becomes id size() + byte (byte-level
+// fallback), so any text encodes and decodes losslessly. Without a file the
+// vocabulary is empty and every byte is its own id (0..255).
+class Vocabulary {
+ public:
+  static Expected<Vocabulary> load(const std::string& path);
+  static Vocabulary bytes_only() { return Vocabulary(); }
+  std::size_t size() const { return tokens_.size(); }
+  // Ids run up to size() + 255.
+  std::uint64_t id_limit() const { return tokens_.size() + 256; }
+  std::vector<std::int64_t> encode(std::string_view text) const;
+  std::string decode(const std::vector<std::int64_t>& ids) const;
+
+ private:
+  std::vector<std::string> tokens_;
+  std::unordered_map<std::string, std::int64_t> ids_;
+  std::size_t max_len_ = 0;
+};
+
+struct TokenizeReport {
+  std::uint64_t documents = 0;
+  std::uint64_t tokens = 0;
+  std::uint64_t bytes = 0;    // of text read
+  std::string dtype;
+  std::uint64_t fallback_bytes = 0;  // bytes no vocabulary token covered
+};
+// Tokenizes a text file (one document per non-empty line) or a JSONL file
+// (the string field `field` of each line) into PREFIX.bin/.idx. The dtype
+// is uint16 when every id fits, else int32. A malformed JSONL line is an
+// error naming file:line.
+Expected<TokenizeReport> tokenize_file(const std::string& input, const std::string& prefix, const Vocabulary& vocab,
+                                       const std::string& field = "text");
 
 // Writes a token dataset: one sequence per document, each a vector of token
 // ids, in `dtype` ("uint16" or "int32" as Megatron writes them; any integer

@@ -254,3 +254,98 @@ Expected<std::vector<PackedSequence>> pack_documents(const TokenDataset& ds, con
 }
 
 }  // namespace pacer::data
+
+namespace pacer::data {
+
+Expected<Vocabulary> Vocabulary::load(const std::string& path) {
+  auto text = read_file(path);
+  if (!text) return text.error();
+  Vocabulary v;
+  std::size_t pos = 0;
+  std::size_t line = 0;
+  while (pos < text->size()) {
+    std::size_t end = text->find('\n', pos);
+    if (end == std::string::npos) end = text->size();
+    std::string tok = text->substr(pos, end - pos);
+    if (!tok.empty() && tok.back() == '\r') tok.pop_back();
+    ++line;
+    pos = end + 1;
+    if (tok.empty()) return Error{ErrorKind::kConfig, fmt::format("{}:{}: empty token", path, line)};
+    if (!v.ids_.emplace(tok, static_cast<std::int64_t>(v.tokens_.size())).second)
+      return Error{ErrorKind::kConfig, fmt::format("{}:{}: token '{}' appears twice", path, line, tok)};
+    v.max_len_ = std::max(v.max_len_, tok.size());
+    v.tokens_.push_back(std::move(tok));
+  }
+  return v;
+}
+
+std::vector<std::int64_t> Vocabulary::encode(std::string_view text) const {
+  std::vector<std::int64_t> out;
+  std::size_t i = 0;
+  while (i < text.size()) {
+    std::size_t n = std::min(max_len_, text.size() - i);
+    for (; n > 0; --n) {
+      auto it = ids_.find(std::string(text.substr(i, n)));
+      if (it != ids_.end()) {
+        out.push_back(it->second);
+        break;
+      }
+    }
+    if (n == 0) {
+      out.push_back(static_cast<std::int64_t>(tokens_.size()) + static_cast<unsigned char>(text[i]));
+      n = 1;
+    }
+    i += n;
+  }
+  return out;
+}
+
+std::string Vocabulary::decode(const std::vector<std::int64_t>& ids) const {
+  std::string out;
+  for (auto id : ids) {
+    if (id >= 0 && static_cast<std::size_t>(id) < tokens_.size()) out += tokens_[static_cast<std::size_t>(id)];
+    else out.push_back(static_cast<char>(id - static_cast<std::int64_t>(tokens_.size())));
+  }
+  return out;
+}
+
+Expected<TokenizeReport> tokenize_file(const std::string& input, const std::string& prefix, const Vocabulary& vocab,
+                                       const std::string& field) {
+  auto text = read_file(input);
+  if (!text) return text.error();
+  const bool jsonl = input.ends_with(".jsonl") || input.ends_with(".json");
+  TokenizeReport r;
+  r.bytes = text->size();
+  std::vector<std::vector<std::int64_t>> docs;
+  std::size_t pos = 0;
+  std::size_t line = 0;
+  const auto fallback_base = static_cast<std::int64_t>(vocab.size());
+  while (pos < text->size()) {
+    std::size_t end = text->find('\n', pos);
+    if (end == std::string::npos) end = text->size();
+    std::string_view l(text->data() + pos, end - pos);
+    pos = end + 1;
+    ++line;
+    if (!l.empty() && l.back() == '\r') l.remove_suffix(1);
+    if (l.empty()) continue;
+    std::string doc;
+    if (jsonl) {
+      auto j = nlohmann::json::parse(l, nullptr, false);
+      if (j.is_discarded() || !j.is_object() || !j.contains(field) || !j[field].is_string())
+        return Error{ErrorKind::kConfig, fmt::format("{}:{}: not a JSON object with a string field '{}'", input, line, field)};
+      doc = j[field].get<std::string>();
+    } else {
+      doc = std::string(l);
+    }
+    docs.push_back(vocab.encode(doc));
+    for (auto id : docs.back())
+      if (id >= fallback_base) ++r.fallback_bytes;
+    r.tokens += docs.back().size();
+  }
+  r.documents = docs.size();
+  r.dtype = vocab.id_limit() <= 65536 ? "uint16" : "int32";
+  if (Status st = write_token_dataset(prefix, r.dtype, docs); !st) return st.error();
+  return r;
+}
+
+}  // namespace pacer::data

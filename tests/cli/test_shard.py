@@ -569,3 +569,41 @@ class ShardCli(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class TokenizeCli(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory(prefix="pacer-tokenize-")
+        self.dir = self.tmp.name
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def test_tokenize_text_and_jsonl(self):
+        vocab = os.path.join(self.dir, "vocab.txt")
+        with open(vocab, "w") as f:
+            f.write("hello\nworld\n \n")
+        text = os.path.join(self.dir, "docs.txt")
+        with open(text, "w") as f:
+            f.write("hello world\n\nworld hello!\n")
+        prefix = os.path.join(self.dir, "corpus")
+        r = pacer("shard", "tokenize", text, prefix, "--vocab", vocab, "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        j = json.loads(r.stdout)
+        self.assertEqual((j["documents"], j["tokens"], j["fallback_bytes"], j["dtype"]), (2, 7, 1, "uint16"))
+        with open(prefix + ".idx", "rb") as f:
+            self.assertEqual(f.read(9), b"MMIDIDX\x00\x00")
+        self.assertEqual(os.path.getsize(prefix + ".bin"), 7 * 2)
+
+        jsonl = os.path.join(self.dir, "docs.jsonl")
+        with open(jsonl, "w") as f:
+            f.write('{"body": "hello"}\n{"body": "world"}\n')
+        r = pacer("shard", "tokenize", jsonl, prefix + "2", "--field", "body", "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(json.loads(r.stdout)["documents"], 2)
+        r = pacer("shard", "tokenize", jsonl, prefix + "3")  # no "text" field
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("docs.jsonl:1", r.stderr)
+        r = pacer("shard", "tokenize", os.path.join(self.dir, "missing.txt"), prefix + "4")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("missing.txt", r.stderr)

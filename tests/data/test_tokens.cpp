@@ -174,3 +174,48 @@ TEST(SequencePacking, EveryTokenOnceWithinBoundsAndDeterministic) {
 
 }  // namespace
 }  // namespace pacer::data
+
+namespace pacer::data {
+namespace {
+
+TEST(Tokenize, GreedyLongestMatchWithByteFallbackIsLossless) {
+  test::TempDir dir("pacer-tok-");
+  const std::string vocab_path = dir.file("vocab.txt", "the\nth\n \ncat\nc\n");
+  auto vocab = Vocabulary::load(vocab_path).value();
+  EXPECT_EQ(vocab.size(), 5u);
+  const auto ids = vocab.encode("the cat thé");
+  // "the" " " "cat" " " "th" then the two UTF-8 bytes of é by fallback.
+  EXPECT_EQ(ids, (std::vector<std::int64_t>{0, 2, 3, 2, 1, 5 + 0xC3, 5 + 0xA9}));
+  EXPECT_EQ(vocab.decode(ids), "the cat thé");
+  EXPECT_EQ(Vocabulary::bytes_only().encode("ab"), (std::vector<std::int64_t>{'a', 'b'}));
+
+  auto dup = Vocabulary::load(dir.file("dup.txt", "a\nb\na\n"));
+  ASSERT_FALSE(dup);
+  EXPECT_TRUE(test::contains(dup.error().message, "dup.txt:3"));
+}
+
+TEST(Tokenize, FilesBecomeTokenDatasets) {
+  test::TempDir dir("pacer-tok-");
+  auto vocab = Vocabulary::load(dir.file("vocab.txt", "hello\nworld\n")).value();
+  const std::string text = dir.file("docs.txt", "hello world\n\nworld\r\nhi\n");
+  auto r = tokenize_file(text, dir.path() + "/txt", vocab).value();
+  EXPECT_EQ(r.documents, 3u);  // the blank line is not a document
+  EXPECT_EQ(r.dtype, "uint16");
+  auto ds = TokenDataset::open(dir.path() + "/txt").value();
+  ASSERT_EQ(ds->documents(), 3u);
+  EXPECT_EQ(vocab.decode(ds->read(0).value()), "hello world");
+  EXPECT_EQ(vocab.decode(ds->read(1).value()), "world");
+  EXPECT_EQ(vocab.decode(ds->read(2).value()), "hi");
+  EXPECT_EQ(r.fallback_bytes, 1u + 2u);  // " " in doc 0, "hi" in doc 2
+
+  const std::string jsonl = dir.file("docs.jsonl", "{\"text\": \"hello\"}\n{\"text\": \"world hello\"}\n");
+  auto j = tokenize_file(jsonl, dir.path() + "/js", vocab).value();
+  EXPECT_EQ(j.documents, 2u);
+  const std::string bad = dir.file("bad.jsonl", "{\"text\": \"ok\"}\n{\"body\": 1}\n");
+  auto e = tokenize_file(bad, dir.path() + "/bad", vocab);
+  ASSERT_FALSE(e);
+  EXPECT_TRUE(test::contains(e.error().message, "bad.jsonl:2"));
+}
+
+}  // namespace
+}  // namespace pacer::data
