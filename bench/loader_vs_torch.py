@@ -1,0 +1,155 @@
+"""pacer.data.Loader against PyTorch's DataLoader and `cat` on the same tar shards.
+
+Usage: PYTHONPATH=build/python /usr/bin/python3 bench/loader_vs_torch.py [--samples N] [--size BYTES] [--rounds R]
+Writes bench/results/loader_vs_torch-DATE.{json,md}. Shards live in a scratch
+directory under the repository and are removed at the end. The page cache is
+warmed first: this measures the loaders, not the disk.
+"""
+import argparse
+import datetime
+import io
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import tarfile
+import tempfile
+import time
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+import pacer
+import pacer.data
+
+
+def make_shards(root, samples, size, per_shard):
+    rng = np.random.default_rng(0)
+    paths = []
+    for s in range(0, samples, per_shard):
+        path = os.path.join(root, f"bench-{s // per_shard:06d}.tar")
+        with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+            for i in range(s, min(samples, s + per_shard)):
+                data = rng.integers(0, 256, size, dtype=np.uint8).tobytes()  # never zeros
+                info = tarfile.TarInfo(f"{i:08d}.bin")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        paths.append(path)
+    return paths
+
+
+class TarSamples(Dataset):
+    """The plain tar-reading Dataset a PyTorch user would write: an index of
+    member offsets built once with tarfile, then one open + seek + read per sample."""
+
+    def __init__(self, paths):
+        self.items = []
+        for p in paths:
+            with tarfile.open(p) as tar:
+                for m in tar.getmembers():
+                    if m.isfile():
+                        self.items.append((p, m.offset_data, m.size))
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        path, off, size = self.items[i]
+        with open(path, "rb") as f:
+            f.seek(off)
+            return f.read(size)
+
+
+def time_cat(paths):
+    t0 = time.perf_counter()
+    subprocess.run(["cat", *paths], stdout=subprocess.DEVNULL, check=True)
+    return time.perf_counter() - t0
+
+
+def time_pacer(spec, batch):
+    ds = pacer.data.open(spec)
+    loader = pacer.data.Loader(ds, batch_size=batch, seed=0, shuffle=True, threads=2, decode=False)
+    t0 = time.perf_counter()
+    n = 0
+    for b in loader:
+        n += len(b["__key__"])
+    return time.perf_counter() - t0, n
+
+
+def time_torch(dataset, batch, workers):
+    dl = DataLoader(dataset, batch_size=batch, shuffle=True, num_workers=workers, collate_fn=list)
+    t0 = time.perf_counter()
+    n = 0
+    for b in dl:
+        n += len(b)
+    return time.perf_counter() - t0, n
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--samples", type=int, default=20000)
+    ap.add_argument("--size", type=int, default=10 * 1024)
+    ap.add_argument("--per-shard", type=int, default=1000)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    scratch = tempfile.mkdtemp(prefix=".loader-bench-", dir=repo)
+    try:
+        paths = make_shards(scratch, args.samples, args.size, args.per_shard)
+        spec = os.path.join(scratch, "bench-{%06d..%06d}.tar" % (0, len(paths) - 1))
+        pacer.data.open(spec)  # builds the indexes once, outside the timing
+        torch_ds = TarSamples(paths)
+        time_cat(paths)  # warm the page cache
+        total_bytes = sum(os.path.getsize(p) for p in paths)
+        rows = {"cat": [], "pacer": []}
+        for w in (0, 1, 2):
+            rows[f"torch_workers_{w}"] = []
+        for r in range(args.rounds):
+            rows["cat"].append(time_cat(paths))
+            t, n = time_pacer(spec, args.batch)
+            assert n == args.samples, n
+            rows["pacer"].append(t)
+            for w in (0, 1, 2):
+                t, n = time_torch(torch_ds, args.batch, w)
+                assert n == args.samples, n
+                rows[f"torch_workers_{w}"].append(t)
+            print(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in rows.items()), flush=True)
+        med = {k: statistics.median(v) for k, v in rows.items()}
+        sps = {k: args.samples / v for k, v in med.items()}
+        best_torch = max((k for k in sps if k.startswith("torch")), key=lambda k: sps[k])
+        result = {
+            "schema": "pacer.bench.loader/1",
+            "date": datetime.date.today().isoformat(),
+            "machine": {"host": platform.node(), "cpus": os.cpu_count(), "kernel": platform.release(),
+                        "torch": torch.__version__, "pacer": pacer.__version__},
+            "samples": args.samples, "sample_bytes": args.size, "shards": len(paths), "batch": args.batch,
+            "shard_bytes": total_bytes, "rounds": rows, "median_s": med, "samples_per_s": sps,
+            "best_torch": best_torch,
+            "pacer_vs_cat": sps["pacer"] / sps["cat"],
+            "pacer_vs_best_torch": sps["pacer"] / sps[best_torch],
+        }
+        out = os.path.join(repo, "bench", "results", f"loader_vs_torch-{result['date']}")
+        with open(out + ".json", "w") as f:
+            json.dump(result, f, indent=2)
+        md = [f"# pacer.data.Loader vs PyTorch DataLoader and cat, {result['date']}", "",
+              f"Machine: `{platform.node()}`, {os.cpu_count()} CPUs, kernel {platform.release()}; torch {torch.__version__}. "
+              f"{args.samples} samples of {args.size} random bytes in {len(paths)} tar shards, batch {args.batch}, "
+              f"shuffled, page cache warm, {args.rounds} rounds, medians. `PYTHONPATH=build/python /usr/bin/python3 bench/loader_vs_torch.py`.",
+              "", "| reader | seconds | samples/s | MB/s |", "|---|---:|---:|---:|"]
+        for k in rows:
+            md.append(f"| {k} | {med[k]:.3f} | {sps[k]:,.0f} | {total_bytes / med[k] / 1e6:,.0f} |")
+        md += ["", f"pacer / cat = {result['pacer_vs_cat']:.2f} (target >= 0.80); pacer / best DataLoader ({best_torch}) = "
+               f"{result['pacer_vs_best_torch']:.2f} (target >= 3)."]
+        with open(out + ".md", "w") as f:
+            f.write("\n".join(md) + "\n")
+        print("\n".join(md))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
