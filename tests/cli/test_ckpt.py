@@ -12,7 +12,8 @@ import subprocess
 import tempfile
 import unittest
 
-PACER = os.environ.get("PACER_BIN", os.path.join(os.path.dirname(__file__), "../../build/bin/pacer"))
+from cli_util import PACER, flip_byte, pacer
+
 PYTHON = os.environ.get("PACER_PYTHON", "/usr/bin/python3")
 PYTHONPATH = os.environ.get("PACER_PYTHONPATH",
                             os.path.join(os.path.dirname(os.path.abspath(PACER)), os.pardir, "python"))
@@ -37,20 +38,10 @@ for s in spec["steps"]:
 """
 
 
-def pacer(*args, timeout=120):
-    return subprocess.run([PACER, *args], capture_output=True, text=True, timeout=timeout)
-
 
 def step_dir(root, step):
     return os.path.join(root, f"step-{step:012d}")
 
-
-def flip_byte(path, offset):
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        b = f.read(1)
-        f.seek(offset)
-        f.write(bytes([b[0] ^ 0xFF]))
 
 
 class CkptCli(unittest.TestCase):

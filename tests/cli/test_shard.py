@@ -13,22 +13,13 @@ import tempfile
 import time
 import unittest
 
-PACER = os.environ.get("PACER_BIN", os.path.join(os.path.dirname(__file__), "../../build/bin/pacer"))
+from cli_util import PACER, flip_byte, pacer
+
 TARGET = 64000  # --target-size 64KB (SI)
 LONG_PAX = "nested/" + "x" * 120                 # 127-byte key: needs a pax path record
 LONG_PREFIX = "d" * 60 + "/" + "e" * 60 + "/s"   # fits ustar's prefix + name fields
 
 
-def pacer(*args, timeout=120):
-    return subprocess.run([PACER, *args], capture_output=True, text=True, timeout=timeout)
-
-
-def flip_byte(path, offset):
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        b = f.read(1)
-        f.seek(offset)
-        f.write(bytes([b[0] ^ 0xFF]))
 
 
 def sample_fields(i):

@@ -7,15 +7,13 @@ import tempfile
 import time
 import unittest
 
-PACER = os.environ.get("PACER_BIN", os.path.join(os.path.dirname(__file__), "../../build/bin/pacer"))
+from cli_util import PACER, pacer
+
 
 # Other tests run in parallel under ctest, so the foreign-load check is left
 # out where a test needs a passing verdict.
 CALM = ["--skip", "system.load"]
 
-
-def pacer(*args, timeout=300):
-    return subprocess.run([PACER, *args], capture_output=True, text=True, timeout=timeout)
 
 
 class VetCli(unittest.TestCase):
