@@ -11,6 +11,7 @@ import io
 import json
 import os
 import platform
+import resource
 import shutil
 import statistics
 import subprocess
@@ -63,20 +64,33 @@ class TarSamples(Dataset):
             return f.read(size)
 
 
-def time_cat(paths):
+def cpu_seconds(who):
+    r = resource.getrusage(who)
+    return r.ru_utime + r.ru_stime
+
+
+def time_cat(paths, cpu=None):
+    c0 = cpu_seconds(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     subprocess.run(["cat", *paths], stdout=subprocess.DEVNULL, check=True)
-    return time.perf_counter() - t0
+    t = time.perf_counter() - t0
+    if cpu is not None:
+        cpu.append(cpu_seconds(resource.RUSAGE_CHILDREN) - c0)
+    return t
 
 
-def time_pacer(spec, batch, copy=False):
+def time_pacer(spec, batch, copy=False, cpu=None):
     ds = pacer.data.open(spec)
     loader = pacer.data.Loader(ds, batch_size=batch, seed=0, shuffle=True, threads=2, decode=False, copy=copy)
+    c0 = cpu_seconds(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     n = 0
     for b in loader:
         n += len(b["__key__"])
-    return time.perf_counter() - t0, n
+    t = time.perf_counter() - t0
+    if cpu is not None:
+        cpu.append(cpu_seconds(resource.RUSAGE_SELF) - c0)
+    return t, n
 
 
 def time_open_many(root, shards):
@@ -128,11 +142,12 @@ def main():
         time_cat(paths)  # warm the page cache
         total_bytes = sum(os.path.getsize(p) for p in paths)
         rows = {"cat": [], "pacer": [], "pacer_copy": []}
+        cpu = {"cat": [], "pacer": []}  # CPU seconds (user + system), which contention on a shared machine inflates less than wall time
         for w in (0, 1, 2):
             rows[f"torch_workers_{w}"] = []
         for r in range(args.rounds):
-            rows["cat"].append(time_cat(paths))
-            t, n = time_pacer(spec, args.batch)
+            rows["cat"].append(time_cat(paths, cpu["cat"]))
+            t, n = time_pacer(spec, args.batch, cpu=cpu["pacer"])
             assert n == args.samples, n
             rows["pacer"].append(t)
             t, n = time_pacer(spec, args.batch, copy=True)
@@ -159,6 +174,7 @@ def main():
             "pacer_vs_best_torch": sps["pacer"] / sps[best_torch],
             "pacer_copy_vs_cat": sps["pacer_copy"] / sps["cat"],
             "pacer_copy_vs_best_torch": sps["pacer_copy"] / sps[best_torch],
+            "cpu_s": cpu, "cpu_median_s": {k: statistics.median(v) for k, v in cpu.items()},
             "open_shards": args.open_shards, "open_s": open_times, "open_median_s": statistics.median(open_times),
         }
         out = os.path.join(repo, "bench", "results", f"loader_vs_torch-{result['date']}")
@@ -175,6 +191,8 @@ def main():
                f"pacer / best DataLoader ({best_torch}) = {result['pacer_vs_best_torch']:.2f} (target >= 3).",
                "", f"pacer_copy (values copied to bytes, copy=True) / cat = {result['pacer_copy_vs_cat']:.2f}; "
                f"pacer_copy / best DataLoader = {result['pacer_copy_vs_best_torch']:.2f}.",
+               "", f"CPU seconds (user + system, median): cat {result['cpu_median_s']['cat']:.3f}, pacer "
+               f"{result['cpu_median_s']['pacer']:.3f} (2 reader threads and the consumer together).",
                "", f"Opening {args.open_shards} shards' indexes: {result['open_median_s']:.3f} s (median of 3; target < 1 s)."]
         with open(out + ".md", "w") as f:
             f.write("\n".join(md) + "\n")
