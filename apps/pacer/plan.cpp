@@ -73,7 +73,7 @@ int amdahl(const PlanArgs& a) {
             {"efficiency", r.efficiency},        {"max_speedup", jnum(r.max_speedup)},
             {"gpus_at_half_efficiency", jnum(r.n_for_half_efficiency)},
             {"serial_fraction_from", a.speedup ? "measured speedup (Karp-Flatt)" : "given"}};
-  std::string text = fmt::format("serial fraction {}{}\n", num(r.serial_fraction),
+  std::string text = fmt::format("serial fraction {:.4g}{}\n", r.serial_fraction,
                                  a.speedup ? fmt::format(" (Karp-Flatt, from a speedup of {} on {} GPUs)", num(*a.speedup), num(a.gpus)) : "");
   text += fmt::format("on {} GPUs: speedup {}, efficiency {}\n", num(r.n), num(r.speedup), pct(r.efficiency));
   text += fmt::format("no number of GPUs gives more than {}x; efficiency falls to 50% at {} GPUs\n", num(r.max_speedup),
@@ -139,7 +139,7 @@ int pipeline(const PlanArgs& a) {
   json j = {{"schema", "pacer.plan.pipeline/1"}, {"file", a.file}, {"schedule", a.schedule}, {"stages", r.stages},
             {"microbatches", r.microbatches}, {"chunks", r.chunks}, {"layers", layers.size()},
             {"optimal", stage_json(r.optimal)}, {"by_count", stage_json(r.by_count)}, {"gain", r.gain}};
-  std::vector<Table::Column> cols = {{"STAGE", true}, {"LAYERS"}, {"TIME/MB", true}, {"BY COUNT", true}};
+  std::vector<Table::Column> cols = {{"STAGE", true}, {"LAYERS"}, {"PER MICRO-BATCH", true}, {"BY COUNT", true}};
   if (r.has_memory) cols.push_back({"MEMORY", true});
   Table t(cols);
   for (int i = 0; i < r.stages; ++i) {
@@ -298,7 +298,7 @@ int comm(PlanArgs& a) {
   t.add_row({"pipeline", format_bytes(r.pp_bytes), format_duration(r.pp_time_s), "send/recv to the next stage"});
   std::string text = t.render();
   if (a.hw.gemm_tflops > 0 && r.dp_time_s > 0)
-    text += fmt::format("hiding the gradient reduction takes {:.3g} FLOP of backward per GPU; the last micro-batch has {:.3g}: {} of it can be hidden at {} TFLOP/s\n",
+    text += fmt::format("hiding the gradient reduction takes {:.3g} FLOP of backward per GPU; the last micro-batch has {:.3g}, enough to hide {} of it at {} TFLOP/s\n",
                         r.dp_hide_flops, r.backward_flops, pct(r.dp_hidden_fraction), num(a.hw.gemm_tflops));
   print(j, a.json, text);
   return 0;
@@ -382,7 +382,7 @@ int ckpt(PlanArgs& a) {
     j["expected_failures"] = r.expected_failures;
     j["p_any_failure"] = r.p_any_failure;
     text += fmt::format("over {}: {:.3g} failures expected, {} chance of at least one\n", format_duration(in.campaign_s),
-                        r.expected_failures, pct(r.p_any_failure));
+                        r.expected_failures, r.p_any_failure > 0.999 ? "a >99.9%" : "a " + pct(r.p_any_failure));
   }
   print(j, a.json, text);
   return 0;
