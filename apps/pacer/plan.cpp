@@ -258,7 +258,8 @@ int memory(PlanArgs& a) {
   Table t({{"WHAT"}, {"PER GPU", true}, {"HOW"}});
   t.add_row({"parameters", fmt::format("{:.3g}", r.parameters), "first pipeline stage, embeddings included"});
   t.add_row({"weights", format_bytes(r.weight_bytes), a.par.zero_stage >= 3 ? "2 B/param, sharded over dp" : "2 B/param"});
-  t.add_row({"gradients", format_bytes(r.gradient_bytes), a.par.zero_stage >= 2 ? "2 B/param, sharded over dp" : "2 B/param"});
+  t.add_row({"gradients", format_bytes(r.gradient_bytes),
+             fmt::format("{} B/param ({}){}", a.par.grad_bytes, a.grad_precision, a.par.zero_stage >= 2 ? ", sharded over dp" : "")});
   t.add_row({"optimizer", format_bytes(r.optimizer_bytes), a.par.zero_stage >= 1 ? "12 B/param (Adam), sharded over dp" : "12 B/param (Adam)"});
   t.add_row({"activations", format_bytes(r.activation_bytes),
              fmt::format("{} per layer x {} layers x {} micro-batches in flight", format_bytes(r.activation_bytes_per_layer),

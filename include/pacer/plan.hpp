@@ -172,7 +172,7 @@ double layer_activation_bytes(const Model& m, const Parallel& p);
 struct MemoryReport {
   double parameters = 0;           // on the first stage's GPUs
   double weight_bytes = 0;         // 2 bytes per parameter (bf16/fp16), / dp under ZeRO-3
-  double gradient_bytes = 0;       // 2 bytes per parameter, / dp under ZeRO-2 and 3
+  double gradient_bytes = 0;       // Parallel::grad_bytes per parameter, / dp under ZeRO-2 and 3
   double optimizer_bytes = 0;      // 12 bytes (fp32 master, momentum, variance), / dp under ZeRO >= 1
   double activation_bytes_per_layer = 0;  // one micro-batch
   double in_flight_microbatches = 0;      // on the first stage at the peak of the schedule
@@ -180,12 +180,13 @@ struct MemoryReport {
   double total_bytes = 0;
 };
 MemoryReport estimate_memory(const Model& m, const Parallel& p);
-// Mixed-precision Adam model states (2 + 2 + 12 bytes per parameter, Rajbhandari et al. 2020) of `params`
-// parameters per model replica, partitioned over `dp` ranks as ZeRO stage `zero_stage` does.
+// Mixed-precision Adam model states of `params` parameters per model replica: 2 bytes of weights,
+// `grad_bytes` of gradients (2 in the ZeRO paper, 4 for Megatron's fp32 main gradients) and 12 of optimizer
+// state (Rajbhandari et al. 2020), partitioned over `dp` ranks as ZeRO stage `zero_stage` does.
 struct ModelStates {
   double weight_bytes = 0, gradient_bytes = 0, optimizer_bytes = 0;
 };
-ModelStates model_state_bytes(double params, int dp, int zero_stage);
+ModelStates model_state_bytes(double params, int dp, int zero_stage, int grad_bytes);
 
 // Matrix FLOPs of one training step for the whole job: forward, backward and what recomputation adds.
 struct FlopCount {

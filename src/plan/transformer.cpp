@@ -157,10 +157,10 @@ double layer_activation_bytes(const Model& m, const Parallel& p) {
   return sum;
 }
 
-ModelStates model_state_bytes(double params, int dp, int zero_stage) {
+ModelStates model_state_bytes(double params, int dp, int zero_stage, int grad_bytes) {
   ModelStates st;
   st.weight_bytes = 2 * params / (zero_stage >= 3 ? dp : 1);
-  st.gradient_bytes = 2 * params / (zero_stage >= 2 ? dp : 1);
+  st.gradient_bytes = grad_bytes * params / (zero_stage >= 2 ? dp : 1);
   st.optimizer_bytes = 12 * params / (zero_stage >= 1 ? dp : 1);
   return st;
 }
@@ -168,7 +168,8 @@ ModelStates model_state_bytes(double params, int dp, int zero_stage) {
 MemoryReport estimate_memory(const Model& m, const Parallel& p) {
   MemoryReport r;
   r.parameters = parameters_per_gpu(m, p);
-  const ModelStates st = model_state_bytes(r.parameters, p.dp, p.zero_stage);
+  // The gradients kept are the ones reduced: one precision for both, so memory and comm agree.
+  const ModelStates st = model_state_bytes(r.parameters, p.dp, p.zero_stage, p.grad_bytes);
   r.weight_bytes = st.weight_bytes;
   r.gradient_bytes = st.gradient_bytes;
   r.optimizer_bytes = st.optimizer_bytes;

@@ -63,7 +63,7 @@ TEST(PlanValidation, PublishedFigures) {
     } else if (metric == "parameters_b") {
       predicted = parameter_count(m) / 1e9;
     } else if (metric == "model_state_gb") {
-      const auto st = model_state_bytes(number(row, "params"), p.dp, int(number(row, "zero")));
+      const auto st = model_state_bytes(number(row, "params"), p.dp, int(number(row, "zero")), 2);  // fp16 gradients
       predicted = (st.weight_bytes + st.gradient_bytes + st.optimizer_bytes) / 1e9;
     } else {
       FAIL() << "line " << row.line << ": unknown metric " << metric;
