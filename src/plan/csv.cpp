@@ -6,7 +6,6 @@
 #include <charconv>
 #include <cmath>
 #include <fstream>
-#include <limits>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
