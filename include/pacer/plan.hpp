@@ -265,7 +265,7 @@ Expected<CkptReport> plan_ckpt(const CkptInput& in);
 // Calibration from `pacer vet --json` reports (schema pacer.vet/1). Figures are taken by check name:
 //   gpu.gemm_bf16 (TFLOP/s)       -> Hardware::gemm_tflops
 //   gpu.hbm_bandwidth (GB/s)      -> Hardware::hbm_gbps
-//   link.nvlink_busbw (GB/s)      -> Hardware::tp_gbps
+//   gpu.nccl_busbw (GB/s)      -> Hardware::tp_gbps
 //   link.network_busbw (GB/s)     -> Hardware::dp_gbps
 //   storage.write (MB/s)          -> checkpoint write rate per node
 //   memory.bandwidth, cpu.flops   -> reported, not used by the models

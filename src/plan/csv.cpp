@@ -111,7 +111,7 @@ Expected<Calibration> read_vet_report(const std::string& path) {
     return config_error(fmt::format("{}: key 'checks': expected an array", path));
   // The unit each figure must be reported in; a report in another unit is refused rather than misread.
   static const std::map<std::string, std::string> kUnits = {
-      {"gpu.gemm_bf16", "TFLOP/s"},      {"gpu.hbm_bandwidth", "GB/s"}, {"link.nvlink_busbw", "GB/s"},
+      {"gpu.gemm_bf16", "TFLOP/s"},      {"gpu.hbm_bandwidth", "GB/s"}, {"gpu.nccl_busbw", "GB/s"},
       {"link.network_busbw", "GB/s"},    {"storage.write", "MB/s"},     {"memory.bandwidth", "GB/s"},
       {"cpu.flops", "GFLOP/s"}};
   Calibration c;

@@ -136,7 +136,7 @@ class PlanTest(unittest.TestCase):
             {"name": "gpu.gemm_bf16", "target": "gpu0", "value": 250, "unit": "TFLOP/s", "status": "pass"},
             {"name": "gpu.gemm_bf16", "target": "gpu1", "value": 260, "unit": "TFLOP/s", "status": "pass"},
             {"name": "gpu.hbm_bandwidth", "target": "gpu0", "value": 1631, "unit": "GB/s", "status": "pass"},
-            {"name": "link.nvlink_busbw", "target": "", "value": 230, "unit": "GB/s", "status": "pass"},
+            {"name": "gpu.nccl_busbw", "target": "", "value": 230, "unit": "GB/s", "status": "pass"},
             {"name": "link.network_busbw", "target": "", "value": 22.5, "unit": "GB/s", "status": "pass"}]}))
         k = self.run_json(*base, "--peak-tflops", "312", "--vet", vet)
         self.assertAlmostEqual(k["step_s"], j["step_s"], places=12)
