@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 
@@ -62,6 +63,11 @@ double positive_duration(const std::string& flag, const std::string& text) {
 int run_cluster(const VetArgs& a, vet::VetOptions node) {
   vet::ClusterOptions o;
   o.node = std::move(node);
+  const auto net = std::find(o.node.skip.begin(), o.node.skip.end(), "network");
+  if (net != o.node.skip.end()) {
+    o.network = false;
+    o.node.skip.erase(net);
+  }
   o.node_name = a.node_name;
   if (a.need >= 0) o.need = static_cast<unsigned>(a.need);
   if (!a.bound.empty()) o.bound_s = positive_duration("--bound", a.bound);

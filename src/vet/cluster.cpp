@@ -324,12 +324,20 @@ Expected<std::optional<ClusterReport>> run_cluster_vet(comm::TimedComm& world, c
   const int n = leaders.size();
   const Injection* net = find_injection(o.node.injections, "network.p2p", name);
   const bool sit_out = net && net->action == Injection::Action::kHang;
+  const auto network_skipped = [&] {
+    AllReduceResult a;
+    a.ranks = n;
+    a.reason = "network tests skipped (--skip network)";
+    return a;
+  };
 
   // Network: the ring, then bisection pairs chosen by rank 0, then the all-reduces.
   std::vector<LinkResult> ring_links, bisect_links;
   AllReduceResult allreduce, nccl;
   std::vector<std::vector<std::pair<int, int>>> plan;
-  if (sit_out) {
+  if (!o.network) {
+    allreduce = nccl = network_skipped();
+  } else if (sit_out) {
     std::this_thread::sleep_until(when.nccl);
   } else if (n >= 2) {
     PairTester tester(leaders, o, role);

@@ -143,9 +143,11 @@ std::vector<OutlierCheck> find_outliers(const std::vector<NodeResult>& nodes, co
 }
 
 void judge_links(std::vector<LinkResult>& links, const Profile& profile) {
+  // The ring is the reference: bisection links are chosen because they may be
+  // slow, and would drag the median down.
   std::vector<double> bw;
   for (const auto& l : links)
-    if (l.bandwidth_gbps) bw.push_back(*l.bandwidth_gbps);
+    if (l.bandwidth_gbps && l.kind != "bisect") bw.push_back(*l.bandwidth_gbps);
   if (bw.empty()) return;
   const double med = median_of(bw);
   for (auto& l : links) {

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -385,6 +386,8 @@ Expected<VetReport> run_vet(const VetOptions& o) {
   report.baseline_path = o.baseline_path;
   for (const auto& inj : o.injections)
     if (inj.applies_to(report.host)) report.injections.push_back(inj);
+  // Applied in order, so one aimed at this node wins over one for every node.
+  std::stable_partition(report.injections.begin(), report.injections.end(), [](const Injection& i) { return i.node.empty(); });
   const std::vector<Injection>& injections = report.injections;
   const auto t0 = std::chrono::steady_clock::now();
   // Leaves a moment after the last probe for the verdict and the report.

@@ -55,7 +55,10 @@ class TimedComm {
   // then may block on the peer that never answered, so the caller should end
   // with `abort`.
   virtual bool abandoned() const = 0;
-  // Ends every rank of the job now, with exit status `code` (MPI_Abort).
+  // Ends this process now with exit status `code`, without MPI_Finalize,
+  // which makes the launcher end every other rank of the job (mpirun always;
+  // srun with --kill-on-bad-exit or --wait). mpirun reports such an exit as
+  // 1 when `code` is 0.
   [[noreturn]] virtual void abort(int code) = 0;
 };
 

@@ -30,6 +30,7 @@ struct ClusterOptions {
   VetOptions node;               // the checks each node's leader runs; injections may name nodes
   std::string node_name;         // this rank's node (default: host name); ranks with one name form a node
   std::optional<unsigned> need;  // pick this many healthy nodes
+  bool network = true;           // run the network tests (--skip network turns them off)
   double bound_s = 300;          // every rank ends its part within this many seconds of its start
   std::size_t p2p_bytes = 16u << 20;       // message size of the point-to-point bandwidth test
   std::size_t allreduce_bytes = 64u << 20; // buffer size of the all-reduce test
@@ -135,7 +136,7 @@ Expected<std::optional<ClusterReport>> run_cluster_vet(comm::TimedComm& comm, co
 // Exposed for tests: the analysis rank 0 applies to the gathered reports.
 std::vector<Drift> find_drift(const std::vector<NodeResult>& nodes);
 std::vector<OutlierCheck> find_outliers(const std::vector<NodeResult>& nodes, const Profile& profile);
-// Judges links against the median bandwidth and names the nodes common to slow links.
+// Judges links against the median bandwidth of the ring links.
 void judge_links(std::vector<LinkResult>& links, const Profile& profile);
 // Pairs to test next: each endpoint of a slow ring link against a node whose links are all fast.
 std::vector<std::pair<std::string, std::string>> bisection_pairs(const std::vector<LinkResult>& ring);
