@@ -1,6 +1,9 @@
 #include "pacer/vet/profile.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
 
 #include <filesystem>
 #include <toml++/toml.h>
@@ -189,6 +192,24 @@ Status parse_check(const std::string& source, const std::string& name, const tom
   return {};
 }
 
+// [cluster]: thresholds of the comparisons between nodes.
+Status parse_cluster(const std::string& source, const toml::node& node, json& d) {
+  const toml::table* t = node.as_table();
+  if (!t) return at(source, node, "[cluster] must be a table");
+  static const char* kKeys[] = {"outlier_warn", "outlier_fail", "outlier_floor", "outlier_min_nodes",
+                                "link_warn_ratio", "link_fail_ratio"};
+  for (const auto& [k, n] : *t) {
+    const std::string key(k.str());
+    if (std::find(std::begin(kKeys), std::end(kKeys), key) == std::end(kKeys))
+      return at(source, n, fmt::format("unknown key '{}' in [cluster] ({})", key, fmt::join(kKeys, ", ")));
+    auto v = n.value<double>();
+    if (!v || !n.is_number() || *v < 0) return at(source, n, fmt::format("'{}' in [cluster] must be a non-negative number", key));
+    if (key.starts_with("link_") && *v > 1) return at(source, n, fmt::format("'{}' in [cluster] must be in [0, 1]", key));
+    d["cluster"][key] = *v;
+  }
+  return {};
+}
+
 struct Layer {
   json data = json::object();
   std::string inherits = "default";
@@ -247,6 +268,8 @@ Expected<Layer> parse_layer(std::string_view text, const std::string& source) {
       if (Status st = parse_params(source, "storage", *t, specs, normal, nullptr, other); !st) return st.error();
       d["params"]["storage"]["normal"] = normal;
       d["params"]["storage"]["quick"] = quick;
+    } else if (key == "cluster") {
+      if (Status st = parse_cluster(source, node, d); !st) return st.error();
     } else if (key == "checks") {
       const toml::table* t = node.as_table();
       if (!t) return at(source, node, "[checks] must be a table of check tables");
@@ -256,7 +279,7 @@ Expected<Layer> parse_layer(std::string_view text, const std::string& source) {
         if (Status st = parse_check(source, std::string(ck.str()), *ct, d); !st) return st.error();
       }
     } else {
-      return at(source, node, fmt::format("unknown key '{}' (name, description, inherits, baseline, storage, checks)", key));
+      return at(source, node, fmt::format("unknown key '{}' (name, description, inherits, baseline, storage, cluster, checks)", key));
     }
   }
   return layer;
@@ -340,6 +363,15 @@ Profile build(const json& d, std::vector<std::string> sources) {
       p.checks[it.key()] = c;
     }
   }
+  if (d.contains("cluster")) {
+    const json& c = d["cluster"];
+    p.cluster.outlier_warn = c.value("outlier_warn", p.cluster.outlier_warn);
+    p.cluster.outlier_fail = c.value("outlier_fail", p.cluster.outlier_fail);
+    p.cluster.outlier_floor = c.value("outlier_floor", p.cluster.outlier_floor);
+    p.cluster.outlier_min_nodes = static_cast<unsigned>(c.value("outlier_min_nodes", double(p.cluster.outlier_min_nodes)));
+    p.cluster.link_warn_ratio = c.value("link_warn_ratio", p.cluster.link_warn_ratio);
+    p.cluster.link_fail_ratio = c.value("link_fail_ratio", p.cluster.link_fail_ratio);
+  }
   if (d.contains("params")) p.params = d["params"];
   return p;
 }
@@ -391,6 +423,9 @@ json to_json(const Profile& p) {
           {"sources", p.sources},
           {"baseline", {{"fail_ratio", p.baseline_fail_ratio}, {"warn_ratio", p.baseline_warn_ratio}}},
           {"storage_paths", p.storage_paths},
+          {"cluster", {{"outlier_warn", p.cluster.outlier_warn}, {"outlier_fail", p.cluster.outlier_fail},
+                       {"outlier_floor", p.cluster.outlier_floor}, {"outlier_min_nodes", p.cluster.outlier_min_nodes},
+                       {"link_warn_ratio", p.cluster.link_warn_ratio}, {"link_fail_ratio", p.cluster.link_fail_ratio}}},
           {"checks", checks},
           {"params", p.params}};
 }

@@ -141,16 +141,18 @@ Expected<std::map<std::string, double>> load_baseline(const std::string& path) {
   return figures;
 }
 
+void to_json(json& j, const Injection& i) {
+  static const char* kNames[] = {"hang", "crash", "value"};
+  j = {{"check", i.check}, {"action", kNames[static_cast<int>(i.action)]}};
+  if (i.action == Injection::Action::kValue) j["value"] = i.text.empty() ? json(i.value) : json(i.text);
+  if (!i.node.empty()) j["node"] = i.node;
+}
+
 json to_json(const VetReport& r) {
   json checks = json::array();
   for (const auto& c : r.checks) checks.push_back(c);
   json inj = json::array();
-  for (const auto& i : r.injections) {
-    static const char* kNames[] = {"hang", "crash", "value"};
-    json e = {{"check", i.check}, {"action", kNames[static_cast<int>(i.action)]}};
-    if (i.action == Injection::Action::kValue) e["value"] = i.value;
-    inj.push_back(e);
-  }
+  for (const auto& i : r.injections) inj.push_back(i);
   return {{"schema", kReportSchema},
           {"host", r.host},
           {"started_at", r.started_at},

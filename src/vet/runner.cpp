@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -15,6 +16,7 @@
 
 #include "pacer/core/units.hpp"
 #include "pacer/hw/system.hpp"
+#include "pacer/vet/cluster.hpp"
 #include "pacer/vet/vet.hpp"
 #include "probes.hpp"
 
@@ -26,15 +28,25 @@ namespace fs = std::filesystem;
 Expected<Injection> parse_injection(const std::string& text) {
   const auto eq = text.find('=');
   if (eq == std::string::npos || eq == 0)
-    return Error{ErrorKind::kUsage, fmt::format("--inject '{}': expected CHECK=hang, CHECK=crash or CHECK=VALUE", text)};
+    return Error{ErrorKind::kUsage, fmt::format("--inject '{}': expected [NODE:]CHECK=hang, CHECK=crash or CHECK=VALUE", text)};
   Injection inj;
   inj.check = text.substr(0, eq);
+  // Check names have no ':', so the last one before '=' ends the node name.
+  if (const auto colon = inj.check.rfind(':'); colon != std::string::npos) {
+    inj.node = inj.check.substr(0, colon);
+    inj.check = inj.check.substr(colon + 1);
+    if (inj.node.empty()) return Error{ErrorKind::kUsage, fmt::format("--inject '{}': empty node name before ':'", text)};
+  }
   const std::string action = text.substr(eq + 1);
-  if (!find_check(inj.check))
+  const CheckSpec* spec = find_check(inj.check);
+  if (!spec && !is_cluster_check(inj.check))
     return Error{ErrorKind::kUsage, fmt::format("--inject '{}': unknown check '{}' (pacer vet --list)", text, inj.check)};
   if (action == "hang") inj.action = Injection::Action::kHang;
   else if (action == "crash") inj.action = Injection::Action::kCrash;
-  else {
+  else if (spec && spec->kind == ValueKind::kText) {
+    if (action.empty()) return Error{ErrorKind::kUsage, fmt::format("--inject '{}': empty value", text)};
+    inj.text = action;
+  } else {
     char* end = nullptr;
     inj.value = std::strtod(action.c_str(), &end);
     if (action.empty() || end != action.c_str() + action.size())
@@ -361,17 +373,25 @@ Expected<VetReport> run_vet(const VetOptions& o) {
   if (!selected) return selected.error();
   if (selected->empty()) return Error{ErrorKind::kUsage, "no checks selected (see --only, --skip and the profile's enabled flags)"};
   for (const auto& inj : o.injections)
-    if (!selected->count(inj.check))
+    if (is_cluster_check(inj.check))
+      return Error{ErrorKind::kUsage, fmt::format("--inject: '{}' is measured only with --cluster", inj.check)};
+    else if (!selected->count(inj.check))
       return Error{ErrorKind::kUsage, fmt::format("--inject: check '{}' is not selected", inj.check)};
 
   VetReport report;
-  report.host = hw::hostname();
+  report.host = o.node_name.empty() ? hw::hostname() : o.node_name;
   report.started_at = utc_now_iso();
   report.mode = o.quick ? "quick" : "full";
   report.profile = *profile;
   report.baseline_path = o.baseline_path;
-  report.injections = o.injections;
+  for (const auto& inj : o.injections)
+    if (inj.applies_to(report.host)) report.injections.push_back(inj);
+  // Applied in order, so one aimed at this node wins over one for every node.
+  std::stable_partition(report.injections.begin(), report.injections.end(), [](const Injection& i) { return i.node.empty(); });
+  const std::vector<Injection>& injections = report.injections;
   const auto t0 = std::chrono::steady_clock::now();
+  // Leaves a moment after the last probe for the verdict and the report.
+  constexpr double kBoundReserve = 0.25;
   const std::vector<std::string> storage_paths = resolve_storage_paths(o, *profile);
 
   std::vector<const ProbeSpec*> todo;
@@ -394,8 +414,15 @@ Expected<VetReport> run_vet(const VetOptions& o) {
     if (p.uses_storage) ctx.storage = make_scratch(storage_paths, p.name);
     if (o.on_probe) o.on_probe(p.name, i, todo.size(), false);
 
-    ChildOutcome outcome = g_interrupted ? ChildOutcome{{}, "interrupted", true, 0}
-                                         : run_in_child(p, ctx, probe_timeout(p, *profile, o), o.injections);
+    double timeout = probe_timeout(p, *profile, o);
+    std::string not_run = g_interrupted ? "interrupted" : "";
+    if (o.bound_s) {
+      const double left = *o.bound_s - kBoundReserve - std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (left < timeout) timeout = left;
+      if (timeout <= 0 && not_run.empty()) not_run = fmt::format("not run: the {} bound was reached", format_duration(*o.bound_s));
+    }
+    ChildOutcome outcome = !not_run.empty() ? ChildOutcome{{}, not_run, g_interrupted != 0, 0}
+                                            : run_in_child(p, ctx, timeout, injections);
     remove_scratch(ctx.storage);
     if (o.on_probe) o.on_probe(p.name, i, todo.size(), true);
 
@@ -408,11 +435,12 @@ Expected<VetReport> run_vet(const VetOptions& o) {
         ms.push_back(not_measured(c.name, CheckStatus::kError, outcome.error.empty() ? "probe returned no result" : outcome.error));
       }
       for (auto& m : ms) {
-        for (const auto& inj : o.injections)
+        for (const auto& inj : injections)
           if (inj.check == m.check && inj.action == Injection::Action::kValue) {
-            m.value = inj.value;
+            if (inj.text.empty()) m.value = inj.value;
+            else m.text = inj.text;
             m.status.reset();
-            m.detail = fmt::format("injected value {}", format_number(inj.value));
+            m.detail = fmt::format("injected value {}", inj.text.empty() ? format_number(inj.value) : inj.text);
           }
         const auto b = baseline.find(m.check + "|" + m.target);
         CheckResult r = judge(m, *profile, b == baseline.end() ? std::nullopt : std::optional<double>(b->second));

@@ -29,6 +29,21 @@ struct CheckConfig {
   std::optional<double> quick_timeout_s;
 };
 
+// How `pacer vet --cluster` compares nodes ([cluster] in a profile).
+// Outliers: a node's figure is flagged when its robust z, (value - median) /
+// max(1.4826 MAD, outlier_floor * |median|), is beyond -outlier_warn
+// (-outlier_fail) on the worse side of a check with a direction. Links: a
+// point-to-point bandwidth below link_warn_ratio (link_fail_ratio) of the
+// median link warns (fails).
+struct ClusterConfig {
+  double outlier_warn = 3;
+  double outlier_fail = 5;
+  double outlier_floor = 0.05;
+  unsigned outlier_min_nodes = 3;  // fewer nodes than this: no outlier judgement
+  double link_warn_ratio = 0.8;
+  double link_fail_ratio = 0.5;
+};
+
 // A fully resolved profile: the built-in `default`, overlaid by each profile
 // it inherits and finally by the named one.
 struct Profile {
@@ -39,6 +54,7 @@ struct Profile {
   double baseline_warn_ratio = 0.95;
   std::vector<std::string> storage_paths;  // as written: "$TMPDIR" is expanded at run time
   std::map<std::string, CheckConfig> checks;
+  ClusterConfig cluster;
   // Raw parameter tables, keyed by probe section, each {"normal": {...}, "quick": {...}}
   // with values as written (strings for durations and sizes); validated.
   nlohmann::json params = nlohmann::json::object();

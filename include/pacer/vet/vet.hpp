@@ -17,15 +17,22 @@ namespace pacer::vet {
 
 inline constexpr const char* kReportSchema = "pacer.vet/1";
 
-// A chaos injection (--inject CHECK=ACTION): the probe measuring CHECK hangs,
-// crashes, or reports VALUE instead of what it measured. For testing the
-// detection and abort logic; every report records the injections it ran with.
+// A chaos injection (--inject [NODE:]CHECK=ACTION): the probe measuring CHECK
+// hangs, crashes, or reports VALUE instead of what it measured (a number, or
+// text for text checks such as versions). With NODE, only on that node (its
+// --node-name or host name). For testing the detection and abort logic; every
+// report records the injections it ran with.
 struct Injection {
   std::string check;
   enum class Action { kHang, kCrash, kValue } action = Action::kValue;
   double value = 0;
+  std::string text;  // the value of a text check
+  std::string node;  // empty: every node
+  bool applies_to(const std::string& node_name) const { return node.empty() || node == node_name; }
 };
 Expected<Injection> parse_injection(const std::string& text);
+// {"check", "action", "value" (for value), "node" (when targeted)}, as reports record it.
+void to_json(nlohmann::json& j, const Injection& i);
 
 struct VetOptions {
   std::string profile = "default";           // built-in name or TOML path
@@ -37,6 +44,8 @@ struct VetOptions {
   std::optional<double> timeout_s;           // replaces every probe's timeout
   std::optional<unsigned> expect_gpus;       // replaces gpu.count's expectation
   std::vector<Injection> injections;
+  std::string node_name;            // reported as the host; default: the host name
+  std::optional<double> bound_s;    // the whole run ends within this: probe timeouts are cut to the time left
   // Called before and after each probe from the calling thread (progress display).
   std::function<void(const std::string& probe, std::size_t index, std::size_t total, bool done)> on_probe;
 };

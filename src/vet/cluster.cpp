@@ -1,0 +1,457 @@
+// `pacer vet --cluster`: the protocol between ranks, with a deadline on every message.
+#include "pacer/vet/cluster.hpp"
+
+#include <fmt/chrono.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "cluster_nccl.hpp"
+#include "pacer/core/units.hpp"
+#include "pacer/hw/system.hpp"
+
+namespace pacer::vet {
+
+using nlohmann::json;
+using comm::Deadline;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+enum Tag : int { kHello = 101, kRole, kRingResult, kPlan, kReport, kPairBase = 200 };
+
+Deadline after(Deadline t, double seconds) {
+  return t + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+}
+double seconds_between(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+bool send_json(comm::TimedComm& c, int peer, int tag, const json& j, Deadline d) {
+  return c.send(peer, tag, std::make_shared<const std::string>(j.dump()), d);
+}
+
+std::optional<json> recv_json(comm::TimedComm& c, int peer, int tag, Deadline d) {
+  auto s = c.recv(peer, tag, d);
+  if (!s) return std::nullopt;
+  json j = json::parse(*s, nullptr, false);
+  if (j.is_discarded()) return std::nullopt;
+  return j;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : (v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
+}
+
+// Every phase has a fixed end counted from this rank's start, so a phase that
+// waits on a hung peer cannot push the next one past the bound.
+struct Schedule {
+  Deadline start, hello, role, ring[3], ring_results, plan, bisect[2], allreduce, nccl, checks_end, report;
+  explicit Schedule(Deadline t0, double bound_s, bool quick) {
+    const double slot = std::clamp(0.04 * bound_s, 0.5, quick ? 3.0 : 10.0);
+    start = t0;
+    hello = after(t0, std::clamp(0.1 * bound_s, 1.0, 10.0));
+    role = after(hello, slot);
+    for (int k = 0; k < 3; ++k) ring[k] = after(role, (k + 1) * slot);
+    ring_results = after(ring[2], slot);
+    plan = after(ring_results, slot);
+    bisect[0] = after(plan, slot);
+    bisect[1] = after(plan, 2 * slot);
+    allreduce = after(bisect[1], slot);
+    nccl = after(allreduce, slot);
+    checks_end = after(t0, bound_s - 2.5);
+    report = after(t0, bound_s - 1.0);
+  }
+};
+
+struct Role {
+  bool leader = false;
+  int node = 0;
+  std::vector<std::string> names;  // node names by index
+  std::vector<int> leaders;        // world rank of each node's leader
+};
+
+const Injection* find_injection(const std::vector<Injection>& inj, const std::string& check, const std::string& node) {
+  for (const auto& i : inj)
+    if (i.check == check && i.applies_to(node)) return &i;
+  return nullptr;
+}
+
+json link_to_json(const LinkResult& l) {
+  json j = {{"a", l.a}, {"b", l.b}, {"kind", l.kind}, {"status", std::string(to_string(l.status))}, {"reason", l.reason}};
+  j["bandwidth_gbps"] = l.bandwidth_gbps ? json(*l.bandwidth_gbps) : json(nullptr);
+  j["latency_us"] = l.latency_us ? json(*l.latency_us) : json(nullptr);
+  return j;
+}
+
+LinkResult link_from_json(const json& j) {
+  LinkResult l;
+  l.a = j.value("a", "");
+  l.b = j.value("b", "");
+  l.kind = j.value("kind", "");
+  l.reason = j.value("reason", "");
+  if (j.contains("bandwidth_gbps") && j["bandwidth_gbps"].is_number()) l.bandwidth_gbps = j["bandwidth_gbps"].get<double>();
+  if (j.contains("latency_us") && j["latency_us"].is_number()) l.latency_us = j["latency_us"].get<double>();
+  auto s = parse_status(j.value("status", "error"));
+  l.status = s ? *s : CheckStatus::kError;
+  return l;
+}
+
+// The parts of a node's pacer.vet/1 report the cluster analysis uses.
+VetReport report_from_json(const json& j, const Profile& profile) {
+  VetReport r;
+  r.host = j.value("host", "");
+  r.started_at = j.value("started_at", "");
+  r.duration_s = j.value("duration_s", 0.0);
+  r.mode = j.value("mode", "");
+  r.profile = profile;
+  r.interrupted = j.value("interrupted", false);
+  if (j.contains("versions") && j["versions"].is_object()) r.versions = j["versions"].get<std::map<std::string, std::string>>();
+  if (j.contains("checks") && j["checks"].is_array())
+    for (const auto& c : j["checks"]) r.checks.push_back(c.get<CheckResult>());
+  return r;
+}
+
+// Ping-pong between two leaders: latency from small messages, bandwidth from
+// large ones (one way: bytes / half the round trip). The initiator measures;
+// the responder echoes. Returns the initiator's result.
+class PairTester {
+ public:
+  PairTester(comm::TimedComm& leaders, const ClusterOptions& o, const Role& role)
+      : c_(leaders), o_(o), role_(role), big_(std::make_shared<const std::string>(pattern(o.p2p_bytes))),
+        small_(std::make_shared<const std::string>(8, 'p')), inbox_(o.p2p_bytes) {}
+
+  std::optional<LinkResult> run(int peer, bool initiator, const std::string& kind, int tag, Deadline d) {
+    LinkResult l;
+    l.kind = kind;
+    l.a = role_.names[initiator ? role_.node : peer];
+    l.b = role_.names[initiator ? peer : role_.node];
+    char tiny[8];
+    auto exchange = [&](const std::shared_ptr<const std::string>& msg, std::span<char> into, int t) {
+      if (initiator) return c_.send(peer, t, msg, d) && c_.recv_into(peer, t, into, d);
+      return c_.recv_into(peer, t, into, d) && c_.send(peer, t, msg, d);
+    };
+    std::vector<double> lat, bw;
+    bool ok = true;
+    for (int i = 0; ok && i < o_.latency_reps; ++i) {
+      const auto t = Clock::now();
+      ok = exchange(small_, std::span<char>(tiny, 8), tag);
+      lat.push_back(seconds_between(t, Clock::now()));
+    }
+    for (int i = 0; ok && i <= o_.p2p_reps; ++i) {  // the first round trip warms up the path
+      const auto t = Clock::now();
+      ok = exchange(big_, std::span<char>(inbox_.data(), inbox_.size()), tag + 1);
+      if (i > 0) bw.push_back(static_cast<double>(o_.p2p_bytes) / (seconds_between(t, Clock::now()) / 2) / 1e9);
+    }
+    if (!initiator) return std::nullopt;
+    if (!ok) {
+      l.status = CheckStatus::kError;
+      l.reason = fmt::format("no answer from {} by the deadline", l.b);
+      return l;
+    }
+    l.latency_us = median(lat) / 2 * 1e6;
+    l.bandwidth_gbps = median(bw);
+    const Injection* ia = find_injection(o_.node.injections, "network.p2p", l.a);
+    const Injection* ib = find_injection(o_.node.injections, "network.p2p", l.b);
+    for (const Injection* i : {ia, ib})
+      if (i && i->action == Injection::Action::kValue) {
+        l.bandwidth_gbps = std::min(*l.bandwidth_gbps, i->value);
+        l.reason = fmt::format("injected bandwidth {} GB/s", format_number(i->value));
+      }
+    if (l.reason.empty())
+      l.reason = fmt::format("{} x {} ping-pong, median; latency from {} round trips of 8 B", o_.p2p_reps,
+                             format_bytes(static_cast<double>(o_.p2p_bytes)), o_.latency_reps);
+    return l;
+  }
+
+ private:
+  static std::string pattern(std::size_t n) {
+    std::string s(n, '\0');
+    for (std::size_t i = 0; i < n; ++i) s[i] = static_cast<char>((i * 2654435761u) >> 13);
+    return s;
+  }
+  comm::TimedComm& c_;
+  const ClusterOptions& o_;
+  const Role& role_;
+  std::shared_ptr<const std::string> big_;
+  std::shared_ptr<const std::string> small_;
+  std::vector<char> inbox_;
+};
+
+// Ring edges (i, i+1), in phases of disjoint pairs: even i, odd i, and the
+// edge that closes an odd ring.
+std::vector<std::vector<std::pair<int, int>>> ring_phases(int n) {
+  std::vector<std::vector<std::pair<int, int>>> phases(3);
+  if (n < 2) return phases;
+  if (n == 2) {
+    phases[0].push_back({0, 1});
+    return phases;
+  }
+  for (int i = 0; i < n; ++i) {
+    const int j = (i + 1) % n;
+    const int phase = (n % 2 == 1 && i == n - 1) ? 2 : i % 2;
+    phases[phase].push_back({i, j});
+  }
+  return phases;
+}
+
+AllReduceResult measure_allreduce(comm::TimedComm& leaders, const ClusterOptions& o, Deadline d) {
+  AllReduceResult r;
+  r.ranks = leaders.size();
+  const std::size_t count = std::max<std::size_t>(1, o.allreduce_bytes / sizeof(float));
+  r.bytes = count * sizeof(float);
+  if (leaders.size() < 2) {
+    r.reason = "one node: nothing to reduce across";
+    return r;
+  }
+  auto buf = std::make_shared<std::vector<float>>(count);
+  const int reps = o.node.quick ? 3 : 5;
+  std::vector<double> times;
+  const float n = static_cast<float>(leaders.size());
+  for (int i = 0; i <= reps; ++i) {
+    std::fill(buf->begin(), buf->end(), 1.0f);
+    const auto t = Clock::now();
+    if (!leaders.all_reduce_sum(buf, d)) {
+      r.status = CheckStatus::kError;
+      r.reason = "a node did not take part by the deadline";
+      return r;
+    }
+    if (i > 0) times.push_back(seconds_between(t, Clock::now()));
+    // Every element must be the number of nodes: a wrong sum is a broken path.
+    if ((*buf)[0] != n || (*buf)[count - 1] != n || (*buf)[count / 2] != n) {
+      r.status = CheckStatus::kFail;
+      r.reason = fmt::format("wrong result: {} instead of {}", (*buf)[count / 2], n);
+      return r;
+    }
+  }
+  const double t = median(times);
+  r.algbw_gbps = static_cast<double>(r.bytes) / t / 1e9;
+  r.busbw_gbps = *r.algbw_gbps * 2.0 * (n - 1) / n;
+  r.status = CheckStatus::kPass;
+  r.reason = fmt::format("MPI_Iallreduce of {} float32 over {} nodes, median of {}", format_bytes(static_cast<double>(r.bytes)),
+                         leaders.size(), reps);
+  return r;
+}
+
+std::string utc_now_iso() {
+  return fmt::format("{:%Y-%m-%dT%H:%M:%S}Z", fmt::gmtime(std::chrono::system_clock::to_time_t(std::chrono::system_clock::now())));
+}
+
+// Greedy rounds of disjoint pairs; pairs that do not fit in `max_rounds` are dropped.
+std::vector<std::vector<std::pair<int, int>>> rounds_of(const std::vector<std::pair<int, int>>& pairs, int max_rounds) {
+  std::vector<std::vector<std::pair<int, int>>> rounds;
+  std::vector<std::set<int>> busy;
+  for (const auto& p : pairs) {
+    bool placed = false;
+    for (std::size_t r = 0; r < rounds.size() && !placed; ++r)
+      if (!busy[r].count(p.first) && !busy[r].count(p.second)) {
+        rounds[r].push_back(p);
+        busy[r].insert({p.first, p.second});
+        placed = true;
+      }
+    if (!placed && static_cast<int>(rounds.size()) < max_rounds) {
+      rounds.push_back({p});
+      busy.push_back({p.first, p.second});
+    }
+  }
+  return rounds;
+}
+
+}  // namespace
+
+bool is_cluster_check(const std::string& name) { return name == "network.p2p" || name == "cluster.report"; }
+
+Expected<std::optional<ClusterReport>> run_cluster_vet(comm::TimedComm& world, const ClusterOptions& o) {
+  const std::optional<ClusterReport> kNotRoot;
+  const auto t0 = Clock::now();
+  const std::string started_at = utc_now_iso();
+  auto profile = load_profile(o.node.profile);
+  if (!profile) return profile.error();
+  const Schedule when(t0, o.bound_s, o.node.quick);
+  const std::string name = o.node_name.empty() ? hw::hostname() : o.node_name;
+  const int me = world.rank();
+
+  // Hello: every rank tells rank 0 its node; rank 0 groups ranks into nodes
+  // (in order of their lowest rank, whose rank leads the node) and answers
+  // with each rank's role.
+  Role role;
+  std::vector<int> missing_ranks;
+  std::map<std::string, std::vector<int>> ranks_of;
+  std::map<std::string, std::string> host_of;
+  if (me == 0) {
+    std::vector<std::pair<std::string, std::string>> hello(world.size());
+    hello[0] = {name, hw::hostname()};
+    for (int r = 1; r < world.size(); ++r) {
+      auto j = recv_json(world, r, kHello, when.hello);
+      if (!j) missing_ranks.push_back(r);
+      else hello[r] = {j->value("node", ""), j->value("host", "")};
+    }
+    for (int r = 0; r < world.size(); ++r) {
+      if (hello[r].first.empty()) continue;
+      auto& ranks = ranks_of[hello[r].first];
+      if (ranks.empty()) {
+        role.names.push_back(hello[r].first);
+        role.leaders.push_back(r);
+        host_of[hello[r].first] = hello[r].second;
+      }
+      ranks.push_back(r);
+    }
+    for (int r = 1; r < world.size(); ++r) {
+      if (hello[r].first.empty()) continue;
+      const int node = static_cast<int>(std::find(role.names.begin(), role.names.end(), hello[r].first) - role.names.begin());
+      send_json(world, r, kRole, {{"leader", role.leaders[node] == r}, {"node", node}, {"names", role.names}, {"leaders", role.leaders}},
+                when.role);
+    }
+    role.leader = true;
+    role.node = 0;
+  } else {
+    if (!send_json(world, 0, kHello, {{"node", name}, {"host", hw::hostname()}}, when.hello)) return kNotRoot;
+    auto j = recv_json(world, 0, kRole, when.role);
+    if (!j) return kNotRoot;
+    role.leader = j->value("leader", false);
+    role.node = j->value("node", 0);
+    role.names = (*j)["names"].get<std::vector<std::string>>();
+    role.leaders = (*j)["leaders"].get<std::vector<int>>();
+  }
+  if (!role.leader) return kNotRoot;
+
+  auto sub = world.subset(role.leaders);
+  if (!sub) return sub.error();
+  comm::TimedComm& leaders = **sub;
+  const int n = leaders.size();
+  const Injection* net = find_injection(o.node.injections, "network.p2p", name);
+  const bool sit_out = net && net->action == Injection::Action::kHang;
+  const auto network_skipped = [&] {
+    AllReduceResult a;
+    a.ranks = n;
+    a.reason = "network tests skipped (--skip network)";
+    return a;
+  };
+
+  // Network: the ring, then bisection pairs chosen by rank 0, then the all-reduces.
+  std::vector<LinkResult> ring_links, bisect_links;
+  AllReduceResult allreduce, nccl;
+  std::vector<std::vector<std::pair<int, int>>> plan;
+  if (!o.network) {
+    allreduce = nccl = network_skipped();
+  } else if (sit_out) {
+    std::this_thread::sleep_until(when.nccl);
+  } else if (n >= 2) {
+    PairTester tester(leaders, o, role);
+    const auto phases = ring_phases(n);
+    for (int p = 0; p < 3; ++p)
+      for (const auto& [a, b] : phases[p]) {
+        if (a != role.node && b != role.node) continue;
+        auto l = tester.run(a == role.node ? b : a, a == role.node, "ring", kPairBase + 2 * p, when.ring[p]);
+        if (l) ring_links.push_back(*l);
+      }
+    if (role.node == 0) {
+      std::vector<LinkResult> all = ring_links;
+      std::set<std::pair<std::string, std::string>> have;
+      for (const auto& l : ring_links) have.insert({l.a, l.b});
+      for (int r = 1; r < n; ++r)
+        if (auto j = recv_json(leaders, r, kRingResult, when.ring_results))
+          for (const auto& e : *j) {
+            all.push_back(link_from_json(e));
+            have.insert({all.back().a, all.back().b});
+          }
+      for (const auto& phase : phases)
+        for (const auto& [a, b] : phase)
+          if (!have.count({role.names[a], role.names[b]}))
+            all.push_back({role.names[a], role.names[b], "ring", std::nullopt, std::nullopt, CheckStatus::kError,
+                           fmt::format("no result: {} did not report by the deadline", role.names[a])});
+      judge_links(all, *profile);
+      ring_links = all;
+      std::vector<std::pair<int, int>> pairs;
+      for (const auto& [x, y] : bisection_pairs(all)) {
+        const auto ix = std::find(role.names.begin(), role.names.end(), x) - role.names.begin();
+        const auto iy = std::find(role.names.begin(), role.names.end(), y) - role.names.begin();
+        pairs.push_back({static_cast<int>(ix), static_cast<int>(iy)});
+      }
+      plan = rounds_of(pairs, 2);
+      for (int r = 1; r < n; ++r) send_json(leaders, r, kPlan, plan, when.plan);
+    } else {
+      json mine = json::array();
+      for (const auto& l : ring_links) mine.push_back(link_to_json(l));
+      send_json(leaders, 0, kRingResult, mine, when.ring_results);
+      if (auto j = recv_json(leaders, 0, kPlan, when.plan)) plan = j->get<std::vector<std::vector<std::pair<int, int>>>>();
+    }
+    for (std::size_t k = 0; k < plan.size() && k < 2; ++k)
+      for (const auto& [a, b] : plan[k]) {
+        if (a != role.node && b != role.node) continue;
+        auto l = tester.run(a == role.node ? b : a, a == role.node, "bisect", kPairBase + 10 + 2 * static_cast<int>(k), when.bisect[k]);
+        if (l) bisect_links.push_back(*l);
+      }
+    allreduce = measure_allreduce(leaders, o, when.allreduce);
+    nccl = nccl_allreduce_across_nodes(leaders, o.allreduce_bytes, when.nccl);
+  } else {
+    allreduce = measure_allreduce(leaders, o, when.allreduce);
+    nccl = nccl_allreduce_across_nodes(leaders, o.allreduce_bytes, when.nccl);
+  }
+
+  // The node checks, cut to the time left before the reports are due.
+  VetOptions node = o.node;
+  node.node_name = name;
+  node.injections.clear();
+  for (const auto& i : o.node.injections)
+    if (!is_cluster_check(i.check)) node.injections.push_back(i);
+  node.bound_s = seconds_between(Clock::now(), when.checks_end);
+  auto report = run_vet(node);
+  if (!report) return report.error();
+
+  const Injection* wedge = find_injection(o.node.injections, "cluster.report", name);
+  if (role.node != 0) {
+    if (wedge && wedge->action == Injection::Action::kHang) {
+      // A wedged node: silent well past the bound; rank 0 reports it and ends the job.
+      std::this_thread::sleep_until(after(when.start, o.bound_s + 60));
+      return kNotRoot;
+    }
+    json j = to_json(*report);
+    j.erase("profile");  // rank 0 has it
+    json links = json::array();
+    for (const auto& l : bisect_links) links.push_back(link_to_json(l));
+    send_json(leaders, 0, kReport, {{"report", j}, {"links", links}, {"stalled", leaders.abandoned()}}, when.report);
+    return kNotRoot;
+  }
+
+  ClusterReport r;
+  r.started_at = started_at;
+  r.bound_s = o.bound_s;
+  r.mode = o.node.quick ? "quick" : "full";
+  r.profile = profile->name;
+  r.ranks = world.size();
+  r.missing_ranks = missing_ranks;
+  r.injections = o.node.injections;
+  r.allreduce = allreduce;
+  r.nccl = nccl;
+  r.stalled = leaders.abandoned();
+  r.links = ring_links;
+  r.links.insert(r.links.end(), bisect_links.begin(), bisect_links.end());
+  for (int i = 0; i < n; ++i) {
+    NodeResult nr;
+    nr.name = role.names[i];
+    nr.host = host_of[nr.name];
+    nr.ranks = ranks_of[nr.name];
+    if (i == 0) {
+      nr.report = *report;
+    } else if (auto j = recv_json(leaders, i, kReport, when.report)) {
+      nr.report = report_from_json((*j)["report"], *profile);
+      r.stalled = r.stalled || j->value("stalled", false);
+      for (const auto& e : (*j)["links"]) r.links.push_back(link_from_json(e));
+    }
+    r.nodes.push_back(std::move(nr));
+  }
+  judge_links(r.links, *profile);  // the bisection links against the same median
+  r.suspects = blame(r.links);
+  r.drift = find_drift(r.nodes);
+  r.outliers = find_outliers(r.nodes, *profile);
+  judge_nodes(r);
+  if (o.need) r.selection = select_nodes(r.nodes, *o.need);
+  r.duration_s = seconds_between(t0, Clock::now());
+  return std::optional<ClusterReport>(std::move(r));
+}
+
+}  // namespace pacer::vet
