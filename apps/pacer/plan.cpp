@@ -231,7 +231,7 @@ json resolve_hardware(PlanArgs& a) {
   fill(a.hw.gemm_tflops, "gemm_tflops", "gpu.gemm_bf16");
   fill(a.hw.hbm_gbps, "hbm_gbps", "gpu.hbm_bandwidth");
   fill(a.hw.tp_gbps, "tp_gbps", "gpu.nccl_busbw");
-  fill(a.hw.dp_gbps, "dp_gbps", "link.network_busbw");
+  fill(a.hw.dp_gbps, "dp_gbps", "network.busbw_gbps");
   return sources;
 }
 

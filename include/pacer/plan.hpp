@@ -266,7 +266,7 @@ Expected<CkptReport> plan_ckpt(const CkptInput& in);
 //   gpu.gemm_bf16 (TFLOP/s)       -> Hardware::gemm_tflops
 //   gpu.hbm_bandwidth (GB/s)      -> Hardware::hbm_gbps
 //   gpu.nccl_busbw (GB/s)      -> Hardware::tp_gbps
-//   link.network_busbw (GB/s)     -> Hardware::dp_gbps
+//   network.busbw_gbps (GB/s)     -> Hardware::dp_gbps
 //   storage.write (MB/s)          -> checkpoint write rate per node
 //   memory.bandwidth, cpu.flops   -> reported, not used by the models
 // With several targets (GPUs, paths) the slowest figure wins: a step goes at the pace of its slowest GPU.

@@ -105,32 +105,56 @@ Expected<Calibration> read_vet_report(const std::string& path) {
   } catch (const nlohmann::json::exception& e) {
     return config_error(fmt::format("{}: not JSON: {}", path, e.what()));
   }
-  if (!j.is_object() || j.value("schema", std::string()) != "pacer.vet/1")
-    return config_error(fmt::format("{}: key 'schema': expected \"pacer.vet/1\" (a `pacer vet --json` report)", path));
-  if (!j.contains("checks") || !j["checks"].is_array())
-    return config_error(fmt::format("{}: key 'checks': expected an array", path));
+  const std::string schema = j.is_object() ? j.value("schema", std::string()) : std::string();
+  if (schema != "pacer.vet/1" && schema != "pacer.vet.cluster/1")
+    return config_error(fmt::format("{}: key 'schema': expected \"pacer.vet/1\" or \"pacer.vet.cluster/1\" (a `pacer vet --json` or `pacer vet --cluster --json` report)", path));
   // The unit each figure must be reported in; a report in another unit is refused rather than misread.
   static const std::map<std::string, std::string> kUnits = {
-      {"gpu.gemm_bf16", "TFLOP/s"},      {"gpu.hbm_bandwidth", "GB/s"}, {"gpu.nccl_busbw", "GB/s"},
-      {"link.network_busbw", "GB/s"},    {"storage.write", "MB/s"},     {"memory.bandwidth", "GB/s"},
-      {"cpu.flops", "GFLOP/s"}};
+      {"gpu.gemm_bf16", "TFLOP/s"}, {"gpu.hbm_bandwidth", "GB/s"}, {"gpu.nccl_busbw", "GB/s"},
+      {"storage.write", "MB/s"},    {"memory.bandwidth", "GB/s"},  {"cpu.flops", "GFLOP/s"}};
   Calibration c;
   c.source = path;
-  for (const auto& check : j["checks"]) {
-    if (!check.is_object()) continue;
-    const std::string name = check.value("name", std::string());
-    auto unit = kUnits.find(name);
-    if (unit == kUnits.end()) continue;
-    const std::string status = check.value("status", std::string());
-    if (status == "skip" || status == "error") continue;
-    if (!check.contains("value") || !check["value"].is_number()) continue;
-    if (check.value("unit", std::string()) != unit->second)
-      return config_error(fmt::format("{}: check '{}': unit '{}', expected '{}'", path, name,
-                                      check.value("unit", std::string()), unit->second));
-    const double v = check["value"].get<double>();
-    if (!(v > 0)) continue;
+  auto take = [&](const std::string& name, double v) {
+    if (!(v > 0)) return;
     auto [it, fresh] = c.figures.emplace(name, v);
-    if (!fresh) it->second = std::min(it->second, v);
+    if (!fresh) it->second = std::min(it->second, v);  // the slowest GPU or node sets the pace
+  };
+  auto read_checks = [&](const nlohmann::json& checks, const std::string& where) -> Status {
+    if (!checks.is_array()) return config_error(fmt::format("{}: key '{}': expected an array", path, where));
+    for (const auto& check : checks) {
+      if (!check.is_object()) continue;
+      const std::string name = check.value("name", std::string());
+      auto unit = kUnits.find(name);
+      if (unit == kUnits.end()) continue;
+      const std::string status = check.value("status", std::string());
+      if (status == "skip" || status == "error") continue;
+      if (!check.contains("value") || !check["value"].is_number()) continue;
+      if (check.value("unit", std::string()) != unit->second)
+        return config_error(fmt::format("{}: check '{}': unit '{}', expected '{}'", path, name, check.value("unit", std::string()), unit->second));
+      take(name, check["value"].get<double>());
+    }
+    return {};
+  };
+  if (schema == "pacer.vet/1") {
+    if (!j.contains("checks")) return config_error(fmt::format("{}: key 'checks': expected an array", path));
+    if (Status st = read_checks(j["checks"], "checks"); !st) return st.error();
+    return c;
+  }
+  // A cluster report: every node's checks, and the all-reduce across nodes
+  // (NCCL's when it ran, else MPI's) as the data-parallel network figure.
+  if (j.contains("nodes") && j["nodes"].is_array())
+    for (const auto& n : j["nodes"])
+      if (n.is_object() && n.contains("report") && n["report"].is_object() && n["report"].contains("checks"))
+        if (Status st = read_checks(n["report"]["checks"], "nodes[].report.checks"); !st) return st.error();
+  for (const char* kind : {"nccl", "allreduce"}) {
+    const auto& net = j.contains("network") ? j["network"] : nlohmann::json();
+    if (!net.is_object() || !net.contains(kind) || !net[kind].is_object()) continue;
+    const auto& a = net[kind];
+    const std::string status = a.value("status", std::string());
+    if ((status == "pass" || status == "warn") && a.contains("busbw_gbps") && a["busbw_gbps"].is_number()) {
+      take("network.busbw_gbps", a["busbw_gbps"].get<double>());
+      break;
+    }
   }
   return c;
 }

@@ -217,7 +217,7 @@ Status check_hardware(const Model& m, const Parallel& p, const Hardware& hw, boo
   if (need_compute && !(hw.hbm_gbps > 0)) return usage("--hbm-gbps: give the device memory bandwidth (or --vet with gpu.hbm_bandwidth)");
   if (p.tp > 1 && !(hw.tp_gbps > 0)) return usage("--tp-gbps: give the tensor-parallel link bandwidth (or --vet with gpu.nccl_busbw)");
   if ((p.pp > 1 || p.dp > 1) && !(hw.dp_gbps > 0))
-    return usage("--dp-gbps: give the network bandwidth per GPU (or --vet with link.network_busbw)");
+    return usage("--dp-gbps: give the network bandwidth per GPU (or --vet with network.busbw_gbps)");
   if (hw.peak_tflops < 0 || hw.tp_latency_s < 0 || hw.dp_latency_s < 0) return usage("peaks and latencies cannot be negative");
   return {};
 }

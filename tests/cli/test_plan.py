@@ -132,12 +132,16 @@ class PlanTest(unittest.TestCase):
         self.assertAlmostEqual(sum(j["breakdown_s"].values()), j["step_s"], places=9)
         self.assertAlmostEqual(j["mfu"], j["model_flops"] / j["step_s"] / 64 / 312e12, places=9)
         # The same figures from a vet report instead of the command line.
-        vet = self.write("vet.json", json.dumps({"schema": "pacer.vet/1", "checks": [
-            {"name": "gpu.gemm_bf16", "target": "gpu0", "value": 250, "unit": "TFLOP/s", "status": "pass"},
+        # A cluster report (pacer vet --cluster --json): each node's checks, the slowest node's figure
+        # used, and the all-reduce across nodes (NCCL's when it ran) as the network figure.
+        node = lambda gemm: {"report": {"checks": [
+            {"name": "gpu.gemm_bf16", "target": "gpu0", "value": gemm, "unit": "TFLOP/s", "status": "pass"},
             {"name": "gpu.gemm_bf16", "target": "gpu1", "value": 260, "unit": "TFLOP/s", "status": "pass"},
             {"name": "gpu.hbm_bandwidth", "target": "gpu0", "value": 1631, "unit": "GB/s", "status": "pass"},
-            {"name": "gpu.nccl_busbw", "target": "", "value": 230, "unit": "GB/s", "status": "pass"},
-            {"name": "link.network_busbw", "target": "", "value": 22.5, "unit": "GB/s", "status": "pass"}]}))
+            {"name": "gpu.nccl_busbw", "target": "", "value": 230, "unit": "GB/s", "status": "pass"}]}}
+        vet = self.write("vet.json", json.dumps({"schema": "pacer.vet.cluster/1", "nodes": [node(250), node(255)],
+                                                 "network": {"allreduce": {"status": "pass", "busbw_gbps": 9.0},
+                                                             "nccl": {"status": "pass", "busbw_gbps": 22.5}}}))
         k = self.run_json(*base, "--peak-tflops", "312", "--vet", vet)
         self.assertAlmostEqual(k["step_s"], j["step_s"], places=12)
         self.assertIn("gpu.gemm_bf16", k["hardware_sources"]["gemm_tflops"])
