@@ -13,5 +13,6 @@ using Handler = std::function<int()>;
 Handler register_vet(CLI::App& app);
 Handler register_ckpt(CLI::App& app);
 Handler register_shard(CLI::App& app);
+Handler register_comm(CLI::App& app);
 
 }  // namespace pacer::cli

@@ -1,0 +1,155 @@
+#include "pacer/comm/collectives.hpp"
+
+#ifdef PACER_HAVE_MPI
+#include <mpi.h>
+
+#include <climits>
+#include <optional>
+#include <string>
+#include <vector>
+#endif
+
+namespace pacer::comm {
+
+#ifdef PACER_HAVE_MPI
+namespace {
+
+// bf16 has no MPI type: it travels as MPI_UINT16_T and is reduced by these
+// user-defined operations, which accumulate each pair in fp32 and round once.
+template <ReduceOp Op>
+void bf16_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
+  auto* a = static_cast<const std::uint16_t*>(in);
+  auto* b = static_cast<std::uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    const float x = from_bf16(a[i]), y = from_bf16(b[i]);
+    float r = x + y;
+    if constexpr (Op == ReduceOp::kMax) r = x > y ? x : y;
+    if constexpr (Op == ReduceOp::kMin) r = x < y ? x : y;
+    b[i] = to_bf16(r);
+  }
+}
+
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::kF32: return MPI_FLOAT;
+    case DType::kF64: return MPI_DOUBLE;
+    case DType::kBF16: return MPI_UINT16_T;
+    case DType::kI32: return MPI_INT32_T;
+    case DType::kU8: return MPI_UINT8_T;
+  }
+  return MPI_BYTE;
+}
+
+class MpiRequest final : public Request::Impl {
+ public:
+  MpiRequest(MPI_Request r, std::string what, int rank) : req_(r), what_(std::move(what)), rank_(rank) {}
+  ~MpiRequest() override {
+    // Abandoned after a timeout. MPI forbids freeing a non-blocking
+    // collective's request, so it is parked (and leaked) instead: the job is
+    // expected to end, and MPI may still complete it if the peers arrive.
+    if (req_ != MPI_REQUEST_NULL) {
+      static auto* parked = new std::vector<MPI_Request>();
+      parked->push_back(req_);
+    }
+  }
+  Expected<bool> test() override {
+    int done = 0;
+    if (MPI_Test(&req_, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return fail("failed");
+    return done != 0;
+  }
+  std::string what() const override { return what_ + " on rank " + std::to_string(rank_); }
+
+ private:
+  Error fail(const std::string& how) { return Error{ErrorKind::kRuntime, what() + " " + how}; }
+  MPI_Request req_;
+  std::string what_;
+  int rank_;
+};
+
+class MpiCollectives final : public Collectives {
+ public:
+  MpiCollectives() {
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    MPI_Op_create(&bf16_reduce<ReduceOp::kSum>, 1, &bf16_ops_[0]);
+    MPI_Op_create(&bf16_reduce<ReduceOp::kMax>, 1, &bf16_ops_[1]);
+    MPI_Op_create(&bf16_reduce<ReduceOp::kMin>, 1, &bf16_ops_[2]);
+  }
+  ~MpiCollectives() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized)
+      for (auto& op : bf16_ops_) MPI_Op_free(&op);
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "mpi"; }
+
+  Expected<Request> all_reduce(const void* send, void* recv, std::size_t count, DType t, ReduceOp op) override {
+    if (auto e = check_count("all_reduce", count)) return *e;
+    MPI_Request r;
+    MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, int(count), mpi_type(t), mpi_op(t, op), MPI_COMM_WORLD, &r);
+    return wrap(r, "all_reduce", count, t);
+  }
+  Expected<Request> reduce_scatter(const void* send, void* recv, std::size_t n, DType t, ReduceOp op) override {
+    if (auto e = check_count("reduce_scatter", n * size_)) return *e;
+    MPI_Request r;
+    MPI_Ireduce_scatter_block(send, recv, int(n), mpi_type(t), mpi_op(t, op), MPI_COMM_WORLD, &r);
+    return wrap(r, "reduce_scatter", n * size_, t);
+  }
+  Expected<Request> all_gather(const void* send, void* recv, std::size_t n, DType t) override {
+    if (auto e = check_count("all_gather", n * size_)) return *e;
+    MPI_Request r;
+    MPI_Iallgather(send, int(n), mpi_type(t), recv, int(n), mpi_type(t), MPI_COMM_WORLD, &r);
+    return wrap(r, "all_gather", n * size_, t);
+  }
+  Expected<Request> broadcast(void* buf, std::size_t n, DType t, int root) override {
+    if (auto e = check_count("broadcast", n)) return *e;
+    if (root < 0 || root >= size_)
+      return Error{ErrorKind::kUsage, "broadcast root " + std::to_string(root) + " outside " + std::to_string(size_) + " ranks"};
+    MPI_Request r;
+    MPI_Ibcast(buf, int(n), mpi_type(t), root, MPI_COMM_WORLD, &r);
+    return wrap(r, "broadcast", n, t);
+  }
+  Expected<Request> all_to_all(const void* send, void* recv, std::size_t n, DType t) override {
+    if (auto e = check_count("all_to_all", n * size_)) return *e;
+    MPI_Request r;
+    MPI_Ialltoall(send, int(n), mpi_type(t), recv, int(n), mpi_type(t), MPI_COMM_WORLD, &r);
+    return wrap(r, "all_to_all", n * size_, t);
+  }
+
+ private:
+  MPI_Op mpi_op(DType t, ReduceOp op) const {
+    if (t == DType::kBF16) return bf16_ops_[static_cast<int>(op)];
+    return op == ReduceOp::kSum ? MPI_SUM : op == ReduceOp::kMax ? MPI_MAX : MPI_MIN;
+  }
+  std::optional<Error> check_count(const char* what, std::size_t count) const {
+    if (count > static_cast<std::size_t>(INT_MAX))
+      return Error{ErrorKind::kUsage, std::string(what) + " of " + std::to_string(count) +
+                                          " elements: MPI counts stop at 2^31-1; split the buffer"};
+    return std::nullopt;
+  }
+  Request wrap(MPI_Request r, const char* what, std::size_t count, DType t) const {
+    return Request(std::make_unique<MpiRequest>(
+        r, std::string(what) + " of " + std::to_string(count) + " " + dtype_name(t) + " elements", rank_));
+  }
+
+  int rank_ = 0, size_ = 1;
+  MPI_Op bf16_ops_[3]{};
+};
+
+}  // namespace
+
+Expected<std::unique_ptr<Collectives>> mpi_collectives() {
+  // mpi_world() initialises MPI once per process with the thread level pacer needs.
+  auto world = mpi_world();
+  if (!world) return world.error();
+  return std::unique_ptr<Collectives>(new MpiCollectives());
+}
+#else
+Expected<std::unique_ptr<Collectives>> mpi_collectives() {
+  return Error{ErrorKind::kUsage, "pacer was built without MPI (install libopenmpi-dev and rebuild)"};
+}
+#endif
+
+}  // namespace pacer::comm
