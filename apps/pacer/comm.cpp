@@ -174,9 +174,13 @@ int tune(const CommArgs& a) {
   for (const auto& c : report.collectives)
     if (c.name == "all_reduce") ar = &c;
   const std::string src = a.bench_file.empty() ? "the fresh bench run" : a.bench_file;
-  if (!ar || !ar->fitted) usage_error(src + ": no fitted all_reduce (run pacer comm bench with all_reduce over 2+ sizes)");
-  if (!report.ok()) usage_error(src + ": the bench found wrong all_reduce results; fix the network before tuning");
-  in.all_reduce = ar->fit;
+  if (!ar) usage_error(src + ": no all_reduce measurements (run pacer comm bench with all_reduce)");
+  if (!report.ok()) usage_error(src + ": the bench found wrong results; fix the network before tuning");
+  auto fit = comm::fit_points(*ar, comm::kTuneMinBucketBytes);
+  if (!fit)
+    usage_error(fmt::format("{}: needs all_reduce at two or more sizes of at least {} (--max-size)", src,
+                            format_bytes(double(comm::kTuneMinBucketBytes))));
+  in.all_reduce = *fit;
   in.ranks = a.ranks > 0 ? a.ranks : report.ranks;
   const auto r = unwrap(comm::tune(in));
   json j = comm::to_json(r);

@@ -37,6 +37,16 @@ Expected<AlphaBeta> fit_alpha_beta(const std::vector<double>& x, const std::vect
   AlphaBeta f;
   f.beta_s_per_byte = (sw * sxy - sx * sy) / det;
   f.alpha_s = (sy - f.beta_s_per_byte * sx) / sw;
+  // Times that grow faster than linearly (caches, then memory) put the
+  // unconstrained intercept below zero; a negative latency means nothing, so
+  // the fit is constrained to alpha, beta >= 0 (the boundary solutions).
+  if (f.alpha_s < 0) {
+    f.alpha_s = 0;
+    f.beta_s_per_byte = sxy / sxx;
+  } else if (f.beta_s_per_byte < 0) {
+    f.beta_s_per_byte = 0;
+    f.alpha_s = sy / sw;
+  }
   const double mean = sy / sw;
   double ss_res = 0, ss_tot = 0;
   for (std::size_t i = 0; i < x.size(); ++i) {
@@ -47,6 +57,13 @@ Expected<AlphaBeta> fit_alpha_beta(const std::vector<double>& x, const std::vect
   f.r2 = ss_tot > 0 ? 1.0 - ss_res / ss_tot : 1.0;
   f.points = x.size();
   return f;
+}
+
+Expected<AlphaBeta> fit_points(const BenchCollective& c, std::size_t min_bytes) {
+  std::vector<double> xs, ys;
+  for (const auto& p : c.points)
+    if (p.bytes >= min_bytes) xs.push_back(double(p.bytes)), ys.push_back(p.median_s);
+  return fit_alpha_beta(xs, ys);
 }
 
 bool BenchReport::ok() const {
@@ -250,9 +267,7 @@ Expected<BenchReport> run_bench(Collectives& comm, const BenchOptions& o,
       col.points.push_back(pt);
       if (on_point) on_point(col, pt);
     }
-    std::vector<double> xs, ys;
-    for (const auto& p : col.points) xs.push_back(double(p.bytes)), ys.push_back(p.median_s);
-    if (auto f = fit_alpha_beta(xs, ys)) {
+    if (auto f = fit_points(col)) {
       col.fit = *f;
       col.fitted = true;
     }

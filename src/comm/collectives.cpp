@@ -160,10 +160,18 @@ class SingleCollectives final : public Collectives {
 
 std::unique_ptr<Collectives> single_rank_collectives() { return std::make_unique<SingleCollectives>(); }
 
+bool launched_by_mpi() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI_RANK", "PMIX_RANK", "MPI_LOCALNRANKS"})
+    if (std::getenv(v)) return true;
+  return false;
+}
+
 Expected<std::unique_ptr<Collectives>> open_collectives(const std::string& backend) {
   if (backend == "single") return single_rank_collectives();
   if (backend == "mpi") {
-    if (!built_with_mpi()) return single_rank_collectives();
+    // A process started without a launcher is a world of one: no MPI
+    // singleton start-up (which needs a working runtime) for it.
+    if (!built_with_mpi() || !launched_by_mpi()) return single_rank_collectives();
     return mpi_collectives();
   }
   if (backend == "nccl") {

@@ -1,6 +1,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include <fmt/format.h>
+
 #include "pacer/comm/bench.hpp"
 
 namespace pacer::comm {
@@ -31,13 +33,18 @@ constexpr double kMiB = 1024.0 * 1024.0;
 constexpr double kDdpFirstBucketBytes = 1 * kMiB;  // torch.distributed's first bucket
 constexpr double kDdpDefaultCapMb = 25;
 constexpr double kDeepSpeedDefaultElements = 5e8;
+constexpr double kTieFraction = 0.01;
 
-// Fewer, larger buckets win ties: each launch costs more than the model's alpha.
+// The largest bucket whose exposed time is within 1% of the communication
+// time of the minimum: the model has no per-bucket cost beyond alpha (hooks,
+// kernel launches, allocator), so among near-equal schedules fewer buckets win.
 Schedule best_of(const std::vector<Schedule>& v) {
-  Schedule best = v.front();
+  Schedule min = v.front();
   for (const auto& s : v)
-    if (s.exposed_s < best.exposed_s * (1 - 1e-9) || (s.exposed_s <= best.exposed_s * (1 + 1e-9) && s.bucket_bytes > best.bucket_bytes))
-      best = s;
+    if (s.exposed_s < min.exposed_s) min = s;
+  Schedule best = min;
+  for (const auto& s : v)
+    if (s.exposed_s <= min.exposed_s + kTieFraction * min.comm_s && s.bucket_bytes > best.bucket_bytes) best = s;
   return best;
 }
 
@@ -57,7 +64,7 @@ Expected<TuneReport> tune(const TuneInput& in) {
   // Candidate bucket sizes: 64 KiB upwards in quarter-octave steps, and the
   // whole gradient as one bucket.
   std::vector<double> sizes;
-  for (double b = 64 * 1024; b < r.gradient_bytes; b *= std::pow(2.0, 0.25)) sizes.push_back(b);
+  for (double b = kTuneMinBucketBytes; b < r.gradient_bytes; b *= std::pow(2.0, 0.25)) sizes.push_back(std::round(b));
   sizes.push_back(r.gradient_bytes);
   std::vector<Schedule> ddp;
   for (double b : sizes) {
@@ -68,7 +75,7 @@ Expected<TuneReport> tune(const TuneInput& in) {
 
   FrameworkSetting d{"pytorch_ddp", "bucket_cap_mb", "MiB", 0, kDdpDefaultCapMb, {}, {}, ""};
   const Schedule ddp_best = best_of(ddp);
-  d.recommended = std::round(ddp_best.bucket_bytes / kMiB * 100) / 100;
+  d.recommended = std::stod(fmt::format("{:.4g}", ddp_best.bucket_bytes / kMiB));
   d.at_recommended = simulate(in, kDdpFirstBucketBytes, d.recommended * kMiB);
   d.at_default = simulate(in, kDdpFirstBucketBytes, kDdpDefaultCapMb * kMiB);
   d.note = "bytes of the gradient dtype; DDP's first bucket stays at 1 MiB";
@@ -87,6 +94,12 @@ Expected<TuneReport> tune(const TuneInput& in) {
   ds.at_default = simulate(in, kDeepSpeedDefaultElements * e, kDeepSpeedDefaultElements * e);
   ds.note = "elements, not bytes; needs \"overlap_comm\": true; ZeRO reduces with reduce-scatter, modelled here as all-reduce";
   r.settings.push_back(ds);
+  // Within the tie tolerance a default can beat the pick: keep the default then.
+  for (auto& f : r.settings)
+    if (f.at_default.exposed_s <= f.at_recommended.exposed_s) {
+      f.recommended = f.default_value;
+      f.at_recommended = f.at_default;
+    }
   return r;
 }
 

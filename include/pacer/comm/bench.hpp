@@ -25,7 +25,8 @@ Expected<double> busbw_factor(const std::string& collective, int n);
 
 // t(bytes) = alpha_s + beta_s_per_byte * bytes, fitted by least squares on
 // relative residuals (every size counts alike, from bytes to hundreds of
-// MiB); r2 is the coefficient of determination of that weighted fit.
+// MiB), constrained to alpha, beta >= 0; r2 is the coefficient of
+// determination of that weighted fit (1: a perfect line).
 struct AlphaBeta {
   double alpha_s = 0;
   double beta_s_per_byte = 0;
@@ -66,6 +67,14 @@ struct BenchCollective {
   AlphaBeta fit;
   bool fitted = false;
 };
+
+// The α-β fit of a collective's median times over sizes >= min_bytes.
+Expected<AlphaBeta> fit_points(const BenchCollective& c, std::size_t min_bytes = 0);
+
+// Buckets are never smaller than this in tune's sweep, and tune fits the
+// all-reduce over these sizes only: small messages run in another regime
+// (latency, caches) that would bend the line where buckets live.
+inline constexpr std::size_t kTuneMinBucketBytes = 64 * 1024;
 
 struct BenchReport {
   std::string backend;

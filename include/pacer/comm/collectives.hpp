@@ -114,7 +114,11 @@ Expected<std::unique_ptr<Collectives>> mpi_collectives();
 Expected<std::unique_ptr<Collectives>> nccl_collectives(Communicator& bootstrap, int device = -1);
 bool built_with_nccl();
 
-// "mpi" or "nccl" (or "single" when pacer has no MPI and runs alone).
+// True when an MPI launcher (mpirun, srun with PMI/PMIx) started this process.
+bool launched_by_mpi();
+
+// "mpi" (a single rank when pacer has no MPI or was not started by an MPI
+// launcher), "nccl" or "single".
 Expected<std::unique_ptr<Collectives>> open_collectives(const std::string& backend);
 
 // bf16 <-> fp32 (round to nearest even; NaN stays NaN).
