@@ -30,7 +30,10 @@ struct ReducerOptions {
   double top_k_ratio = 0.01;                 // kTopK: fraction of each bucket's elements sent
   bool average = true;                       // divide by the world size in finish()
   ProgressMode progress = ProgressMode::kThread;
-  double timeout_s = 300;                    // per collective; 0 waits forever
+  // Per collective. 0 waits forever and lets the MPI backend run the blocking
+  // (faster) collective on the reducer thread; > 0 takes MPI's non-blocking
+  // path, which can give up and name this rank (see docs/comm.md).
+  double timeout_s = 0;
 };
 
 struct ReducerStats {
