@@ -171,11 +171,11 @@ int main(int argc, char** argv) {
     const double c = median(t_compute), m = median(t_comm);
     auto hidden = [&](double total) { return 1.0 - (total - c) / m; };
     std::printf("{\"ranks\": %d, \"layers\": %d, \"gradient_mib\": %.1f, \"bucket_mib\": %.2f, \"compute\": \"%s\", "
-                "\"rounds\": %d, \"compute_s\": %.5f, \"comm_s\": %.5f, \"sequential_s\": %.5f, "
+                "\"rounds\": %d, \"compute_ms_per_layer\": %g, \"compute_s\": %.5f, \"comm_s\": %.5f, \"sequential_s\": %.5f, "
                 "\"overlap_thread_s\": %.5f, \"overlap_caller_s\": %.5f, \"finish_wait_thread_s\": %.5f, "
                 "\"finish_wait_caller_s\": %.5f, \"hidden_no_overlap\": %.3f, \"hidden_thread\": %.3f, "
                 "\"hidden_caller\": %.3f, \"busbw_ratio_vs_mpi\": {",
-                n, s.layers, flat.size() * 4.0 / (1 << 20), bucket_mib, s.sleep ? "sleep" : "spin", rounds, c, m,
+                n, s.layers, flat.size() * 4.0 / (1 << 20), bucket_mib, s.sleep ? "sleep" : "spin", rounds, s.compute_s * 1e3, c, m,
                 median(t_seq), median(t_thread), median(t_caller), median(ex_thread), median(ex_caller),
                 hidden(median(t_seq)), hidden(median(t_thread)), hidden(median(t_caller)));
     for (std::size_t i = 0; i < ratio.size(); ++i)

@@ -101,7 +101,8 @@ def worker(rank, n, layers, floats, compute_s, sleep, rounds, bucket_mib, out):
         med = {k: statistics.median(v) for k, v in res.items()}
         hidden = lambda total: 1 - (total - med["compute"]) / med["comm"]
         out.put({"ranks": n, "layers": layers, "gradient_mib": layers * floats * 4 / 2**20, "bucket_mib": bucket_mib,
-                 "compute": "sleep" if sleep else "spin", "rounds": rounds, "compute_s": med["compute"],
+                 "compute": "sleep" if sleep else "spin", "rounds": rounds,
+                 "compute_ms_per_layer": round(compute_s * 1e3, 6), "compute_s": med["compute"],
                  "comm_s": med["comm"], "sequential_s": med["seq"], "overlap_ddp_s": med["ddp"],
                  "hidden_no_overlap": hidden(med["seq"]), "hidden_ddp": hidden(med["ddp"]),
                  "torch": torch.__version__})

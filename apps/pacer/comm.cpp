@@ -1,6 +1,8 @@
 // `pacer comm`: measure collectives (bench) and turn the measurement into bucket settings (tune); the work is in pacer/comm.hpp.
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <memory>
 #include <sstream>
@@ -92,6 +94,7 @@ Expected<comm::BenchReport> bench_run(const CommArgs& a, comm::BenchOptions o, b
   auto c = comm::open_collectives(a.backend);
   if (!c) return c.error();
   rank = (*c)->rank();
+  show_progress = show_progress && isatty(fileno(stderr));
   auto on_point = [&](const comm::BenchCollective& col, const comm::BenchPoint& p) {
     if (show_progress && (*c)->rank() == 0)
       std::fprintf(stderr, "\r%-16s %12s  %s     ", col.name.c_str(), format_bytes(double(p.bytes)).c_str(),
