@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # pacer's GradientReducer against PyTorch DDP (gloo) on the same synthetic backward, CPU ranks under mpirun.
 # Usage: bash bench/comm_overlap.sh [BUILD_DIR]   (ROUNDS=7 by default)
-# Writes bench/results/comm_overlap-DATE.json and .md.
+# Writes bench/results/comm_overlap-DATE.json and .md (rename them -runN to keep several runs of a day).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
