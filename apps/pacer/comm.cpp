@@ -136,6 +136,9 @@ std::string tune_text(const comm::TuneReport& r) {
                format_duration(f.at_default.exposed_s)});
   text += t.render();
   for (const auto& f : r.settings) text += fmt::format("  {}: {}\n", f.framework, f.note);
+  if (r.input.all_reduce.r2 < 0.9)
+    text += fmt::format("warning: the alpha-beta line fits the all-reduce times poorly (R2 {:.2f}); treat the exposed times as rough\n",
+                        r.input.all_reduce.r2);
   text += "OK\n";
   return text;
 }
