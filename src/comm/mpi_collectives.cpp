@@ -107,6 +107,11 @@ class MpiCollectives final : public Collectives {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string backend() const override { return "mpi"; }
+  bool other_threads_may_call() const override {
+    int level = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&level);
+    return level >= MPI_THREAD_SERIALIZED;
+  }
 
   Expected<Request> all_reduce(const void* send, void* recv, std::size_t count, DType t, ReduceOp op) override {
     if (auto e = check_count("all_reduce", count)) return *e;

@@ -96,6 +96,10 @@ Status GradientReducer::seal() {
   if (opt_.compression != Compression::kNone && comm_.device_buffers())
     return Error{ErrorKind::kUsage, std::string("GradientReducer: compression runs on the CPU; the ") + comm_.backend() +
                                         " backend keeps gradients on the GPU"};
+  if (opt_.progress == ProgressMode::kThread && !comm_.other_threads_may_call())
+    return Error{ErrorKind::kUsage, "GradientReducer on rank " + std::to_string(comm_.rank()) +
+                                        ": the progress thread needs MPI initialised with at least MPI_THREAD_SERIALIZED;"
+                                        " initialise it so, or use ProgressMode::kCaller"};
   auto& s = *s_;
 
   // Every rank must bucket identically, or collectives pair up wrong buffers:

@@ -73,6 +73,11 @@ class Collectives {
   virtual int size() const = 0;
   virtual std::string backend() const = 0;  // "single", "mpi", "nccl"
   virtual bool device_buffers() const { return false; }
+  // Whether a thread other than the one that initialised the backend may
+  // make its calls (one at a time): false for MPI initialised below
+  // MPI_THREAD_SERIALIZED by someone else. GradientReducer's progress thread
+  // needs it.
+  virtual bool other_threads_may_call() const { return true; }
 
   // recv[i] = op over ranks of send[i], i < count. send == recv is in place.
   virtual Expected<Request> all_reduce(const void* send, void* recv, std::size_t count, DType t, ReduceOp op) = 0;
