@@ -14,5 +14,6 @@ Handler register_vet(CLI::App& app);
 Handler register_ckpt(CLI::App& app);
 Handler register_shard(CLI::App& app);
 Handler register_plan(CLI::App& app);
+Handler register_comm(CLI::App& app);
 
 }  // namespace pacer::cli

@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   add(pacer::cli::register_ckpt(app));
   add(pacer::cli::register_shard(app));
   add(pacer::cli::register_plan(app));
+  add(pacer::cli::register_comm(app));
 
   try {
     app.parse(argc, argv);
