@@ -17,7 +17,7 @@ struct SamplerOptions {
   int pid = 0;              // process tree to follow; 0: none
   bool gpus = true;         // query NVML (and GPM where the GPU has it)
   bool per_core = true;     // one cpu.busy reading per core as well as the total
-  std::shared_ptr<hw::Nvml> nvml;  // used when set; otherwise opened when `gpus`
+  std::shared_ptr<hw::Nvml> nvml = nullptr;  // used when set; otherwise opened when `gpus`
 };
 
 // Samples the host and its GPUs. Counters become rates from the second pass
