@@ -248,9 +248,10 @@ Expected<ProcessTreeStat> read_process_tree(int pid, const std::string& root) {
   }
   if (ec) return Error{ErrorKind::kIo, fmt::format("{}: cannot list: {}", proc, ec.message())};
   std::vector<int> tree{pid};
+  // A zombie root has exited; only its parent has not collected it yet.
   bool found_root = false;
-  for (const auto& s : all) found_root = found_root || s.pid == pid;
-  if (!found_root) return Error{ErrorKind::kIo, fmt::format("process {}: not found under {}", pid, proc)};
+  for (const auto& s : all) found_root = found_root || (s.pid == pid && s.state != 'Z');
+  if (!found_root) return Error{ErrorKind::kIo, fmt::format("process {}: not found under {} (or exited)", pid, proc)};
   // Breadth-first over children; `tree` grows while it is walked.
   for (std::size_t i = 0; i < tree.size(); ++i)
     for (const auto& s : all)

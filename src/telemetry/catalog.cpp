@@ -95,10 +95,11 @@ Expected<std::unique_ptr<Catalog>> Catalog::open(const std::string& path, Catalo
   if (!options.read_only) {
     // WAL lets the monitor and the training processes write while a query reads.
     if (auto s = c->exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL"); !s) return s.error();
-    if (options.max_pages > 0)
-      if (auto s = c->exec(fmt::format("PRAGMA max_page_count={}", options.max_pages)); !s) return s.error();
     if (version == 0)
       if (auto s = c->create_schema(); !s) return s.error();
+    // After the schema, so that the cap limits data, not the catalog's creation.
+    if (options.max_pages > 0)
+      if (auto s = c->exec(fmt::format("PRAGMA max_page_count={}", options.max_pages)); !s) return s.error();
   }
   c->schema_version_ = kCatalogSchemaVersion;
   return c;

@@ -13,7 +13,7 @@ const std::vector<MetricDef>& metric_defs() {
       {"proc.rss_bytes", "bytes", K::kGauge, "pacer_process_resident_memory_bytes", "Resident memory of the monitored process tree"},
       {"proc.read_bytes", "bytes", K::kCounter, "pacer_process_read_bytes", "Bytes the process tree read from storage"},
       {"proc.write_bytes", "bytes", K::kCounter, "pacer_process_written_bytes", "Bytes the process tree wrote to storage"},
-      {"proc.count", "processes", K::kGauge, "pacer_process_count", "Live processes in the monitored tree"},
+      {"proc.count", "processes", K::kGauge, "pacer_processes", "Live processes in the monitored tree"},
       {"net.rx_bytes", "bytes", K::kCounter, "pacer_network_receive_bytes", "Bytes received per interface (/proc/net/dev)"},
       {"net.tx_bytes", "bytes", K::kCounter, "pacer_network_transmit_bytes", "Bytes sent per interface (/proc/net/dev)"},
       {"ib.rx_bytes", "bytes", K::kCounter, "pacer_infiniband_receive_bytes", "Bytes received per InfiniBand port (port_rcv_data x 4)"},

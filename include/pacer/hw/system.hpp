@@ -109,7 +109,7 @@ struct ProcessTreeStat {
   PidIo io;
   bool io_readable = true;
 };
-// Fails when `pid` itself is gone (the message names it).
+// Fails when `pid` itself is gone or a zombie (the message names it).
 Expected<ProcessTreeStat> read_process_tree(int pid, const std::string& root = "");
 long clock_ticks_per_second();
 long page_size_bytes();

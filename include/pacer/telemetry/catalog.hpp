@@ -25,7 +25,8 @@ struct CatalogOptions {
   // training processes share one file).
   int busy_timeout_ms = 5000;
   // Test seam: caps the file at this many pages (SQLite max_page_count), so
-  // that a write fails with SQLITE_FULL exactly as on a full disk. 0: no cap.
+  // that a write fails with SQLITE_FULL exactly as on a full disk (never
+  // below the pages the schema already takes). 0: no cap.
   std::int64_t max_pages = 0;
 };
 
