@@ -25,10 +25,10 @@ int rank_from_env();
 std::string catalog_from_env();
 
 struct RecorderOptions {
-  std::string db;                      // empty: catalog_from_env()
+  std::string db{};                    // empty: catalog_from_env()
   std::int64_t run_id = 0;             // 0: PACER_RUN_ID, else a new run
   int rank = -1;                       // -1: rank_from_env()
-  std::string node;                    // empty: this hostname
+  std::string node{};                  // empty: this hostname
   std::size_t queue_capacity = 65536;  // records held before step() drops
   double flush_interval_s = 0.5;       // how often the writer commits
 };

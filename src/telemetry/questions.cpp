@@ -50,26 +50,32 @@ GROUP BY slow.run_id, slow.rank, slow.step, s.node_id, s.gpu_id
 ORDER BY slow.step_time_s DESC, slow.rank, slow.step, node, gpu
 )sql";
 
+// Regressed steps are reduced to one time window per (run, step) before the
+// temperature samples are looked up through the (metric_id, t) index: ranks
+// share their step windows, so this is one range scan per slow step rather
+// than one per rank and step.
 constexpr const char* kHot = R"sql(
-WITH timed AS (
+WITH timed AS MATERIALIZED (
   SELECT run_id, rank, step, t, step_time_s,
     row_number() OVER (PARTITION BY run_id ORDER BY step_time_s) AS pos,
     count(*) OVER (PARTITION BY run_id) AS n
   FROM steps WHERE step_time_s IS NOT NULL),
-median AS (SELECT run_id, avg(step_time_s) AS median_s FROM timed WHERE pos IN ((n + 1) / 2, (n + 2) / 2) GROUP BY run_id),
-regressed AS (
-  SELECT timed.*, median.median_s, coalesce(r.interval_s, 1.0) AS interval_s FROM timed JOIN median USING(run_id)
-  JOIN runs r USING(run_id) WHERE timed.step_time_s > {regression} * median.median_s),
-hot AS (
-  SELECT s.run_id, s.t, s.node_id, s.gpu_id, s.value FROM samples s
-  WHERE s.metric_id = (SELECT metric_id FROM metrics WHERE name = 'gpu.temperature_c') AND s.value > {threshold})
-SELECT n.hostname AS node, g.gpu_index AS gpu, max(hot.value) AS temp_c_max,
-  count(DISTINCT regressed.rank || ':' || regressed.step) AS regressed_steps,
-  round(avg(regressed.step_time_s / regressed.median_s), 3) AS slowdown_vs_median
-FROM regressed JOIN hot ON hot.run_id = regressed.run_id
-  AND hot.t BETWEEN regressed.t - regressed.step_time_s AND regressed.t + regressed.interval_s
-JOIN nodes n ON n.node_id = hot.node_id JOIN gpus g ON g.gpu_id = hot.gpu_id
-GROUP BY hot.node_id, hot.gpu_id
+median AS MATERIALIZED (
+  SELECT run_id, avg(step_time_s) AS median_s FROM timed WHERE pos IN ((n + 1) / 2, (n + 2) / 2) GROUP BY run_id),
+regressed AS MATERIALIZED (
+  SELECT timed.run_id, timed.step, min(timed.t - timed.step_time_s) AS start_t,
+    max(timed.t) + coalesce(r.interval_s, 1.0) AS end_t, avg(timed.step_time_s / median.median_s) AS slowdown
+  FROM timed JOIN median USING(run_id) JOIN runs r USING(run_id)
+  WHERE timed.step_time_s > {regression} * median.median_s
+  GROUP BY timed.run_id, timed.step)
+SELECT n.hostname AS node, g.gpu_index AS gpu, max(s.value) AS temp_c_max,
+  count(DISTINCT regressed.run_id || ':' || regressed.step) AS regressed_steps,
+  round(avg(regressed.slowdown), 3) AS slowdown_vs_median
+FROM regressed
+JOIN samples s ON s.metric_id = (SELECT metric_id FROM metrics WHERE name = 'gpu.temperature_c')
+  AND s.t BETWEEN regressed.start_t AND regressed.end_t AND s.run_id = regressed.run_id AND s.value > {threshold}
+JOIN nodes n ON n.node_id = s.node_id JOIN gpus g ON g.gpu_id = s.gpu_id
+GROUP BY s.node_id, s.gpu_id
 ORDER BY temp_c_max DESC, node, gpu
 )sql";
 

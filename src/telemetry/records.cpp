@@ -35,6 +35,7 @@ const std::vector<MetricDef>& metric_defs() {
       {"gpu.remapped_rows", "rows", K::kGauge, "pacer_gpu_remapped_rows", "Rows remapped for uncorrectable errors"},
       {"gpu.remap_pending", "bool", K::kGauge, "pacer_gpu_remap_pending", "A row remap waits for a GPU reset"},
       {"gpu.processes", "processes", K::kGauge, "pacer_gpu_processes", "Processes holding a compute context"},
+      {"gpu.process_memory_bytes", "bytes", K::kGauge, "pacer_gpu_process_memory_bytes", "GPU memory of one compute process (device: pid N)"},
       {"gpm.sm_util", "ratio", K::kGauge, "pacer_gpu_sm_active_ratio", "GPM: fraction of time SMs were busy"},
       {"gpm.sm_occupancy", "ratio", K::kGauge, "pacer_gpu_sm_occupancy_ratio", "GPM: resident warps over the maximum"},
       {"gpm.tensor_util", "ratio", K::kGauge, "pacer_gpu_tensor_active_ratio", "GPM: fraction of time any tensor pipe was active"},

@@ -175,6 +175,16 @@ void Sampler::sample_gpus(Sample& s) {
     gauge("gpu.remap_pending", info->remap_pending);
     gauge("gpu.processes", info->compute_processes);
     if (info->energy_mj) counter(s, def("gpu.energy_j"), gi, "", static_cast<double>(*info->energy_mj) / 1000.0);
+    if (info->compute_processes.value_or(0) > 0) {
+      if (auto procs = opt_.nvml->compute_processes(static_cast<unsigned>(i))) {
+        for (const auto& p : *procs)
+          if (p.used_memory)
+            s.readings.push_back({def("gpu.process_memory_bytes"), gi, fmt::format("pid {}", p.pid),
+                                  static_cast<double>(*p.used_memory), {}});
+      } else {
+        note(procs.error().message);
+      }
+    }
     // Throttling starts and ends become events so that a query can find them
     // without scanning every sample.
     const std::uint64_t now_bits = info->clock_event_reasons.value_or(0) & kThrottleReasons;

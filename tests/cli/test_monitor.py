@@ -73,17 +73,23 @@ class MonitorTest(unittest.TestCase):
         script = f'trap "echo term > {flag}; exit 42" TERM; while :; do sleep 0.05; done'
         p = subprocess.Popen([PACER, "monitor", "--interval", "100ms", "--db", self.db, "--no-gpu", "--", "sh", "-c", script],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        deadline = time.time() + 20
-        # Wait until the command runs (its first sample is in the catalog).
-        while time.time() < deadline:
-            try:
-                if rows(self.db, "SELECT count(*) FROM samples")[0][0] > 0:
-                    break
-            except sqlite3.OperationalError:  # the schema is not there yet
-                pass
-            time.sleep(0.05)
-        p.send_signal(signal.SIGTERM)
-        _, err = p.communicate(timeout=30)
+        try:
+            # Wait until the command runs (its first sample is in the catalog).
+            deadline = time.time() + 20
+            while time.time() < deadline:
+                try:
+                    if rows(self.db, "SELECT count(*) FROM samples")[0][0] > 0:
+                        break
+                except sqlite3.OperationalError:  # the schema is not there yet
+                    pass
+                time.sleep(0.05)
+            p.send_signal(signal.SIGTERM)
+            _, err = p.communicate(timeout=30)
+        finally:
+            if p.poll() is None:  # never leave a monitor and its endless command behind
+                subprocess.run(["pkill", "-KILL", "-P", str(p.pid)], check=False)
+                p.kill()
+                p.communicate()
         self.assertEqual(p.returncode, 42, err)
         self.assertTrue(os.path.exists(flag))
 

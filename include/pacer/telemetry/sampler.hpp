@@ -13,7 +13,7 @@
 namespace pacer::telemetry {
 
 struct SamplerOptions {
-  std::string root;         // prefixed to /proc and /sys; "" for the real ones
+  std::string root{};       // prefixed to /proc and /sys; "" for the real ones
   int pid = 0;              // process tree to follow; 0: none
   bool gpus = true;         // query NVML (and GPM where the GPU has it)
   bool per_core = true;     // one cpu.busy reading per core as well as the total
