@@ -212,9 +212,10 @@ Expected<std::shared_ptr<Nvml>> Nvml::open() {
   bind(h, api->device_get_max_clock_info, {"nvmlDeviceGetMaxClockInfo"});
   bind(h, api->device_get_utilization_rates, {"nvmlDeviceGetUtilizationRates"});
   bind(h, api->device_get_total_energy, {"nvmlDeviceGetTotalEnergyConsumption"});
-  // Only the versions whose element is the 24-byte nvmlProcessInfo_t above.
+  // _v2 fills the 24-byte nvmlProcessInfo_t above on every driver; one CUDA
+  // 12.0 header gave _v3's element an extra field, so _v3 is only a fallback.
   bind(h, api->device_get_process_list,
-       {"nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2"});
+       {"nvmlDeviceGetComputeRunningProcesses_v2", "nvmlDeviceGetComputeRunningProcesses_v3"});
   bind(h, api->gpm_query_device_support, {"nvmlGpmQueryDeviceSupport"});
   bind(h, api->gpm_sample_alloc, {"nvmlGpmSampleAlloc"});
   bind(h, api->gpm_sample_free, {"nvmlGpmSampleFree"});
@@ -242,7 +243,8 @@ Expected<unsigned> Nvml::device_count() const {
   return n;
 }
 
-Expected<GpuInfo> Nvml::query(unsigned index) const {
+Expected<GpuInfo> Nvml::query(unsigned index, QueryScope scope) const {
+  const bool all = scope == QueryScope::kAll;
   auto handle = api_->device(index);
   if (!handle) return handle.error();
   nvmlDevice_t dev = *handle;
@@ -250,9 +252,9 @@ Expected<GpuInfo> Nvml::query(unsigned index) const {
   GpuInfo g;
   g.index = index;
   char buf[256] = {};
-  if (a.device_get_name && a.device_get_name(dev, buf, sizeof(buf)) == kSuccess) g.name = buf;
+  if (all && a.device_get_name && a.device_get_name(dev, buf, sizeof(buf)) == kSuccess) g.name = buf;
   buf[0] = 0;
-  if (a.device_get_uuid && a.device_get_uuid(dev, buf, sizeof(buf)) == kSuccess) g.uuid = buf;
+  if (all && a.device_get_uuid && a.device_get_uuid(dev, buf, sizeof(buf)) == kSuccess) g.uuid = buf;
   g.temperature_c = get<unsigned>(a.device_get_temperature, dev, kTemperatureGpu);
   nvmlMemory_v2_t m2{};
   m2.version = kMemoryV2Version;
@@ -273,14 +275,14 @@ Expected<GpuInfo> Nvml::query(unsigned index) const {
     const nvmlReturn_t rc = a.device_get_compute_processes(dev, &count, nullptr);
     if (rc == kSuccess || rc == kInsufficientSize) g.compute_processes = count;
   }
-  if (a.device_get_total_ecc_errors) {
+  if (all && a.device_get_total_ecc_errors) {
     unsigned long long n = 0;
     if (a.device_get_total_ecc_errors(dev, kMemoryErrorUncorrected, kVolatileEcc, &n) == kSuccess)
       g.ecc_volatile_uncorrected = n;
     if (a.device_get_total_ecc_errors(dev, kMemoryErrorUncorrected, kAggregateEcc, &n) == kSuccess)
       g.ecc_aggregate_uncorrected = n;
   }
-  if (a.device_get_remapped_rows) {
+  if (all && a.device_get_remapped_rows) {
     unsigned corr = 0, unc = 0, pending = 0, failed = 0;
     if (a.device_get_remapped_rows(dev, &corr, &unc, &pending, &failed) == kSuccess) {
       g.remapped_rows_uncorrectable = unc;
@@ -289,13 +291,15 @@ Expected<GpuInfo> Nvml::query(unsigned index) const {
     }
   }
   if (auto r = get<unsigned long long>(a.device_get_clock_event_reasons, dev)) g.clock_event_reasons = *r;
-  g.pcie_gen = get<unsigned>(a.device_get_curr_pcie_gen, dev);
-  g.pcie_gen_max = get<unsigned>(a.device_get_max_pcie_gen, dev);
-  g.pcie_width = get<unsigned>(a.device_get_curr_pcie_width, dev);
-  g.pcie_width_max = get<unsigned>(a.device_get_max_pcie_width, dev);
+  if (all) {
+    g.pcie_gen = get<unsigned>(a.device_get_curr_pcie_gen, dev);
+    g.pcie_gen_max = get<unsigned>(a.device_get_max_pcie_gen, dev);
+    g.pcie_width = get<unsigned>(a.device_get_curr_pcie_width, dev);
+    g.pcie_width_max = get<unsigned>(a.device_get_max_pcie_width, dev);
+    g.sm_clock_max_mhz = get<unsigned>(a.device_get_max_clock_info, dev, kClockSm);
+  }
   g.power_mw = get<unsigned>(a.device_get_power_usage, dev);
   g.sm_clock_mhz = get<unsigned>(a.device_get_clock_info, dev, kClockSm);
-  g.sm_clock_max_mhz = get<unsigned>(a.device_get_max_clock_info, dev, kClockSm);
   g.mem_clock_mhz = get<unsigned>(a.device_get_clock_info, dev, kClockMem);
   if (auto u = get<nvmlUtilization_t>(a.device_get_utilization_rates, dev)) {
     g.utilization_gpu_pct = u->gpu;

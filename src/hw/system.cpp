@@ -232,11 +232,12 @@ long page_size_bytes() {
   return page > 0 ? page : 4096;
 }
 
-Expected<ProcessTreeStat> read_process_tree(int pid, const std::string& root) {
+Expected<std::vector<int>> process_tree_pids(int pid, const std::string& root) {
   const std::string proc = root + "/proc";
   // One pass over /proc builds the parent map; the tree is then walked from
   // `pid`. Processes that exit between the listing and the read are skipped.
-  std::vector<PidStat> all;
+  std::vector<std::pair<int, int>> parent_of;  // (pid, ppid)
+  bool found_root = false;
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(proc, ec)) {
     const std::string name = entry.path().filename().string();
@@ -244,28 +245,34 @@ Expected<ProcessTreeStat> read_process_tree(int pid, const std::string& root) {
     auto text = read_text(entry.path().string() + "/stat");
     if (!text) continue;
     auto st = parse_pid_stat(*text);
-    if (st) all.push_back(std::move(*st));
+    if (!st) continue;
+    // A zombie root has exited; only its parent has not collected it yet.
+    if (st->pid == pid) found_root = st->state != 'Z';
+    parent_of.emplace_back(st->pid, st->ppid);
   }
   if (ec) return Error{ErrorKind::kIo, fmt::format("{}: cannot list: {}", proc, ec.message())};
-  std::vector<int> tree{pid};
-  // A zombie root has exited; only its parent has not collected it yet.
-  bool found_root = false;
-  for (const auto& s : all) found_root = found_root || (s.pid == pid && s.state != 'Z');
   if (!found_root) return Error{ErrorKind::kIo, fmt::format("process {}: not found under {} (or exited)", pid, proc)};
+  std::vector<int> tree{pid};
   // Breadth-first over children; `tree` grows while it is walked.
   for (std::size_t i = 0; i < tree.size(); ++i)
-    for (const auto& s : all)
-      if (s.ppid == tree[i] && s.pid != tree[i]) tree.push_back(s.pid);
+    for (const auto& [p, pp] : parent_of)
+      if (pp == tree[i] && p != tree[i]) tree.push_back(p);
+  return tree;
+}
+
+ProcessTreeStat read_processes(int root_pid, const std::vector<int>& pids, const std::string& root) {
   ProcessTreeStat out;
-  out.root_pid = pid;
+  out.root_pid = root_pid;
   const double tick = static_cast<double>(clock_ticks_per_second());
-  for (const auto& s : all) {
-    if (std::find(tree.begin(), tree.end(), s.pid) == tree.end()) continue;
-    if (s.state == 'Z') continue;  // a zombie's times already went to its parent's cutime
+  for (const int pid : pids) {
+    auto text = read_text(fmt::format("{}/proc/{}/stat", root, pid));
+    if (!text) continue;  // exited since the tree was listed
+    auto s = parse_pid_stat(*text);
+    if (!s || s->state == 'Z') continue;  // a zombie's times already went to its parent's cutime
     ++out.processes;
-    out.cpu_seconds += static_cast<double>(s.utime + s.stime) / tick;
-    out.rss_bytes += s.rss_pages * static_cast<std::uint64_t>(page_size_bytes());
-    auto io_text = read_text(fmt::format("{}/{}/io", proc, s.pid));
+    out.cpu_seconds += static_cast<double>(s->utime + s->stime) / tick;
+    out.rss_bytes += s->rss_pages * static_cast<std::uint64_t>(page_size_bytes());
+    auto io_text = read_text(fmt::format("{}/proc/{}/io", root, pid));
     auto io = io_text ? parse_pid_io(*io_text) : Expected<PidIo>(io_text.error());
     if (!io) {
       out.io_readable = false;
@@ -277,6 +284,12 @@ Expected<ProcessTreeStat> read_process_tree(int pid, const std::string& root) {
     out.io.write_bytes += io->write_bytes;
   }
   return out;
+}
+
+Expected<ProcessTreeStat> read_process_tree(int pid, const std::string& root) {
+  auto pids = process_tree_pids(pid, root);
+  if (!pids) return pids.error();
+  return read_processes(pid, *pids, root);
 }
 
 std::vector<NetDevCounters> parse_net_dev(std::string_view text) {

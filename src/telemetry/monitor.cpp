@@ -317,6 +317,10 @@ Expected<MonitorResult> run_monitor(const MonitorOptions& o) {
   }
   check(catalog.end_run(res.run_id, unix_now(), o.pid > 0 ? std::optional<int>{} : std::optional<int>{res.exit_code},
                         res.sampler_cpu_s));
+  // Steps from every source (the file above and pacer.telemetry in the command).
+  if (auto n = catalog.query(fmt::format("SELECT count(*) FROM steps WHERE run_id={}", res.run_id));
+      n && !n->rows.empty() && std::holds_alternative<std::int64_t>(n->rows[0][0]))
+    res.steps = static_cast<std::uint64_t>(std::get<std::int64_t>(n->rows[0][0]));
   res.dropped = catalog.dropped_records();
   res.catalog_status = catalog.writes_stopped() ? catalog.stop_reason() : "ok";
   res.notes = sampler.notes();

@@ -67,6 +67,13 @@ void Sampler::counter(Sample& s, const MetricDef* d, int gpu, const std::string&
   prev_totals_[key] = total;
 }
 
+bool Sampler::root_alive() const {
+  auto text = hw::read_text(fmt::format("{}/proc/{}/stat", opt_.root, opt_.pid));
+  if (!text) return false;
+  auto st = hw::parse_pid_stat(*text);
+  return st && st->state != 'Z';
+}
+
 Sample Sampler::sample(double now, double self_cpu_s) {
   Sample s;
   s.t = now;
@@ -109,7 +116,19 @@ void Sampler::sample_host(Sample& s) {
     note(m.error().message);
   }
   if (opt_.pid > 0 && process_alive_) {
-    if (auto t = hw::read_process_tree(opt_.pid, opt_.root)) {
+    // Listing the tree reads every process on the node; it is redone at most
+    // once a second (new children show up within a second), while the tree's
+    // own counters are read every pass.
+    if (tree_pids_.empty() || now_ - last_tree_scan_ >= kTreeScanEverySeconds) {
+      auto pids = hw::process_tree_pids(opt_.pid, opt_.root);
+      tree_pids_ = pids ? std::move(*pids) : std::vector<int>{};
+      last_tree_scan_ = now_;
+    }
+    auto t = tree_pids_.empty() ? Expected<hw::ProcessTreeStat>(Error{ErrorKind::kIo, "gone"})
+                                : hw::read_processes(opt_.pid, tree_pids_, opt_.root);
+    // The root itself gone (or a zombie) ends the following.
+    if (t && (t->processes == 0 || !root_alive())) t = Error{ErrorKind::kIo, "gone"};
+    if (t) {
       counter(s, def("proc.cpu_seconds"), -1, "", t->cpu_seconds);
       s.readings.push_back({def("proc.rss_bytes"), -1, "", static_cast<double>(t->rss_bytes), {}});
       s.readings.push_back({def("proc.count"), -1, "", static_cast<double>(t->processes), {}});
@@ -152,9 +171,13 @@ void Sampler::sample_host(Sample& s) {
 
 void Sampler::sample_gpus(Sample& s) {
   if (!opt_.nvml) return;
+  // ECC and row-remap counts change rarely and are the slowest NVML calls:
+  // they are read every kFullQueryEverySeconds, everything else every pass.
+  const bool full = now_ - last_full_query_ >= kFullQueryEverySeconds;
+  if (full) last_full_query_ = now_;
   for (std::size_t i = 0; i < gpus_.size(); ++i) {
     const int gi = static_cast<int>(i);
-    auto info = opt_.nvml->query(static_cast<unsigned>(i));
+    auto info = opt_.nvml->query(static_cast<unsigned>(i), full ? hw::Nvml::QueryScope::kAll : hw::Nvml::QueryScope::kDynamic);
     if (!info) {
       note(info.error().message);
       continue;

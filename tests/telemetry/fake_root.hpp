@@ -47,6 +47,13 @@ class FakeRoot {
                           10 + k, 8 * k, 5 + k, 16 * k, 250 * k));
   }
 
+  void add_process(int pid, int ppid, const std::string& comm) {
+    dir_.file(fmt::format("proc/{}/stat", pid), stat_line(pid, ppid, comm, 'S', 1, 1, 10));
+    dir_.file(fmt::format("proc/{}/io", pid), io_text(0, 0));
+  }
+  void reparent(int pid, int ppid) { dir_.file(fmt::format("proc/{}/stat", pid), stat_line(pid, ppid, "moved", 'S', 1, 1, 10)); }
+  void remove_process(int pid) { std::filesystem::remove_all(fmt::format("{}/proc/{}", dir_.path(), pid)); }
+
  private:
   static std::string stat_line(int pid, int ppid, const std::string& comm, char state, int utime, int stime, int rss) {
     return fmt::format("{} ({}) {} {} {} {} 0 -1 4194560 100 0 0 0 {} {} 0 0 20 0 3 0 12345 1000000 {} 18446744073709551615\n",

@@ -67,6 +67,21 @@ TEST(Sampler, CounterThatGoesBackwardsIsSkippedNotNegative) {
   for (const auto& r : sampler.sample(2.0).readings) EXPECT_GE(r.value, 0) << r.metric->name << " " << r.device;
 }
 
+TEST(Sampler, ChildrenStartedLaterJoinTheTree) {
+  FakeRoot root;
+  Sampler sampler(SamplerOptions{.root = root.path(), .pid = 100, .gpus = false, .per_core = false});
+  EXPECT_DOUBLE_EQ(by_key(sampler.sample(1.0)).at("proc.count|"), 2);
+  root.add_process(103, 101, "worker");  // a grandchild
+  EXPECT_DOUBLE_EQ(by_key(sampler.sample(2.5)).at("proc.count|"), 3);
+  root.remove_process(101);  // the middle one exits: its child is reparented elsewhere and leaves the tree
+  root.reparent(103, 1);
+  EXPECT_DOUBLE_EQ(by_key(sampler.sample(4.0)).at("proc.count|"), 1);
+  EXPECT_TRUE(sampler.process_alive());
+  root.remove_process(100);
+  (void)sampler.sample(5.5);
+  EXPECT_FALSE(sampler.process_alive());
+}
+
 TEST(Sampler, ProcessThatIsGoneEndsFollowing) {
   FakeRoot root;
   Sampler sampler(SamplerOptions{.root = root.path(), .pid = 4242, .gpus = false});

@@ -95,7 +95,11 @@ class Nvml {
   Nvml& operator=(const Nvml&) = delete;
 
   Expected<unsigned> device_count() const;
-  Expected<GpuInfo> query(unsigned index) const;
+  // kDynamic leaves out what changes rarely and costs most to ask (name,
+  // UUID, PCIe link, maximum clocks, ECC counts, row remaps), for samplers
+  // that poll several times a second.
+  enum class QueryScope { kAll, kDynamic };
+  Expected<GpuInfo> query(unsigned index, QueryScope scope = QueryScope::kAll) const;
   Expected<std::vector<GpuProcess>> compute_processes(unsigned index) const;
   std::string driver_version() const;
   // The CUDA version the driver supports, as "13.0"; empty when unknown.

@@ -111,6 +111,11 @@ struct ProcessTreeStat {
 };
 // Fails when `pid` itself is gone or a zombie (the message names it).
 Expected<ProcessTreeStat> read_process_tree(int pid, const std::string& root = "");
+// The two halves of read_process_tree, for samplers that list the tree (a
+// scan of every process) less often than they read it: `pid` and its
+// descendants, root first; and the sums over `pids` (gone ones are skipped).
+Expected<std::vector<int>> process_tree_pids(int pid, const std::string& root = "");
+ProcessTreeStat read_processes(int root_pid, const std::vector<int>& pids, const std::string& root = "");
 long clock_ticks_per_second();
 long page_size_bytes();
 

@@ -32,7 +32,7 @@ struct MonitorResult {
   std::int64_t run_id = 0;
   std::uint64_t samples = 0;   // sampling passes
   std::uint64_t readings = 0;  // values written
-  std::uint64_t steps = 0;     // step records ingested from steps_file
+  std::uint64_t steps = 0;     // step records in the run (steps_file and pacer.telemetry)
   std::uint64_t malformed_lines = 0;
   std::vector<std::string> malformed_examples;  // "FILE:LINE: why"
   std::uint64_t dropped = 0;   // records not written (catalog stopped)

@@ -42,6 +42,7 @@ class Sampler {
   void follow(int pid) {
     opt_.pid = pid;
     process_alive_ = true;
+    tree_pids_.clear();
   }
   // False once the followed process tree's root is gone.
   bool process_alive() const { return process_alive_; }
@@ -51,6 +52,7 @@ class Sampler {
   void counter(Sample& s, const MetricDef* def, int gpu, const std::string& device, double total);
   void sample_host(Sample& s);
   void sample_gpus(Sample& s);
+  bool root_alive() const;
 
   SamplerOptions opt_;
   NodeInfo node_;
@@ -60,6 +62,11 @@ class Sampler {
   std::vector<std::uint64_t> last_reasons_;
   std::map<std::string, double> prev_totals_;  // counter key -> last total
   double prev_t_ = 0;
+  static constexpr double kFullQueryEverySeconds = 10;
+  static constexpr double kTreeScanEverySeconds = 1;
+  std::vector<int> tree_pids_;
+  double last_tree_scan_ = 0;
+  double last_full_query_ = -1e300;
   double now_ = 0;
   hw::CpuStat prev_cpu_;
   bool have_prev_cpu_ = false;
