@@ -32,6 +32,7 @@ test-slow: build
 bench: build
 	bash bench/vet_peers.sh
 	bash bench/ckpt_vs_torch.sh $(BUILD)
+	bash bench/telemetry_bench.sh $(BUILD)
 
 clean:
 	rm -rf $(BUILD)

@@ -7,7 +7,8 @@ packages=(
   build-essential cmake pkg-config git
   libcli11-dev nlohmann-json3-dev libtomlplusplus-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  libxxhash-dev
+  libxxhash-dev libsqlite3-dev libcpp-httplib-dev
+  prometheus  # promtool and the server for the telemetry exporter tests
   python3 python3-dev pybind11-dev python3-numpy python3-torch
   libopenmpi-dev openmpi-bin
   mbw fio

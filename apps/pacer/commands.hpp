@@ -15,5 +15,8 @@ Handler register_ckpt(CLI::App& app);
 Handler register_shard(CLI::App& app);
 Handler register_plan(CLI::App& app);
 Handler register_comm(CLI::App& app);
+Handler register_monitor(CLI::App& app);
+Handler register_query(CLI::App& app);
+Handler register_catalog(CLI::App& app);
 
 }  // namespace pacer::cli

@@ -19,6 +19,9 @@ int main(int argc, char** argv) {
   add(pacer::cli::register_shard(app));
   add(pacer::cli::register_plan(app));
   add(pacer::cli::register_comm(app));
+  add(pacer::cli::register_monitor(app));
+  add(pacer::cli::register_query(app));
+  add(pacer::cli::register_catalog(app));
 
   try {
     app.parse(argc, argv);

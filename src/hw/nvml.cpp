@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <fmt/format.h>
 
+#include <iterator>
 #include <vector>
 
 namespace pacer::hw {
@@ -34,6 +35,62 @@ constexpr int kMemoryErrorUncorrected = 1;
 constexpr int kVolatileEcc = 0;
 constexpr int kAggregateEcc = 1;
 constexpr int kClockSm = 1;
+constexpr int kClockMem = 2;
+struct nvmlUtilization_t {
+  unsigned gpu;
+  unsigned memory;
+};
+// nvmlProcessInfo_t as the _v2 and _v3 process queries fill it.
+struct nvmlProcessInfo_t {
+  unsigned pid;
+  unsigned long long used_gpu_memory;
+  unsigned gpu_instance_id;
+  unsigned compute_instance_id;
+};
+constexpr unsigned long long kValueNotAvailable = ~0ull;
+
+// GPM: a sample is an opaque handle; metrics are requested by id.
+struct nvmlGpmSample_t {
+  void* handle;
+};
+struct nvmlGpmMetric_t {
+  unsigned metric_id;
+  nvmlReturn_t nvml_return;
+  double value;
+  struct {
+    char* short_name;
+    char* long_name;
+    char* unit;
+  } info;
+};
+// NVML reads only the first num_metrics entries, so a shorter array than the
+// header's NVML_GPM_METRIC_MAX is fine.
+constexpr unsigned kGpmMaxRequested = 16;
+struct nvmlGpmMetricsGet_t {
+  unsigned version;
+  unsigned num_metrics;
+  nvmlGpmSample_t sample1;
+  nvmlGpmSample_t sample2;
+  nvmlGpmMetric_t metrics[kGpmMaxRequested];
+};
+struct nvmlGpmSupport_t {
+  unsigned version;
+  unsigned is_supported_device;
+};
+constexpr unsigned kGpmMetricsGetVersion = 1;
+constexpr unsigned kGpmSupportVersion = 1;
+// nvmlGpmMetricId_t values.
+constexpr unsigned kGpmSmUtil = 2;
+constexpr unsigned kGpmSmOccupancy = 3;
+constexpr unsigned kGpmAnyTensorUtil = 5;
+constexpr unsigned kGpmDramBwUtil = 10;
+constexpr unsigned kGpmFp64Util = 11;
+constexpr unsigned kGpmFp32Util = 12;
+constexpr unsigned kGpmFp16Util = 13;
+constexpr unsigned kGpmPcieTxPerSec = 20;     // MiB/s
+constexpr unsigned kGpmPcieRxPerSec = 21;     // MiB/s
+constexpr unsigned kGpmNvlinkRxPerSec = 60;   // MiB/s, all links
+constexpr unsigned kGpmNvlinkTxPerSec = 61;   // MiB/s, all links
 }  // namespace
 
 struct Nvml::Api {
@@ -59,11 +116,25 @@ struct Nvml::Api {
   nvmlReturn_t (*device_get_power_usage)(nvmlDevice_t, unsigned*) = nullptr;
   nvmlReturn_t (*device_get_clock_info)(nvmlDevice_t, int, unsigned*) = nullptr;
   nvmlReturn_t (*device_get_max_clock_info)(nvmlDevice_t, int, unsigned*) = nullptr;
+  nvmlReturn_t (*device_get_utilization_rates)(nvmlDevice_t, nvmlUtilization_t*) = nullptr;
+  nvmlReturn_t (*device_get_total_energy)(nvmlDevice_t, unsigned long long*) = nullptr;
+  nvmlReturn_t (*device_get_process_list)(nvmlDevice_t, unsigned*, nvmlProcessInfo_t*) = nullptr;
+  nvmlReturn_t (*gpm_query_device_support)(nvmlDevice_t, nvmlGpmSupport_t*) = nullptr;
+  nvmlReturn_t (*gpm_sample_alloc)(nvmlGpmSample_t*) = nullptr;
+  nvmlReturn_t (*gpm_sample_free)(nvmlGpmSample_t) = nullptr;
+  nvmlReturn_t (*gpm_sample_get)(nvmlDevice_t, nvmlGpmSample_t) = nullptr;
+  nvmlReturn_t (*gpm_metrics_get)(nvmlGpmMetricsGet_t*) = nullptr;
   nvmlReturn_t (*system_get_driver_version)(char*, unsigned) = nullptr;
   nvmlReturn_t (*system_get_cuda_driver_version)(int*) = nullptr;
 
   std::string message(nvmlReturn_t rc) const {
     return error_string ? error_string(rc) : fmt::format("NVML error {}", rc);
+  }
+  Expected<nvmlDevice_t> device(unsigned index) const {
+    nvmlDevice_t dev = nullptr;
+    if (const nvmlReturn_t rc = device_get_handle_by_index(index, &dev); rc != kSuccess)
+      return Error{ErrorKind::kIo, fmt::format("gpu {}: nvmlDeviceGetHandleByIndex: {}", index, message(rc))};
+    return dev;
   }
 };
 
@@ -139,6 +210,17 @@ Expected<std::shared_ptr<Nvml>> Nvml::open() {
   bind(h, api->device_get_power_usage, {"nvmlDeviceGetPowerUsage"});
   bind(h, api->device_get_clock_info, {"nvmlDeviceGetClockInfo"});
   bind(h, api->device_get_max_clock_info, {"nvmlDeviceGetMaxClockInfo"});
+  bind(h, api->device_get_utilization_rates, {"nvmlDeviceGetUtilizationRates"});
+  bind(h, api->device_get_total_energy, {"nvmlDeviceGetTotalEnergyConsumption"});
+  // _v2 fills the 24-byte nvmlProcessInfo_t above on every driver; one CUDA
+  // 12.0 header gave _v3's element an extra field, so _v3 is only a fallback.
+  bind(h, api->device_get_process_list,
+       {"nvmlDeviceGetComputeRunningProcesses_v2", "nvmlDeviceGetComputeRunningProcesses_v3"});
+  bind(h, api->gpm_query_device_support, {"nvmlGpmQueryDeviceSupport"});
+  bind(h, api->gpm_sample_alloc, {"nvmlGpmSampleAlloc"});
+  bind(h, api->gpm_sample_free, {"nvmlGpmSampleFree"});
+  bind(h, api->gpm_sample_get, {"nvmlGpmSampleGet"});
+  bind(h, api->gpm_metrics_get, {"nvmlGpmMetricsGet"});
   bind(h, api->system_get_driver_version, {"nvmlSystemGetDriverVersion"});
   bind(h, api->system_get_cuda_driver_version, {"nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetCudaDriverVersion"});
 
@@ -161,17 +243,18 @@ Expected<unsigned> Nvml::device_count() const {
   return n;
 }
 
-Expected<GpuInfo> Nvml::query(unsigned index) const {
-  nvmlDevice_t dev = nullptr;
-  if (const nvmlReturn_t rc = api_->device_get_handle_by_index(index, &dev); rc != kSuccess)
-    return Error{ErrorKind::kIo, fmt::format("gpu {}: nvmlDeviceGetHandleByIndex: {}", index, api_->message(rc))};
+Expected<GpuInfo> Nvml::query(unsigned index, QueryScope scope) const {
+  const bool all = scope == QueryScope::kAll;
+  auto handle = api_->device(index);
+  if (!handle) return handle.error();
+  nvmlDevice_t dev = *handle;
   const Api& a = *api_;
   GpuInfo g;
   g.index = index;
   char buf[256] = {};
-  if (a.device_get_name && a.device_get_name(dev, buf, sizeof(buf)) == kSuccess) g.name = buf;
+  if (all && a.device_get_name && a.device_get_name(dev, buf, sizeof(buf)) == kSuccess) g.name = buf;
   buf[0] = 0;
-  if (a.device_get_uuid && a.device_get_uuid(dev, buf, sizeof(buf)) == kSuccess) g.uuid = buf;
+  if (all && a.device_get_uuid && a.device_get_uuid(dev, buf, sizeof(buf)) == kSuccess) g.uuid = buf;
   g.temperature_c = get<unsigned>(a.device_get_temperature, dev, kTemperatureGpu);
   nvmlMemory_v2_t m2{};
   m2.version = kMemoryV2Version;
@@ -192,14 +275,14 @@ Expected<GpuInfo> Nvml::query(unsigned index) const {
     const nvmlReturn_t rc = a.device_get_compute_processes(dev, &count, nullptr);
     if (rc == kSuccess || rc == kInsufficientSize) g.compute_processes = count;
   }
-  if (a.device_get_total_ecc_errors) {
+  if (all && a.device_get_total_ecc_errors) {
     unsigned long long n = 0;
     if (a.device_get_total_ecc_errors(dev, kMemoryErrorUncorrected, kVolatileEcc, &n) == kSuccess)
       g.ecc_volatile_uncorrected = n;
     if (a.device_get_total_ecc_errors(dev, kMemoryErrorUncorrected, kAggregateEcc, &n) == kSuccess)
       g.ecc_aggregate_uncorrected = n;
   }
-  if (a.device_get_remapped_rows) {
+  if (all && a.device_get_remapped_rows) {
     unsigned corr = 0, unc = 0, pending = 0, failed = 0;
     if (a.device_get_remapped_rows(dev, &corr, &unc, &pending, &failed) == kSuccess) {
       g.remapped_rows_uncorrectable = unc;
@@ -208,14 +291,125 @@ Expected<GpuInfo> Nvml::query(unsigned index) const {
     }
   }
   if (auto r = get<unsigned long long>(a.device_get_clock_event_reasons, dev)) g.clock_event_reasons = *r;
-  g.pcie_gen = get<unsigned>(a.device_get_curr_pcie_gen, dev);
-  g.pcie_gen_max = get<unsigned>(a.device_get_max_pcie_gen, dev);
-  g.pcie_width = get<unsigned>(a.device_get_curr_pcie_width, dev);
-  g.pcie_width_max = get<unsigned>(a.device_get_max_pcie_width, dev);
+  if (all) {
+    g.pcie_gen = get<unsigned>(a.device_get_curr_pcie_gen, dev);
+    g.pcie_gen_max = get<unsigned>(a.device_get_max_pcie_gen, dev);
+    g.pcie_width = get<unsigned>(a.device_get_curr_pcie_width, dev);
+    g.pcie_width_max = get<unsigned>(a.device_get_max_pcie_width, dev);
+    g.sm_clock_max_mhz = get<unsigned>(a.device_get_max_clock_info, dev, kClockSm);
+  }
   g.power_mw = get<unsigned>(a.device_get_power_usage, dev);
   g.sm_clock_mhz = get<unsigned>(a.device_get_clock_info, dev, kClockSm);
-  g.sm_clock_max_mhz = get<unsigned>(a.device_get_max_clock_info, dev, kClockSm);
+  g.mem_clock_mhz = get<unsigned>(a.device_get_clock_info, dev, kClockMem);
+  if (auto u = get<nvmlUtilization_t>(a.device_get_utilization_rates, dev)) {
+    g.utilization_gpu_pct = u->gpu;
+    g.utilization_memory_pct = u->memory;
+  }
+  if (auto e = get<unsigned long long>(a.device_get_total_energy, dev)) g.energy_mj = *e;
   return g;
+}
+
+Expected<std::vector<GpuProcess>> Nvml::compute_processes(unsigned index) const {
+  const Api& a = *api_;
+  if (!a.device_get_process_list) return Error{ErrorKind::kIo, "nvmlDeviceGetComputeRunningProcesses_v2/_v3 missing"};
+  auto handle = a.device(index);
+  if (!handle) return handle.error();
+  nvmlDevice_t dev = *handle;
+  // Processes may start between the size query and the fetch; retry with room to spare.
+  std::vector<nvmlProcessInfo_t> buf(16);
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    unsigned n = static_cast<unsigned>(buf.size());
+    const nvmlReturn_t rc = a.device_get_process_list(dev, &n, buf.data());
+    if (rc == kInsufficientSize) {
+      buf.resize(n + 16);
+      continue;
+    }
+    if (rc != kSuccess)
+      return Error{ErrorKind::kIo, fmt::format("gpu {}: nvmlDeviceGetComputeRunningProcesses: {}", index, a.message(rc))};
+    std::vector<GpuProcess> out;
+    for (unsigned i = 0; i < n && i < buf.size(); ++i) {
+      GpuProcess p;
+      p.pid = buf[i].pid;
+      if (buf[i].used_gpu_memory != kValueNotAvailable) p.used_memory = buf[i].used_gpu_memory;
+      out.push_back(p);
+    }
+    return out;
+  }
+  return Error{ErrorKind::kIo, fmt::format("gpu {}: process list kept growing", index)};
+}
+
+GpmSampler::GpmSampler(std::shared_ptr<Nvml> nvml, unsigned index, void* device)
+    : nvml_(std::move(nvml)), index_(index), device_(device) {}
+
+GpmSampler::~GpmSampler() {
+  for (void* b : buffers_)
+    if (b && nvml_->api_->gpm_sample_free) nvml_->api_->gpm_sample_free(nvmlGpmSample_t{b});
+}
+
+Expected<std::unique_ptr<GpmSampler>> GpmSampler::open(std::shared_ptr<Nvml> nvml, unsigned index) {
+  const Nvml::Api& a = *nvml->api_;
+  if (!a.gpm_query_device_support || !a.gpm_sample_alloc || !a.gpm_sample_free || !a.gpm_sample_get ||
+      !a.gpm_metrics_get)
+    return Error{ErrorKind::kIo, "GPM not supported (this driver has no nvmlGpm* entry points)"};
+  auto handle = a.device(index);
+  if (!handle) return handle.error();
+  nvmlDevice_t dev = *handle;
+  nvmlGpmSupport_t support{kGpmSupportVersion, 0};
+  if (const nvmlReturn_t rc = a.gpm_query_device_support(dev, &support); rc != kSuccess)
+    return Error{ErrorKind::kIo, fmt::format("GPM not supported on gpu {} ({})", index, a.message(rc))};
+  if (!support.is_supported_device)
+    return Error{ErrorKind::kIo, fmt::format("GPM not supported on gpu {} (Hopper or later needed)", index)};
+  std::unique_ptr<GpmSampler> s(new GpmSampler(nvml, index, dev));
+  for (void*& b : s->buffers_) {
+    nvmlGpmSample_t smp{nullptr};
+    if (const nvmlReturn_t rc = a.gpm_sample_alloc(&smp); rc != kSuccess)
+      return Error{ErrorKind::kIo, fmt::format("gpu {}: nvmlGpmSampleAlloc: {}", index, a.message(rc))};
+    b = smp.handle;
+  }
+  return s;
+}
+
+Expected<std::optional<GpmMetrics>> GpmSampler::sample() {
+  const Nvml::Api& a = *nvml_->api_;
+  const int next = newest_ < 0 ? 0 : 1 - newest_;
+  if (const nvmlReturn_t rc = a.gpm_sample_get(device_, nvmlGpmSample_t{buffers_[next]}); rc != kSuccess)
+    return Error{ErrorKind::kIo, fmt::format("gpu {}: nvmlGpmSampleGet: {}", index_, a.message(rc))};
+  const int previous = newest_;
+  newest_ = next;
+  if (previous < 0) return std::optional<GpmMetrics>{};
+  static constexpr unsigned kIds[] = {kGpmSmUtil,       kGpmSmOccupancy,  kGpmAnyTensorUtil, kGpmDramBwUtil,
+                                      kGpmFp64Util,     kGpmFp32Util,     kGpmFp16Util,      kGpmPcieTxPerSec,
+                                      kGpmPcieRxPerSec, kGpmNvlinkTxPerSec, kGpmNvlinkRxPerSec};
+  static_assert(std::size(kIds) <= kGpmMaxRequested);
+  nvmlGpmMetricsGet_t mg{};
+  mg.version = kGpmMetricsGetVersion;
+  mg.num_metrics = static_cast<unsigned>(std::size(kIds));
+  mg.sample1 = nvmlGpmSample_t{buffers_[previous]};
+  mg.sample2 = nvmlGpmSample_t{buffers_[next]};
+  for (unsigned i = 0; i < mg.num_metrics; ++i) mg.metrics[i].metric_id = kIds[i];
+  if (const nvmlReturn_t rc = a.gpm_metrics_get(&mg); rc != kSuccess)
+    return Error{ErrorKind::kIo, fmt::format("gpu {}: nvmlGpmMetricsGet: {}", index_, a.message(rc))};
+  GpmMetrics m;
+  constexpr double kMiB = 1024.0 * 1024.0;
+  for (unsigned i = 0; i < mg.num_metrics; ++i) {
+    const auto& r = mg.metrics[i];
+    if (r.nvml_return != kSuccess) continue;
+    switch (r.metric_id) {
+      case kGpmSmUtil: m.sm_util = r.value / 100.0; break;
+      case kGpmSmOccupancy: m.sm_occupancy = r.value / 100.0; break;
+      case kGpmAnyTensorUtil: m.tensor_util = r.value / 100.0; break;
+      case kGpmDramBwUtil: m.dram_bw_util = r.value / 100.0; break;
+      case kGpmFp64Util: m.fp64_util = r.value / 100.0; break;
+      case kGpmFp32Util: m.fp32_util = r.value / 100.0; break;
+      case kGpmFp16Util: m.fp16_util = r.value / 100.0; break;
+      case kGpmPcieTxPerSec: m.pcie_tx_bytes_per_s = r.value * kMiB; break;
+      case kGpmPcieRxPerSec: m.pcie_rx_bytes_per_s = r.value * kMiB; break;
+      case kGpmNvlinkTxPerSec: m.nvlink_tx_bytes_per_s = r.value * kMiB; break;
+      case kGpmNvlinkRxPerSec: m.nvlink_rx_bytes_per_s = r.value * kMiB; break;
+      default: break;
+    }
+  }
+  return std::optional<GpmMetrics>{m};
 }
 
 std::string Nvml::driver_version() const {

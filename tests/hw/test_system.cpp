@@ -162,3 +162,76 @@ TEST(ReadText, StripsTrailingWhitespaceAndNamesMissingPath) {
 
 }  // namespace
 }  // namespace pacer::hw
+
+namespace pacer::hw {
+namespace {
+
+TEST(ParsePidStat, CommWithSpacesAndParentheses) {
+  // The command name ends at the last ')', whatever it contains.
+  auto s = parse_pid_stat("4242 (python3 (rank 0)) R 4200 4242 4200 0 -1 4194304 10 0 0 0 "
+                          "1234 567 0 0 20 0 8 0 99999 123456789 4321 18446744073709551615 1 1 0 0 0");
+  ASSERT_TRUE(s.has_value()) << s.error().message;
+  EXPECT_EQ(s->pid, 4242);
+  EXPECT_EQ(s->comm, "python3 (rank 0)");
+  EXPECT_EQ(s->state, 'R');
+  EXPECT_EQ(s->ppid, 4200);
+  EXPECT_EQ(s->utime, 1234u);
+  EXPECT_EQ(s->stime, 567u);
+  EXPECT_EQ(s->rss_pages, 4321u);
+  EXPECT_FALSE(parse_pid_stat("4242 (x) R 1 2").has_value());
+  EXPECT_FALSE(parse_pid_stat("garbage").has_value());
+}
+
+TEST(ParsePidIo, FieldsAndNothingUseful) {
+  auto io = parse_pid_io("rchar: 10\nwchar: 20\nsyscr: 1\nsyscw: 2\nread_bytes: 4096\nwrite_bytes: 8192\ncancelled_write_bytes: 0\n");
+  ASSERT_TRUE(io.has_value());
+  EXPECT_EQ(io->rchar, 10u);
+  EXPECT_EQ(io->wchar, 20u);
+  EXPECT_EQ(io->read_bytes, 4096u);
+  EXPECT_EQ(io->write_bytes, 8192u);
+  EXPECT_FALSE(parse_pid_io("").has_value());
+}
+
+TEST(ParseProcStatCores, SkipsTheAggregateAndOtherLines) {
+  auto cores = parse_proc_stat_cores("cpu  4 0 4 8 0 0 0 0 0 0\ncpu0 1 0 1 2 0\ncpu12 3 0 3 6 2 0 0 0\nintr 5 6\nctxt 7\n");
+  ASSERT_EQ(cores.size(), 2u);
+  EXPECT_EQ(cores[0].cpu, 0);
+  EXPECT_EQ(cores[0].times.total, 4u);
+  EXPECT_EQ(cores[0].times.busy, 2u);
+  EXPECT_EQ(cores[1].cpu, 12);
+  EXPECT_EQ(cores[1].times.busy, 6u);  // iowait counts as idle
+}
+
+TEST(ParseNetDev, HeaderLinesAreSkipped) {
+  auto devs = parse_net_dev(
+      "Inter-|   Receive                            |  Transmit\n"
+      " face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed\n"
+      "ib0: 100 2 0 0 0 0 0 0 300 4 0 0 0 0 0 0\n");
+  ASSERT_EQ(devs.size(), 1u);
+  EXPECT_EQ(devs[0].name, "ib0");
+  EXPECT_EQ(devs[0].rx_bytes, 100u);
+  EXPECT_EQ(devs[0].tx_bytes, 300u);
+  EXPECT_EQ(devs[0].tx_packets, 4u);
+}
+
+TEST(ParseDiskstats, SectorsAreHalfKilobytes) {
+  // Old kernels have 14 fields, new ones 20; both parse.
+  auto d = parse_diskstats("   8       0 sda 100 0 2048 5 50 0 4096 7 0 900 12\n"
+                           " 259       1 nvme0n1p1 1 0 8 0 1 0 8 0 0 3 0 0 0 0 0 0 0\n"
+                           "bad line\n");
+  ASSERT_EQ(d.size(), 2u);
+  EXPECT_EQ(d[0].name, "sda");
+  EXPECT_EQ(d[0].reads, 100u);
+  EXPECT_EQ(d[0].read_bytes, 2048u * 512);
+  EXPECT_EQ(d[0].write_bytes, 4096u * 512);
+  EXPECT_EQ(d[0].io_ms, 900u);
+  EXPECT_EQ(d[1].name, "nvme0n1p1");
+}
+
+TEST(ReadIbCounters, NoInfinibandIsEmpty) {
+  pacer::test::TempDir dir("no-ib-");
+  EXPECT_TRUE(read_ib_counters(dir.path()).empty());
+}
+
+}  // namespace
+}  // namespace pacer::hw

@@ -5,6 +5,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "pacer/core/error.hpp"
 
@@ -37,6 +38,35 @@ struct GpuInfo {
   std::optional<unsigned> power_mw;
   std::optional<unsigned> sm_clock_mhz;
   std::optional<unsigned> sm_clock_max_mhz;
+  std::optional<unsigned> mem_clock_mhz;
+  // nvmlDeviceGetUtilizationRates: percent of the last sample period (1/6 s
+  // to 1 s, by product) in which a kernel ran / device memory was accessed.
+  std::optional<unsigned> utilization_gpu_pct;
+  std::optional<unsigned> utilization_memory_pct;
+  std::optional<std::uint64_t> energy_mj;  // since the driver loaded (Volta and later)
+};
+
+// A process holding a compute context on a GPU.
+struct GpuProcess {
+  unsigned pid = 0;
+  std::optional<std::uint64_t> used_memory;  // bytes; empty where the driver hides it
+};
+
+// GPM (GPU Performance Monitoring, Hopper and later) figures over the
+// interval between two samples. Utilizations are fractions in [0, 1];
+// bandwidths in bytes per second. Empty where this GPU does not report one.
+struct GpmMetrics {
+  std::optional<double> sm_util;        // fraction of time SMs were busy
+  std::optional<double> sm_occupancy;   // resident warps over the maximum
+  std::optional<double> tensor_util;    // any tensor pipe active
+  std::optional<double> dram_bw_util;   // DRAM bandwidth used over peak
+  std::optional<double> fp64_util;
+  std::optional<double> fp32_util;
+  std::optional<double> fp16_util;
+  std::optional<double> pcie_tx_bytes_per_s;
+  std::optional<double> pcie_rx_bytes_per_s;
+  std::optional<double> nvlink_tx_bytes_per_s;
+  std::optional<double> nvlink_rx_bytes_per_s;
 };
 
 // Clock event reason bits as NVML defines them.
@@ -65,7 +95,12 @@ class Nvml {
   Nvml& operator=(const Nvml&) = delete;
 
   Expected<unsigned> device_count() const;
-  Expected<GpuInfo> query(unsigned index) const;
+  // kDynamic leaves out what changes rarely and costs most to ask (name,
+  // UUID, PCIe link, maximum clocks, ECC counts, row remaps), for samplers
+  // that poll several times a second.
+  enum class QueryScope { kAll, kDynamic };
+  Expected<GpuInfo> query(unsigned index, QueryScope scope = QueryScope::kAll) const;
+  Expected<std::vector<GpuProcess>> compute_processes(unsigned index) const;
   std::string driver_version() const;
   // The CUDA version the driver supports, as "13.0"; empty when unknown.
   std::string cuda_driver_version() const;
@@ -73,8 +108,32 @@ class Nvml {
   struct Api;
 
  private:
+  friend class GpmSampler;
   explicit Nvml(std::unique_ptr<Api> api);
   std::unique_ptr<Api> api_;
+};
+
+// GPM metrics of one GPU from two alternating sample buffers: each sample()
+// fills the older buffer and computes the metrics between it and the newer
+// one, so one NVML sample per interval suffices. Not thread-safe; one per GPU.
+class GpmSampler {
+ public:
+  // Fails (message starting "GPM not supported") on GPUs before Hopper or
+  // drivers without the GPM entry points.
+  static Expected<std::unique_ptr<GpmSampler>> open(std::shared_ptr<Nvml> nvml, unsigned index);
+  ~GpmSampler();
+  GpmSampler(const GpmSampler&) = delete;
+  GpmSampler& operator=(const GpmSampler&) = delete;
+  // Empty on the first call (one sample is not an interval).
+  Expected<std::optional<GpmMetrics>> sample();
+
+ private:
+  GpmSampler(std::shared_ptr<Nvml> nvml, unsigned index, void* device);
+  std::shared_ptr<Nvml> nvml_;
+  unsigned index_;
+  void* device_;
+  void* buffers_[2] = {nullptr, nullptr};
+  int newest_ = -1;  // index into buffers_ of the last sample taken
 };
 
 }  // namespace pacer::hw

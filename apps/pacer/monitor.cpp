@@ -1,0 +1,99 @@
+// `pacer monitor`: sample a command (or a running process) into the job catalog (the work is in pacer/telemetry/monitor.hpp).
+#include <fmt/format.h>
+
+#include <cstdio>
+
+#include "commands.hpp"
+#include "output.hpp"
+#include "pacer/core/units.hpp"
+#include "pacer/telemetry/monitor.hpp"
+
+namespace pacer::cli {
+namespace {
+
+struct MonitorArgs {
+  std::vector<std::string> command;
+  int pid = 0;
+  std::string interval = "1s";
+  std::string db, steps, prometheus;
+  bool no_gpu = false, no_per_core = false, json = false, quiet = false;
+  std::int64_t db_max_pages = 0;
+};
+
+int monitor(const MonitorArgs& a) {
+  if (a.command.empty() && a.pid <= 0) usage_error("give a command after -- (pacer monitor -- python train.py) or --pid N");
+  if (!a.command.empty() && a.pid > 0) usage_error("give either a command or --pid, not both");
+  auto interval = parse_duration(a.interval);
+  if (!interval || *interval < 0.01)
+    usage_error(fmt::format("--interval '{}': expected a duration of at least 10ms, such as 1s or 100ms", a.interval));
+  telemetry::MonitorOptions o;
+  o.command = a.command;
+  o.pid = a.pid;
+  o.interval_s = *interval;
+  o.db = a.db;
+  o.steps_file = a.steps;
+  o.prometheus = a.prometheus;
+  o.gpus = !a.no_gpu;
+  o.per_core = !a.no_per_core;
+  o.db_max_pages = a.db_max_pages;
+  o.warn = [&](const std::string& w) {
+    if (!a.quiet) std::fprintf(stderr, "pacer monitor: %s\n", w.c_str());
+  };
+  const auto r = unwrap(telemetry::run_monitor(o));
+  const double overhead = r.wall_s > 0 ? 100.0 * r.sampler_cpu_s / r.wall_s : 0;
+  if (a.json) {
+    nlohmann::json j = {{"schema", "pacer.monitor/1"},
+                        {"db", r.db},
+                        {"run_id", r.run_id},
+                        {"exit_code", r.exit_code},
+                        {"samples", r.samples},
+                        {"readings", r.readings},
+                        {"steps", r.steps},
+                        {"malformed_lines", r.malformed_lines},
+                        {"malformed_examples", r.malformed_examples},
+                        {"dropped", r.dropped},
+                        {"catalog_status", r.catalog_status},
+                        {"wall_s", r.wall_s},
+                        {"sampler_cpu_s", r.sampler_cpu_s},
+                        {"sampler_core_percent", overhead},
+                        {"notes", r.notes}};
+    if (!r.prometheus_url.empty()) j["prometheus_url"] = r.prometheus_url;
+    print(j, true, "");
+  } else if (!a.quiet) {
+    // stdout belongs to the command; the summary goes to stderr.
+    for (const auto& n : r.notes) std::fprintf(stderr, "pacer monitor: note: %s\n", n.c_str());
+    for (const auto& m : r.malformed_examples) std::fprintf(stderr, "pacer monitor: malformed step line: %s\n", m.c_str());
+    const bool ok = r.catalog_status == "ok";
+    std::fprintf(stderr, "%s: %llu samples (%llu values), %llu steps, %llu malformed lines, %llu dropped -> %s (run %lld); "
+                 "sampler %.2f%% of one core over %s; command exit code %d%s%s\n",
+                 ok ? "OK" : "FAILED", static_cast<unsigned long long>(r.samples), static_cast<unsigned long long>(r.readings),
+                 static_cast<unsigned long long>(r.steps), static_cast<unsigned long long>(r.malformed_lines),
+                 static_cast<unsigned long long>(r.dropped), r.db.c_str(), static_cast<long long>(r.run_id), overhead,
+                 format_duration(r.wall_s).c_str(), r.exit_code, ok ? "" : "; catalog ", ok ? "" : r.catalog_status.c_str());
+  }
+  return r.exit_code;
+}
+
+}  // namespace
+
+Handler register_monitor(CLI::App& app) {
+  auto args = std::make_shared<MonitorArgs>();
+  CLI::App* cmd = app.add_subcommand("monitor", "Run a command (or attach to a process) and record system and training metrics");
+  cmd->add_option("command", args->command, "The command to run, after --");
+  cmd->add_option("--pid", args->pid, "Attach to this running process instead of starting one");
+  cmd->add_option("--interval", args->interval, "Sampling interval (default 1s)");
+  cmd->add_option("--db", args->db, "Catalog file (default pacer-$SLURM_JOB_ID.db, or pacer-telemetry.db)");
+  cmd->add_option("--steps", args->steps, "JSON-lines file of step records to ingest while the command runs");
+  cmd->add_option("--prometheus", args->prometheus, "Serve /metrics on [HOST:]PORT (HOST defaults to 127.0.0.1)");
+  cmd->add_flag("--no-gpu", args->no_gpu, "Do not query NVML");
+  cmd->add_flag("--no-per-core", args->no_per_core, "Record CPU busy for all CPUs only, not per core");
+  cmd->add_flag("--json", args->json, "Print the summary as JSON (pacer.monitor/1) on stdout");
+  cmd->add_flag("-q,--quiet", args->quiet, "No summary or warnings on stderr");
+  // A test seam: caps the catalog's size so that writing fails as on a full disk.
+  cmd->add_option("--db-max-pages", args->db_max_pages)->group("");
+  cmd->footer("Exit code: the command's (128+N when killed by signal N); 2 usage error, 3 runtime error. "
+              "See docs/telemetry.md.");
+  return [args] { return monitor(*args); };
+}
+
+}  // namespace pacer::cli

@@ -1,0 +1,119 @@
+// The job catalog: one SQLite file (WAL) of runs, nodes, ranks, GPUs, samples, steps and events.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "pacer/core/error.hpp"
+#include "pacer/telemetry/records.hpp"
+
+struct sqlite3;
+
+namespace pacer::telemetry {
+
+// The schema version this pacer writes (PRAGMA user_version, and
+// meta.schema = "pacer.catalog/1"). A catalog with a newer version is refused.
+inline constexpr int kCatalogSchemaVersion = 1;
+
+struct CatalogOptions {
+  bool read_only = false;
+  // Milliseconds a writer waits for another writer (the monitor and the
+  // training processes share one file).
+  int busy_timeout_ms = 5000;
+  // Test seam: caps the file at this many pages (SQLite max_page_count), so
+  // that a write fails with SQLITE_FULL exactly as on a full disk (never
+  // below the pages the schema already takes). 0: no cap.
+  std::int64_t max_pages = 0;
+};
+
+struct RunInfo {
+  std::string job_id;    // SLURM_JOB_ID or empty
+  std::string command;   // what was run, for people
+  std::string hostname;  // where the run was started
+  double started = 0;    // Unix seconds
+  double interval_s = 0; // sampling interval; 0 for a run without a sampler
+};
+
+// One cell of a query result.
+using Value = std::variant<std::monostate, std::int64_t, double, std::string>;
+struct QueryResult {
+  std::vector<std::string> columns;
+  std::vector<std::vector<Value>> rows;
+};
+
+// An open catalog. Writes are grouped into one transaction per call. When a
+// write fails for lack of space (SQLITE_FULL, or an I/O error) the catalog
+// stops writing: later writes return success without writing and count as
+// dropped, and the run's catalog_status says why (so the training run goes on
+// and the report can say where data ends). Not thread-safe: use one per
+// thread (SQLite serialises writers across connections and processes).
+class Catalog {
+ public:
+  // Creates the file and schema if missing; fails naming the file for a
+  // newer schema version or a file that is not a catalog.
+  static Expected<std::unique_ptr<Catalog>> open(const std::string& path, CatalogOptions options = {});
+  ~Catalog();
+  Catalog(const Catalog&) = delete;
+  Catalog& operator=(const Catalog&) = delete;
+
+  const std::string& path() const { return path_; }
+  int schema_version() const { return schema_version_; }
+
+  Expected<std::int64_t> begin_run(const RunInfo& run);
+  Status end_run(std::int64_t run_id, double ended, std::optional<int> exit_code, double sampler_cpu_s);
+  // The node's id, inserting it (by hostname) when new.
+  Expected<std::int64_t> node_id(const NodeInfo& node);
+  Status add_gpus(std::int64_t node_id, const std::vector<GpuRecord>& gpus);
+  Status write_sample(std::int64_t run_id, std::int64_t node_id, const Sample& sample);
+  Status write_steps(std::int64_t run_id, const std::vector<StepRecord>& steps);
+  Status write_event(std::int64_t run_id, std::int64_t node_id, const EventRecord& event);
+
+  // Runs any SQL (the query command opens the catalog read-only).
+  Expected<QueryResult> query(const std::string& sql);
+
+  bool writes_stopped() const { return !stop_reason_.empty(); }
+  const std::string& stop_reason() const { return stop_reason_; }
+  std::uint64_t dropped_records() const { return dropped_; }
+
+  sqlite3* handle() { return db_; }
+
+ private:
+  Catalog(std::string path, sqlite3* db) : path_(std::move(path)), db_(db) {}
+  Status exec(const std::string& sql);
+  Status create_schema();
+  // Wraps a write in a transaction; turns "disk full" into the stopped state.
+  template <class Fn>
+  Status write(std::int64_t run_id, std::size_t records, Fn&& fn);
+  Expected<std::int64_t> metric_id(const MetricDef& def);
+  Expected<std::int64_t> gpu_id(std::int64_t node_id, int index);
+
+  std::string path_;
+  sqlite3* db_ = nullptr;
+  int schema_version_ = 0;
+  std::string stop_reason_;
+  std::uint64_t dropped_ = 0;
+  std::vector<std::pair<const MetricDef*, std::int64_t>> metric_ids_;
+  std::vector<std::pair<std::pair<std::int64_t, int>, std::int64_t>> gpu_ids_;
+  std::vector<std::pair<std::string, std::int64_t>> node_ids_;
+};
+
+// The default catalog file name for this job: pacer-JOBID.db under Slurm
+// (pacer-JOBID-HOST.db when the job spans nodes, to merge later), else
+// pacer-telemetry.db.
+std::string default_catalog_name();
+
+// Merges catalogs into `out` (created, or extended when it exists): nodes are
+// matched by hostname, GPUs by node and index, runs by job id (a job's
+// per-node files become one run), metrics by name. The result is written to
+// a temporary file and renamed into place.
+struct MergeResult {
+  std::size_t inputs = 0;
+  std::int64_t runs = 0, nodes = 0, samples = 0, steps = 0, events = 0;
+};
+Expected<MergeResult> merge_catalogs(const std::string& out, const std::vector<std::string>& inputs);
+
+}  // namespace pacer::telemetry

@@ -1,0 +1,67 @@
+// `pacer monitor` as a library call: run or attach to a process, sample it, write the catalog, serve Prometheus.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "pacer/core/error.hpp"
+#include "pacer/telemetry/records.hpp"
+
+namespace pacer::telemetry {
+
+struct MonitorOptions {
+  std::vector<std::string> command;  // run this (argv, no shell) ...
+  int pid = 0;                       // ... or attach to this process
+  double interval_s = 1.0;
+  std::string db;                    // empty: default_catalog_name()
+  std::string steps_file;            // JSON-lines step records to ingest while running
+  std::string prometheus;            // "HOST:PORT" or "PORT" (loopback); empty: none
+  bool gpus = true;
+  bool per_core = true;
+  std::string root;                  // prefixed to /proc and /sys (tests)
+  std::int64_t db_max_pages = 0;     // test seam, see CatalogOptions::max_pages
+  // Called with warnings as they happen (the CLI prints them to stderr).
+  std::function<void(const std::string&)> warn;
+};
+
+struct MonitorResult {
+  int exit_code = 0;  // the command's (128 + signal when it was killed); 0 for --pid
+  std::string db;
+  std::int64_t run_id = 0;
+  std::uint64_t samples = 0;   // sampling passes
+  std::uint64_t readings = 0;  // values written
+  std::uint64_t steps = 0;     // step records in the run (steps_file and pacer.telemetry)
+  std::uint64_t malformed_lines = 0;
+  std::vector<std::string> malformed_examples;  // "FILE:LINE: why"
+  std::uint64_t dropped = 0;   // records not written (catalog stopped)
+  std::string catalog_status;  // "ok" or why writing stopped
+  double wall_s = 0;
+  double sampler_cpu_s = 0;    // CPU time of the monitor process over the run
+  std::vector<std::string> notes;  // sources skipped and why
+  std::string prometheus_url;
+};
+
+// Runs `command` (or follows `pid`) until it ends, sampling every
+// interval_s. The command inherits stdin/stdout/stderr and gets
+// PACER_TELEMETRY_DB and PACER_RUN_ID in its environment so that
+// pacer.telemetry in it writes to the same run. SIGINT, SIGTERM, SIGHUP,
+// SIGUSR1, SIGUSR2 and SIGQUIT received by the monitor are forwarded to the
+// command. Catalog trouble (a full disk) never stops the command. Fails only
+// when the command cannot be started or the catalog cannot be opened.
+Expected<MonitorResult> run_monitor(const MonitorOptions& options);
+
+// Prometheus text exposition (format 0.0.4) of one sample: HELP and TYPE per
+// family, labels node, gpu and device; counters as NAME_total with their
+// cumulative value.
+std::string render_prometheus(const Sample& sample, const std::string& node);
+
+// Parses "PORT", "HOST:PORT" or "[V6]:PORT"; a bare port binds to 127.0.0.1.
+struct ListenAddress {
+  std::string host;
+  int port = 0;
+};
+Expected<ListenAddress> parse_listen_address(const std::string& text);
+
+}  // namespace pacer::telemetry

@@ -1,0 +1,204 @@
+"""pacer monitor on the real binary: exit codes, signals, --pid, step files, a full catalog, Prometheus."""
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import tempfile
+import time
+import unittest
+import urllib.request
+
+from cli_util import PACER, pacer
+
+
+def rows(db, sql):
+    with sqlite3.connect(db) as c:
+        return c.execute(sql).fetchall()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MonitorTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.db = os.path.join(self.tmp.name, "m.db")
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def monitor(self, *cmd, extra=()):
+        return pacer("monitor", "--interval", "100ms", "--db", self.db, "--no-gpu", *extra, "--", *cmd)
+
+    def test_exit_code_is_passed_through_and_the_run_recorded(self):
+        r = self.monitor("sh", "-c", "sleep 0.3; exit 7")
+        self.assertEqual(r.returncode, 7, r.stderr)
+        self.assertRegex(r.stderr, r"OK: \d+ samples .* command exit code 7")
+        (exit_code, ended, cpu_s, status), = rows(self.db, "SELECT exit_code, ended, sampler_cpu_s, catalog_status FROM runs")
+        self.assertEqual((exit_code, status), (7, "ok"))
+        self.assertIsNotNone(ended)
+        self.assertGreaterEqual(cpu_s, 0)
+        metrics = {m for (m,) in rows(self.db, "SELECT DISTINCT metric FROM samples_named")}
+        for m in ("cpu.busy", "mem.used_bytes", "proc.count", "sampler.cpu_seconds"):
+            self.assertIn(m, metrics)
+
+    def test_killed_command_gives_128_plus_signal(self):
+        r = self.monitor("sh", "-c", "kill -TERM $$")
+        self.assertEqual(r.returncode, 128 + signal.SIGTERM, r.stderr)
+
+    def test_instant_exit_still_records_a_sample(self):
+        r = self.monitor("true")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertGreaterEqual(rows(self.db, "SELECT count(DISTINCT t) FROM samples")[0][0], 1)
+
+    def test_missing_command_is_a_usage_error(self):
+        r = self.monitor("/no/such/program")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("/no/such/program: cannot run", r.stderr)
+        r = pacer("monitor", "--db", self.db)
+        self.assertEqual(r.returncode, 2)
+        r = pacer("monitor", "--interval", "soon", "--", "true")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--interval 'soon'", r.stderr)
+
+    def test_signals_are_forwarded_to_the_command(self):
+        flag = os.path.join(self.tmp.name, "got-term")
+        script = f'trap "echo term > {flag}; exit 42" TERM; while :; do sleep 0.05; done'
+        p = subprocess.Popen([PACER, "monitor", "--interval", "100ms", "--db", self.db, "--no-gpu", "--", "sh", "-c", script],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            # Wait until the command runs (its first sample is in the catalog).
+            deadline = time.time() + 20
+            while time.time() < deadline:
+                try:
+                    if rows(self.db, "SELECT count(*) FROM samples")[0][0] > 0:
+                        break
+                except sqlite3.OperationalError:  # the schema is not there yet
+                    pass
+                time.sleep(0.05)
+            p.send_signal(signal.SIGTERM)
+            _, err = p.communicate(timeout=30)
+        finally:
+            if p.poll() is None:  # never leave a monitor and its endless command behind
+                subprocess.run(["pkill", "-KILL", "-P", str(p.pid)], check=False)
+                p.kill()
+                p.communicate()
+        self.assertEqual(p.returncode, 42, err)
+        self.assertTrue(os.path.exists(flag))
+
+    def test_attach_to_a_running_process(self):
+        child = subprocess.Popen(["sh", "-c", "sleep 0.8 & sleep 1; wait"])
+        try:
+            r = pacer("monitor", "--interval", "100ms", "--db", self.db, "--no-gpu", "--pid", str(child.pid), "--json")
+        finally:
+            child.wait(timeout=30)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        summary = json.loads(r.stdout)
+        self.assertEqual(summary["schema"], "pacer.monitor/1")
+        self.assertGreater(summary["samples"], 2)
+        # The tree was followed: the shell and its sleeps.
+        self.assertGreaterEqual(rows(self.db, "SELECT max(value) FROM samples_named WHERE metric='proc.count'")[0][0], 2)
+        self.assertEqual(rows(self.db, "SELECT command, exit_code FROM runs"), [(f"--pid {child.pid}", None)])
+        r = pacer("monitor", "--pid", "999999999", "--db", self.db)
+        self.assertEqual(r.returncode, 2)
+
+    def test_step_file_with_malformed_lines(self):
+        steps = os.path.join(self.tmp.name, "steps.jsonl")
+        script = ("for i in 1 2 3 4; do echo \"{\\\"step\\\": $i, \\\"t\\\": $i, \\\"data_wait_s\\\": 0.25, \\\"rank\\\": 1}\" >> %s; done;"
+                  " echo 'not json' >> %s; echo '{\"step\": \"x\"}' >> %s; printf '{\"step\": 5, \"t\": 5}' >> %s" % ((steps,) * 4))
+        r = pacer("monitor", "--interval", "100ms", "--db", self.db, "--no-gpu", "--steps", steps, "--json", "--", "sh", "-c", script)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        s = json.loads(r.stdout)
+        self.assertEqual((s["steps"], s["malformed_lines"]), (5, 2))
+        self.assertIn(f"{steps}:5: not valid JSON", s["malformed_examples"])
+        self.assertEqual(rows(self.db, "SELECT count(*), sum(step_time_s) FROM steps WHERE rank=1"), [(4, 3.0)])
+        (detail,), = rows(self.db, "SELECT detail FROM events WHERE kind='steps.malformed'")
+        self.assertIn("2 malformed line(s)", detail)
+
+    def test_full_catalog_stops_writing_but_not_the_command(self):
+        r = pacer("monitor", "--interval", "20ms", "--db", self.db, "--no-gpu", "--db-max-pages", "16", "--json",
+                  "--", "sh", "-c", "sleep 1.5; echo done; exit 3")
+        self.assertEqual(r.returncode, 3, r.stderr)
+        self.assertIn("done", r.stdout)
+        s = json.loads(r.stdout[r.stdout.index("{"):])
+        self.assertIn("writes stopped", s["catalog_status"])
+        self.assertGreater(s["dropped"], 0)
+        self.assertIn("stops writing, the run goes on", r.stderr)
+        (status,), = rows(self.db, "SELECT catalog_status FROM runs")
+        self.assertIn("writes stopped", status)
+
+
+class PrometheusTest(unittest.TestCase):
+    """The live endpoint: promtool accepts it and a real Prometheus scrapes it."""
+
+    def start_monitor(self, tmp, seconds):
+        p = subprocess.Popen([PACER, "monitor", "--interval", "200ms", "--db", os.path.join(tmp, "p.db"), "--no-gpu",
+                              "--prometheus", "0", "--", "sleep", str(seconds)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = p.stderr.readline()
+        m = re.search(r"prometheus metrics at (http://\S+)", line)
+        self.assertIsNotNone(m, line)
+        self.assertTrue(m.group(1).startswith("http://127.0.0.1:"))  # loopback unless told otherwise
+        time.sleep(0.5)  # two passes, so counters have totals
+        return p, m.group(1)
+
+    def test_promtool_accepts_the_exposition(self):
+        promtool = shutil.which("promtool")
+        if not promtool:
+            self.skipTest("promtool not installed (Debian package prometheus; scripts/deps.sh installs it)")
+        with tempfile.TemporaryDirectory() as tmp:
+            p, url = self.start_monitor(tmp, 3)
+            try:
+                body = urllib.request.urlopen(url, timeout=10).read().decode()
+            finally:
+                p.terminate()  # forwarded to the command, so the pipes close at once
+                p.communicate(timeout=30)
+        self.assertIn("# TYPE pacer_memory_used_bytes gauge", body)
+        self.assertRegex(body, r"pacer_sampler_cpu_seconds_total\{node=\"[^\"]+\"\} [0-9.e+-]+\n")
+        check = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, text=True, timeout=60)
+        self.assertEqual(check.returncode, 0, check.stdout + check.stderr)
+
+    def test_a_real_prometheus_scrapes_it(self):
+        server = shutil.which("prometheus")
+        if not server:
+            self.skipTest("prometheus not installed (Debian package prometheus; scripts/deps.sh installs it)")
+        with tempfile.TemporaryDirectory() as tmp:
+            mon, url = self.start_monitor(tmp, 60)
+            target = url[len("http://"):-len("/metrics")]
+            cfg = os.path.join(tmp, "prometheus.yml")
+            with open(cfg, "w") as f:
+                f.write("global:\n  scrape_interval: 1s\nscrape_configs:\n"
+                        f"  - job_name: pacer\n    static_configs:\n      - targets: ['{target}']\n")
+            port = free_port()
+            prom = subprocess.Popen([server, f"--config.file={cfg}", f"--storage.tsdb.path={tmp}/data",
+                                     f"--web.listen-address=127.0.0.1:{port}"],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            try:
+                api = f"http://127.0.0.1:{port}/api/v1/query?query=pacer_memory_used_bytes"
+                result, deadline = [], time.time() + 45
+                while time.time() < deadline and not result:
+                    time.sleep(0.5)
+                    try:
+                        reply = json.load(urllib.request.urlopen(api, timeout=5))
+                        result = reply["data"]["result"]
+                    except OSError:
+                        pass
+                self.assertTrue(result, "Prometheus never stored a pacer sample")
+                self.assertGreater(float(result[0]["value"][1]), 0)
+                self.assertEqual(result[0]["metric"]["job"], "pacer")
+            finally:
+                prom.terminate()
+                prom.communicate(timeout=30)
+                mon.terminate()
+                mon.communicate(timeout=30)
+
+
+if __name__ == "__main__":
+    unittest.main()

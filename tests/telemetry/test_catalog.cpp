@@ -1,0 +1,240 @@
+#include "pacer/telemetry/catalog.hpp"
+
+#include <gtest/gtest.h>
+#include <fmt/format.h>
+#include <sqlite3.h>
+
+#include "pacer/telemetry/questions.hpp"
+#include "test_util.hpp"
+
+namespace pacer::telemetry {
+namespace {
+
+using pacer::test::contains;
+using pacer::test::TempDir;
+
+std::int64_t scalar(Catalog& c, const std::string& sql) {
+  auto r = c.query(sql);
+  EXPECT_TRUE(r.has_value()) << (r ? "" : r.error().message);
+  if (!r || r->rows.empty()) return -1;
+  const Value& v = r->rows[0][0];
+  if (const auto* i = std::get_if<std::int64_t>(&v)) return *i;
+  if (const auto* d = std::get_if<double>(&v)) return static_cast<std::int64_t>(*d);
+  return -1;
+}
+
+// A sample with one host and one GPU reading at time t.
+Sample sample_at(double t, double temp_c, double util) {
+  Sample s;
+  s.t = t;
+  s.readings.push_back({find_metric("cpu.busy"), -1, "", 0.5, {}});
+  s.readings.push_back({find_metric("gpu.temperature_c"), 0, "", temp_c, {}});
+  s.readings.push_back({find_metric("gpu.util"), 0, "", util, {}});
+  return s;
+}
+
+struct Fixture {
+  TempDir dir{"catalog-"};
+  std::unique_ptr<Catalog> cat;
+  std::int64_t run = 0, node = 0;
+  explicit Fixture(const std::string& host = "n1", const std::string& job = "77") {
+    cat = std::move(Catalog::open(dir.path() + "/c.db").value());
+    node = cat->node_id(NodeInfo{host, 4, 1 << 30, "6.1"}).value();
+    EXPECT_TRUE(cat->add_gpus(node, {GpuRecord{0, "GPU-aaa", "H200", 141ull << 30}}));
+    run = cat->begin_run(RunInfo{job, "train.py", host, 1000, 1}).value();
+  }
+};
+
+TEST(Catalog, SchemaVersionAndTables) {
+  Fixture f;
+  EXPECT_EQ(scalar(*f.cat, "PRAGMA user_version"), kCatalogSchemaVersion);
+  auto r = f.cat->query("SELECT value FROM meta WHERE key='schema'");
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(std::get<std::string>(r->rows.at(0).at(0)), "pacer.catalog/1");
+  for (const char* t : {"runs", "nodes", "ranks", "gpus", "metrics", "samples", "steps", "events"})
+    EXPECT_EQ(scalar(*f.cat, fmt::format("SELECT count(*) FROM sqlite_master WHERE name='{}'", t)), 1) << t;
+  EXPECT_EQ(std::get<std::string>(f.cat->query("PRAGMA journal_mode")->rows[0][0]), "wal");
+}
+
+TEST(Catalog, NewerSchemaIsRefusedByName) {
+  TempDir dir("catalog-");
+  const std::string path = dir.path() + "/new.db";
+  { auto c = Catalog::open(path); ASSERT_TRUE(c.has_value()); }
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  sqlite3_exec(db, "PRAGMA user_version=7", nullptr, nullptr, nullptr);
+  sqlite3_close(db);
+  for (bool ro : {false, true}) {
+    auto c = Catalog::open(path, CatalogOptions{.read_only = ro});
+    ASSERT_FALSE(c.has_value());
+    EXPECT_EQ(c.error().kind, ErrorKind::kConfig);
+    EXPECT_TRUE(contains(c.error().message, path));
+    EXPECT_TRUE(contains(c.error().message, "schema version 7 is newer"));
+  }
+}
+
+TEST(Catalog, ForeignFilesAreRefused) {
+  TempDir dir("catalog-");
+  const std::string text = dir.file("notes.txt", "this is not a database, just text long enough to be read.....\n");
+  auto c = Catalog::open(text);
+  ASSERT_FALSE(c.has_value());
+  EXPECT_TRUE(contains(c.error().message, text));
+  const std::string other = dir.path() + "/other.db";
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(other.c_str(), &db), SQLITE_OK);
+  sqlite3_exec(db, "CREATE TABLE x(a)", nullptr, nullptr, nullptr);
+  sqlite3_close(db);
+  auto o = Catalog::open(other);
+  ASSERT_FALSE(o.has_value());
+  EXPECT_TRUE(contains(o.error().message, "not a pacer catalog"));
+  auto missing = Catalog::open(dir.path() + "/none.db", CatalogOptions{.read_only = true});
+  ASSERT_FALSE(missing.has_value());
+  EXPECT_TRUE(contains(missing.error().message, "no such catalog"));
+}
+
+TEST(Catalog, SamplesStepsAndDerivedStepTime) {
+  Fixture f;
+  ASSERT_TRUE(f.cat->write_sample(f.run, f.node, sample_at(1001, 60, 0.9)));
+  std::vector<StepRecord> steps;
+  for (int i = 0; i < 3; ++i) {
+    StepRecord s;
+    s.step = i;
+    s.t = 1000.0 + 0.5 * i;
+    s.rank = 3;
+    s.node = "n1";
+    s.loss = 2.0 - 0.1 * i;
+    steps.push_back(s);
+  }
+  steps[2].step_time_s = 9.0;  // given beats derived
+  ASSERT_TRUE(f.cat->write_steps(f.run, steps));
+  auto r = f.cat->query("SELECT step, step_time_s FROM steps ORDER BY step");
+  ASSERT_TRUE(r.has_value());
+  ASSERT_EQ(r->rows.size(), 3u);
+  EXPECT_TRUE(std::holds_alternative<std::monostate>(r->rows[0][1]));  // no previous step
+  EXPECT_DOUBLE_EQ(std::get<double>(r->rows[1][1]), 0.5);
+  EXPECT_DOUBLE_EQ(std::get<double>(r->rows[2][1]), 9.0);
+  EXPECT_EQ(scalar(*f.cat, "SELECT count(*) FROM ranks WHERE rank=3"), 1);
+  EXPECT_EQ(scalar(*f.cat, "SELECT count(*) FROM samples_named WHERE metric='gpu.util' AND gpu_index=0 AND hostname='n1'"), 1);
+  EXPECT_EQ(scalar(*f.cat, "SELECT count(*) FROM gpus WHERE uuid='GPU-aaa'"), 1);
+}
+
+TEST(Catalog, FullDiskStopsWritingButNotTheCaller) {
+  TempDir dir("catalog-");
+  auto cat = std::move(Catalog::open(dir.path() + "/full.db", CatalogOptions{.max_pages = 40}).value());
+  const auto node = cat->node_id(NodeInfo{"n1", 1, 1, ""}).value();
+  const auto run = cat->begin_run(RunInfo{"", "x", "n1", 1, 1}).value();
+  int failures = 0;
+  for (int i = 0; i < 400; ++i) {
+    Sample s = sample_at(i, 50, 0.5);
+    for (int k = 0; k < 20; ++k) s.readings.push_back({find_metric("cpu.busy"), -1, fmt::format("cpu{}", k), 0.1, {}});
+    if (!cat->write_sample(run, node, s)) ++failures;
+  }
+  EXPECT_EQ(failures, 1);  // reported once, then silently dropped
+  EXPECT_TRUE(cat->writes_stopped());
+  EXPECT_GT(cat->dropped_records(), 0u);
+  EXPECT_TRUE(contains(cat->stop_reason(), "full"));
+  // The run row says why the data ends.
+  auto r = cat->query("SELECT catalog_status FROM runs");
+  ASSERT_TRUE(r.has_value());
+  EXPECT_TRUE(contains(std::get<std::string>(r->rows.at(0).at(0)), "writes stopped"));
+  EXPECT_GT(scalar(*cat, "SELECT count(*) FROM samples"), 0);
+}
+
+TEST(Catalog, MergeMapsIdsAndJoinsAJobsRuns) {
+  Fixture a("n1", "77"), b("n2", "77");
+  ASSERT_TRUE(a.cat->write_sample(a.run, a.node, sample_at(1001, 60, 0.9)));
+  ASSERT_TRUE(b.cat->write_sample(b.run, b.node, sample_at(1001, 90, 0.1)));
+  ASSERT_TRUE(b.cat->write_sample(b.run, b.node, sample_at(1002, 91, 0.1)));
+  ASSERT_TRUE(b.cat->write_event(b.run, b.node, EventRecord{1001.5, "gpu.throttle", "hw_thermal", 0, -1}));
+  ASSERT_TRUE(a.cat->write_steps(a.run, {StepRecord{1, 1001, 0, "n1", 1.0, {}, {}, {}, {}, ""}}));
+  ASSERT_TRUE(b.cat->write_steps(b.run, {StepRecord{1, 1001, 1, "n2", 1.5, {}, {}, {}, {}, ""}}));
+  TempDir out("merge-");
+  const std::string merged = out.path() + "/job.db";
+  auto r = merge_catalogs(merged, {a.cat->path(), b.cat->path()});
+  ASSERT_TRUE(r.has_value()) << r.error().message;
+  EXPECT_EQ(r->runs, 1);  // same job id
+  EXPECT_EQ(r->nodes, 2);
+  EXPECT_EQ(r->samples, 9);
+  auto m = std::move(Catalog::open(merged, CatalogOptions{.read_only = true}).value());
+  EXPECT_EQ(scalar(*m, "SELECT count(*) FROM gpus"), 2);
+  EXPECT_EQ(scalar(*m, "SELECT count(*) FROM samples_named WHERE hostname='n2' AND metric='gpu.temperature_c' AND gpu_index=0"), 2);
+  EXPECT_EQ(scalar(*m, "SELECT count(*) FROM events e JOIN gpus g USING(gpu_id) JOIN nodes n ON n.node_id=g.node_id WHERE n.hostname='n2'"), 1);
+  EXPECT_EQ(scalar(*m, "SELECT count(DISTINCT rank) FROM ranks"), 2);
+  // Merging again into the existing file adds, and a newer input is refused before anything changes.
+  Fixture c("n3", "78");
+  auto again = merge_catalogs(merged, {c.cat->path()});
+  ASSERT_TRUE(again.has_value()) << again.error().message;
+  EXPECT_EQ(again->runs, 2);
+  EXPECT_EQ(again->nodes, 3);
+  auto bad = merge_catalogs(merged, {out.path() + "/missing.db"});
+  ASSERT_FALSE(bad.has_value());
+  EXPECT_TRUE(contains(bad.error().message, "missing.db"));
+}
+
+TEST(Questions, AnswerOnASyntheticRun) {
+  Fixture f;
+  // Steps of 1 s, except step 5 (3 s) during which GPU 0 ran hot and idle.
+  std::vector<StepRecord> steps;
+  double t = 1000;
+  for (int i = 0; i < 10; ++i) {
+    const double dt = i == 5 ? 3.0 : 1.0;
+    t += dt;
+    steps.push_back(StepRecord{i, t, 0, "n1", dt, 2.0, 4096, 0.25 * dt, 0.1 * dt, ""});
+  }
+  ASSERT_TRUE(f.cat->write_steps(f.run, steps));
+  for (double s = 1000; s <= t; s += 1) {
+    const bool during = s > 1005 && s <= 1008;
+    ASSERT_TRUE(f.cat->write_sample(f.run, f.node, sample_at(s, during ? 92 : 60, during ? 0.1 : 0.95)));
+  }
+  ASSERT_TRUE(f.cat->write_event(f.run, f.node, EventRecord{1006, "gpu.throttle", "hw_thermal", 0, -1}));
+  ASSERT_TRUE(f.cat->write_event(f.run, f.node, EventRecord{1008.5, "gpu.throttle_end", "hw_thermal", 0, -1}));
+
+  auto slow = f.cat->query(question_sql("slowest-steps", QuestionArgs{.limit = 1}).value());
+  ASSERT_TRUE(slow.has_value()) << slow.error().message;
+  ASSERT_EQ(slow->rows.size(), 1u);
+  const auto col = [&](const QueryResult& r, const std::string& name) {
+    for (std::size_t i = 0; i < r.columns.size(); ++i)
+      if (r.columns[i] == name) return i;
+    ADD_FAILURE() << "no column " << name;
+    return std::size_t{0};
+  };
+  EXPECT_EQ(std::get<std::int64_t>(slow->rows[0][col(*slow, "step")]), 5);
+  EXPECT_DOUBLE_EQ(std::get<double>(slow->rows[0][col(*slow, "temp_c_max")]), 92);
+  EXPECT_LT(std::get<double>(slow->rows[0][col(*slow, "gpu_util")]), 0.5);
+
+  auto hot = f.cat->query(question_sql("hot-nodes", QuestionArgs{.threshold_c = 85}).value());
+  ASSERT_TRUE(hot.has_value()) << hot.error().message;
+  ASSERT_EQ(hot->rows.size(), 1u);
+  EXPECT_EQ(std::get<std::string>(hot->rows[0][col(*hot, "node")]), "n1");
+  EXPECT_EQ(std::get<std::int64_t>(hot->rows[0][col(*hot, "regressed_steps")]), 1);
+  auto cool = f.cat->query(question_sql("hot-nodes", QuestionArgs{.threshold_c = 95}).value());
+  ASSERT_TRUE(cool.has_value());
+  EXPECT_TRUE(cool->rows.empty());
+
+  auto wait = f.cat->query(question_sql("data-wait", {}).value());
+  ASSERT_TRUE(wait.has_value()) << wait.error().message;
+  ASSERT_EQ(wait->rows.size(), 1u);
+  EXPECT_DOUBLE_EQ(std::get<double>(wait->rows[0][col(*wait, "data_wait_share")]), 0.25);
+  EXPECT_DOUBLE_EQ(std::get<double>(wait->rows[0][col(*wait, "comm_share")]), 0.1);
+
+  auto thr = f.cat->query(question_sql("throttle", {}).value());
+  ASSERT_TRUE(thr.has_value()) << thr.error().message;
+  ASSERT_EQ(thr->rows.size(), 1u);
+  EXPECT_DOUBLE_EQ(std::get<double>(thr->rows[0][col(*thr, "duration_s")]), 2.5);
+  EXPECT_EQ(std::get<std::string>(thr->rows[0][col(*thr, "reasons")]), "hw_thermal");
+
+  auto unknown = question_sql("fastest", {});
+  ASSERT_FALSE(unknown.has_value());
+  EXPECT_TRUE(contains(unknown.error().message, "slowest-steps"));
+}
+
+TEST(Catalog, QueryErrorsAreUsageErrors) {
+  Fixture f;
+  auto r = f.cat->query("SELEC nonsense");
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().kind, ErrorKind::kUsage);
+  EXPECT_TRUE(contains(r.error().message, "SQL error"));
+}
+
+}  // namespace
+}  // namespace pacer::telemetry
