@@ -15,5 +15,6 @@ Handler register_ckpt(CLI::App& app);
 Handler register_shard(CLI::App& app);
 Handler register_run(CLI::App& app);
 Handler register_ports(CLI::App& app);
+Handler register_bcast(CLI::App& app);
 
 }  // namespace pacer::cli

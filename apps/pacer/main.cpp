@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   add(pacer::cli::register_shard(app));
   add(pacer::cli::register_run(app));
   add(pacer::cli::register_ports(app));
+  add(pacer::cli::register_bcast(app));
 
   try {
     app.parse(argc, argv);

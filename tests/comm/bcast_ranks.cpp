@@ -1,0 +1,122 @@
+// Runs under mpirun with several ranks: pacer bcast's file, directory and in-memory broadcasts, and its failures.
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+
+#include "pacer/comm/bcast.hpp"
+
+namespace fs = std::filesystem;
+using pacer::comm::BcastOptions;
+
+namespace {
+
+int failures = 0;
+
+void check(bool ok, const std::string& what, int rank) {
+  if (!ok) {
+    std::fprintf(stderr, "rank %d: FAILED: %s\n", rank, what.c_str());
+    ++failures;
+  }
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+void spit(const fs::path& p, const std::string& data) {
+  fs::create_directories(p.parent_path());
+  std::ofstream(p, std::ios::binary) << data;
+}
+
+std::string random_bytes(std::size_t n, unsigned seed) {
+  std::mt19937_64 g(seed);
+  std::string s(n, '\0');
+  for (auto& c : s) c = static_cast<char>(g());
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: bcast_ranks WORKDIR\n");
+    return 2;
+  }
+  auto world = pacer::unwrap(pacer::comm::mpi_world());
+  const int r = world->rank();
+  const fs::path base = argv[1];
+  const fs::path src_dir = base / "src";
+  if (r == 0) {
+    fs::remove_all(base);
+    // Sizes that are not multiples of the chunk, an empty file, nested directories.
+    spit(src_dir / "model.bin", random_bytes(1000003, 1));
+    spit(src_dir / "shards" / "rank-00001.bin", random_bytes(77777, 2));
+    spit(src_dir / "shards" / "deep" / "meta.json", "{\"step\": 42}\n");
+    spit(src_dir / "empty", "");
+  }
+  world->barrier();
+
+  // A file, every rank its own "node" (4 writers), small chunks: many pipelined chunks.
+  {
+    BcastOptions o;
+    o.chunk_bytes = 4096;
+    o.ranks_per_node = 1;
+    const fs::path dst = base / ("file-node" + std::to_string(r));
+    auto st = pacer::comm::broadcast_path(*world, (src_dir / "model.bin").string(), dst.string(), o);
+    check(st.has_value(), "file bcast: " + (st ? std::string() : st.error().message), r);
+    if (st) {
+      check(slurp(dst) == slurp(src_dir / "model.bin"), "file copy differs from the source", r);
+      check(st->writer && st->nodes == world->size(), "every rank a writer", r);
+      check(st->bytes_read == (r == 0 ? 1000003u : 0u), "only rank 0 reads the source", r);
+      check(st->chunks == (1000003 + 4095) / 4096, "chunk count", r);
+    }
+  }
+  // A directory, two ranks per "node": ranks 0 and 2 write, 1 and 3 do not.
+  {
+    BcastOptions o;
+    o.chunk_bytes = 10000;
+    o.ranks_per_node = 2;
+    const int node = r / 2;
+    const fs::path dst = base / ("dir-node" + std::to_string(node));
+    auto st = pacer::comm::broadcast_path(*world, src_dir.string(), dst.string(), o);
+    check(st.has_value(), "dir bcast: " + (st ? std::string() : st.error().message), r);
+    if (st) {
+      check(st->writer == (r % 2 == 0), "one writer per node", r);
+      check(st->files == 4, "four files", r);
+    }
+    world->barrier();
+    for (const char* f : {"model.bin", "shards/rank-00001.bin", "shards/deep/meta.json", "empty"})
+      check(fs::exists(dst / f) && slurp(dst / f) == slurp(src_dir / f), std::string("dir copy of ") + f, r);
+    bool leftovers = false;
+    for (const auto& e : fs::directory_iterator(base))
+      if (e.path().filename().string().find(".partial-") != std::string::npos) leftovers = true;
+    check(!leftovers, "no partial directories left", r);
+    // The same directory again: it exists, so every rank fails and nothing is replaced.
+    auto again = pacer::comm::broadcast_path(*world, src_dir.string(), dst.string(), o);
+    check(!again.has_value(), "a second bcast onto an existing directory fails", r);
+  }
+  // In memory: every rank gets the bytes.
+  {
+    BcastOptions o;
+    o.chunk_bytes = 65536;
+    auto bytes = pacer::comm::broadcast_file(*world, (src_dir / "shards" / "rank-00001.bin").string(), o);
+    check(bytes.has_value() && *bytes == slurp(src_dir / "shards" / "rank-00001.bin"), "in-memory bcast", r);
+  }
+  // A missing source: every rank gets the same error, nobody hangs.
+  {
+    auto st = pacer::comm::broadcast_path(*world, (base / "nosuch").string(), (base / "x").string());
+    check(!st.has_value() && st.error().message.find("nosuch") != std::string::npos, "missing source named", r);
+  }
+  const bool all = world->all_ok(failures == 0);
+  if (r == 0) std::printf("%s: bcast on %d ranks\n", all ? "OK" : "FAILED", world->size());
+  return all ? 0 : 1;
+}
