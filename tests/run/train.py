@@ -6,6 +6,7 @@ exactly the bytes of an uninterrupted run. Each line of --events records what
 happened (start step, saves, the request seen), for the tests to check.
 
   train.py --ckpt DIR --steps N [--every K] [--sleep S] [--crash-at STEP] [--crash-always] --events FILE
+  train.py --check DIR --steps N    prints EQUAL when DIR's latest checkpoint is step N of an uninterrupted run
 """
 import argparse
 import json
@@ -39,8 +40,14 @@ def main():
     p.add_argument("--crash-at", type=int, default=0, help="exit 3 once on reaching this step (a marker file remembers)")
     p.add_argument("--crash-always", action="store_true", help="exit 3 at once, every attempt")
     p.add_argument("--ignore-requests", action="store_true", help="never checkpoint on request")
-    p.add_argument("--events", required=True)
+    p.add_argument("--events")
+    p.add_argument("--check", metavar="DIR")
     a = p.parse_args()
+    if a.check:
+        step, blobs, _ = pacer.Checkpointer(a.check).load()
+        equal = step == a.steps and np.array_equal(blobs["w"], final_state(a.steps))
+        print("EQUAL" if equal else f"DIFFERENT: latest step {step}")
+        return
     pacer.run.watch()
 
     def event(**kv):
