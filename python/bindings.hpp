@@ -9,5 +9,6 @@ namespace pacer::python {
 pybind11::object& error_type();
 void register_checkpoint(pybind11::module_& m);
 void register_data(pybind11::module_& m);
+void register_run(pybind11::module_& m);
 
 }  // namespace pacer::python

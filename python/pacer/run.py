@@ -26,12 +26,14 @@ import os
 import signal
 import threading
 
+from ._pacer import PortLease
+
 REQUEST_FILE_ENV = "PACER_CKPT_REQUEST_FILE"
 REQUEST_SIGNAL_ENV = "PACER_CKPT_SIGNAL"
 CKPT_DIR_ENV = "PACER_CKPT_DIR"
 ATTEMPT_ENV = "PACER_RUN_ATTEMPT"
 
-__all__ = ["watch", "checkpoint_requested", "ckpt_dir", "attempt", "supervised"]
+__all__ = ["watch", "checkpoint_requested", "ckpt_dir", "attempt", "supervised", "ports", "PortLease"]
 
 _signalled = threading.Event()
 _watching = False
@@ -84,3 +86,16 @@ def attempt():
 def supervised():
     """True when running under ``pacer run``."""
     return REQUEST_FILE_ENV in os.environ
+
+
+def ports(count=1, job=None, local_rank=None, **plan):
+    """A PortLease of `count` ports from this job's local rank's range (see `pacer ports`).
+
+    The ports stay bound by this process until handed over: ``lease.release(port)``
+    right before the service binds it, or ``lease.take_fd(port)`` to give the
+    service the bound socket itself. `job` and `local_rank` default to
+    $SLURM_JOB_ID and $SLURM_LOCALID (or LOCAL_RANK, ...); `plan` takes
+    first, last, per_rank, ranks_per_job. Raises pacer.Error when the range is
+    exhausted.
+    """
+    return PortLease.acquire(count, job, local_rank, **plan)

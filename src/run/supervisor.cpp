@@ -189,7 +189,6 @@ std::optional<std::uint64_t> latest_committed_step(const std::string& dir) {
 }
 
 std::string format_event(const json& e) {
-  std::string extra;
   return fmt::format("{} pacer run: {}: {}", e.value("time", ""), e.value("event", ""), e.value("message", ""));
 }
 
@@ -265,6 +264,11 @@ Expected<Outcome> supervise(const Options& o) {
 
   const sigset_t set = watched_signals();
   MaskGuard mask(set);
+  // A request belongs to one attempt: none is left behind in $TMPDIR.
+  struct RemoveOnExit {
+    const std::string& path;
+    ~RemoveOnExit() { unlink(path.c_str()); }
+  } remove_request{request_file};
 
   Outcome out;
   int restarts = 0;
@@ -393,7 +397,9 @@ Expected<Outcome> supervise(const Options& o) {
         log("kill", fmt::format("CMD still running {} s after SIGTERM: SIGKILL to its process group", o.stop_timeout_s));
       }
     }
-    kill(-pid, SIGKILL);  // workers CMD left behind in its group hold GPUs and ports
+    // Workers CMD left behind in its group hold GPUs and ports. The group id
+    // cannot be taken by another process while any member is alive.
+    kill(-pid, SIGKILL);
     const int code = status_code(st);
     const auto latest = latest_committed_step(o.ckpt_dir);
     log("exited", fmt::format("CMD {} (attempt {}); latest committed: {}", describe_status(st), attempt, step_text(latest)),

@@ -44,6 +44,9 @@ export PYTHONPATH={pythonpath}
 # requeued run is fast. What the runs compute does not depend on it.
 SLEEP={slow}
 if [ "${{SLURM_RESTART_COUNT:-0}}" != 0 ]; then SLEEP=0; fi
+# A warning that came before the exec would end bash (USR1's default action);
+# ignored here, it is still queued for pacer, which blocks it at once.
+trap '' USR1
 exec {pacer} run --ckpt-dir {dir}/ckpt --grace 30s --stop-timeout 10s --restart-delay 0 \\
     --log {dir}/run.jsonl {run_args} -- \\
     {python} {train} --steps {steps} --every 10 --sleep $SLEEP --events {dir}/events.jsonl {train_args}
