@@ -48,8 +48,8 @@ class RunTest(unittest.TestCase):
         return subprocess.run([PACER, "run", "--log", self.log, *args], capture_output=True, text=True,
                               env=env or bare_env(), timeout=timeout)
 
-    def train_cmd(self, *extra, steps=40):
-        return [PYTHON, TRAIN, "--steps", str(steps), "--every", "10", "--events", self.events, *extra]
+    def train_cmd(self, *extra, steps=40, every=10):
+        return [PYTHON, TRAIN, "--steps", str(steps), "--every", str(every), "--events", self.events, *extra]
 
     def kinds(self):
         return [e["event"] for e in read_log(self.log)]
@@ -107,20 +107,26 @@ class RunTest(unittest.TestCase):
         self.assert_exact_state(40)
 
     def test_signal_is_passed_on_as_a_request_signal(self):
-        # SIGUSR1 to pacer (as Slurm's --signal would) -> request file and SIGUSR2 to the trainer.
+        # SIGUSR1 to pacer (as Slurm's --signal would) -> SIGUSR2 to the trainer. The
+        # request file cannot be created (its directory does not exist), so
+        # the signal is the only way the trainer can learn of the request.
         p = subprocess.Popen([PACER, "run", "--log", self.log, "--ckpt-dir", self.ckpt, "--request-signal", "USR2",
-                              "--request-file", os.path.join(self.d, "req"), "--", *self.train_cmd("--sleep", "0.2", steps=400)],
+                              "--request-file", os.path.join(self.d, "missing", "req"), "--",
+                              *self.train_cmd("--sleep", "0.2", steps=400, every=0)],
                              env=bare_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # No periodic saves (every=0): a commit can only come from the request.
         while not os.path.exists(self.events):  # the trainer has installed its handler
             time.sleep(0.05)
         p.send_signal(signal.SIGUSR1)
         _, err = p.communicate(timeout=120)
         self.assertEqual(p.returncode, 75, err)
-        request = next(e for e in read_log(self.log) if e["event"] == "checkpoint-request")
+        log = read_log(self.log)
+        request = next(e for e in log if e["event"] == "checkpoint-request")
         self.assertIn("SIGUSR1 received", request["message"])
+        self.assertIn("request file FAILED", request["message"])
         self.assertIn("SIGUSR2", request["message"])
-        saves = [e for e in read_log(self.events) if e["what"] == "save" and e["requested"]]
-        self.assertEqual(len(saves), 1)
+        self.assertIn("committed", self.kinds())
+        self.assertLess(next(e for e in log if e["event"] == "committed")["committed_step"], 400)
 
     def test_no_commit_within_grace_stops_anyway(self):
         r = self.run_pacer("--ckpt-dir", self.ckpt, "--end-time", "+30s", "--before", "30s", "--grace", "1s",

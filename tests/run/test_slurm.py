@@ -121,11 +121,14 @@ class SlurmRunTest(unittest.TestCase):
         self.assertIn("requeued", kinds, self.output)
         request = next(e for e in log if e["event"] == "checkpoint-request")
         self.assertIn(reason_word, request["message"])
-        # The first run saved on request; the requeued run started from that very step.
-        saved = [e for e in events if e["what"] == "save" and e["requested"] and e["restart"] == 0]
-        self.assertEqual(len(saved), 1, events)
+        # The requeued run started from the step committed on request. (The
+        # trainer's own "save" line may be missing: pacer stops it as soon as
+        # the commit is visible, perhaps before it wrote that line.)
         committed = next(e for e in log if e["event"] == "committed")["committed_step"]
-        self.assertEqual(saved[0]["step"], committed)
+        saved = [e for e in events if e["what"] == "save" and e["requested"] and e["restart"] == 0]
+        self.assertLessEqual(len(saved), 1, events)
+        if saved:
+            self.assertEqual(saved[0]["step"], committed)
         resumed = [e for e in events if e["what"] == "start" and e["restart"] == 1]
         self.assertEqual(resumed[0]["step"], committed, events)
         self.assertLess(committed, STEPS)
