@@ -1,6 +1,7 @@
 // `pacer run`: a supervisor that keeps a training command alive inside a Slurm job.
 #pragma once
 
+#include <csignal>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -62,7 +63,7 @@ enum class RequeueMode {
 struct Options {
   std::vector<std::string> argv;  // CMD, run by path search without a shell
   std::string ckpt_dir;           // where CMD commits checkpoints (pacer checkpoint layout); empty: none
-  int slurm_signal = 10;          // the signal Slurm sends before the end (--signal); SIGUSR1
+  int slurm_signal = SIGUSR1;     // the signal Slurm sends before the end (--signal)
   std::optional<int> request_signal;  // sent to CMD's process group with a checkpoint request
   std::string request_file;       // empty: $TMPDIR (or /tmp)/pacer-run-<job or pid>.ckpt-request
   double before_s = 0;            // checkpoint this long before the job's end time; 0: on the signal only

@@ -43,7 +43,9 @@ class Cluster:
         self.procs = []
         self.host = socket.gethostname().split(".")[0]
         self.conf = os.path.join(root, "slurm.conf")
-        self.env = dict(os.environ, SLURM_CONF=self.conf)
+        # Nothing of an outer Slurm job (a CI runner inside one) may leak in.
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        self.env["SLURM_CONF"] = self.conf
 
     def _log_tail(self, name, n=15):
         path = os.path.join(self.root, "log", name)
