@@ -334,6 +334,11 @@ Expected<BcastStats> broadcast_path(Communicator& world, const std::string& src,
     };
     local = stream(*writers, *plan, src, sink, stats);
     if (local && !opened) local = opened;
+    // All or nothing: no node puts its copy in place unless every node's
+    // copy arrived whole, so a failed bcast is simply run again.
+    const bool every_writer = writers->all_ok(static_cast<bool>(local));
+    if (local && !every_writer)
+      local = Error{ErrorKind::kIo, fmt::format("bcast of {} to {} failed on another node; no copy put in place", src, dst)};
     if (local) local = w.commit();
     stats.bytes_written = w.written();
   }

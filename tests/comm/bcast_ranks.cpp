@@ -7,6 +7,7 @@
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <memory>
 #include <string>
 
 #include "pacer/comm/bcast.hpp"
@@ -43,6 +44,39 @@ std::string random_bytes(std::size_t n, unsigned seed) {
   for (auto& c : s) c = static_cast<char>(g());
   return s;
 }
+
+// Delegates to MPI but damages the bytes of one broadcast on every rank but
+// the root, as a faulty link would: bcast must notice and fail everywhere.
+class Corrupting final : public pacer::comm::Communicator {
+ public:
+  Corrupting(std::unique_ptr<pacer::comm::Communicator> inner, int damage_call)
+      : inner_(std::move(inner)), damage_call_(damage_call) {}
+  Corrupting(pacer::comm::Communicator* borrowed, int damage_call) : borrowed_(borrowed), damage_call_(damage_call) {}
+  int rank() const override { return c().rank(); }
+  int size() const override { return c().size(); }
+  void barrier() override { c().barrier(); }
+  bool all_ok(bool ok) override { return c().all_ok(ok); }
+  std::string broadcast(const std::string& v, int root) override { return c().broadcast(v, root); }
+  void broadcast_bytes(void* data, std::size_t n, int root) override {
+    c().broadcast_bytes(data, n, root);
+    if (++calls_ == damage_call_ && rank() != root && n > 16) static_cast<char*>(data)[n / 2] ^= 0x5a;
+  }
+  std::unique_ptr<pacer::comm::Communicator> split_node() override {
+    auto s = c().split_node();
+    return s ? std::make_unique<Corrupting>(std::move(s), damage_call_) : nullptr;
+  }
+  std::unique_ptr<pacer::comm::Communicator> split(int color) override {
+    auto s = c().split(color);
+    return s ? std::make_unique<Corrupting>(std::move(s), damage_call_) : nullptr;
+  }
+
+ private:
+  pacer::comm::Communicator& c() const { return borrowed_ ? *borrowed_ : *inner_; }
+  std::unique_ptr<pacer::comm::Communicator> inner_;
+  pacer::comm::Communicator* borrowed_ = nullptr;
+  int damage_call_;
+  int calls_ = 0;
+};
 
 }  // namespace
 
@@ -115,6 +149,20 @@ int main(int argc, char** argv) {
   {
     auto st = pacer::comm::broadcast_path(*world, (base / "nosuch").string(), (base / "x").string());
     check(!st.has_value() && st.error().message.find("nosuch") != std::string::npos, "missing source named", r);
+  }
+  // A chunk damaged on the wire: every rank fails, the damaged chunk is named,
+  // and no copy is put in place.
+  {
+    Corrupting faulty(world.get(), 3);
+    BcastOptions o;
+    o.chunk_bytes = 4096;
+    o.ranks_per_node = 1;
+    const fs::path dst = base / ("damaged-node" + std::to_string(r));
+    auto st = pacer::comm::broadcast_path(faulty, (src_dir / "model.bin").string(), dst.string(), o);
+    check(!st.has_value(), "a damaged chunk fails the bcast", r);
+    if (!st && r != 0)
+      check(st.error().message.find("arrived damaged") != std::string::npos, "damage named: " + st.error().message, r);
+    check(!fs::exists(dst), "no copy from damaged chunks", r);
   }
   const bool all = world->all_ok(failures == 0);
   if (r == 0) std::printf("%s: bcast on %d ranks\n", all ? "OK" : "FAILED", world->size());

@@ -35,8 +35,8 @@ struct BcastStats {
 // `dst` on its node: a file is written beside dst and renamed over it, a
 // directory is written as dst.partial-* and renamed to dst (which must not
 // exist). Every chunk carries its XXH3-64 and is checked on arrival; a
-// mismatch or a write error fails the call on every rank. Blocking; call from
-// one thread per rank.
+// mismatch or a write error on any node fails the call on every rank, and then
+// no node renames its copy into place. Blocking; call from one thread per rank.
 Expected<BcastStats> broadcast_path(Communicator& world, const std::string& src, const std::string& dst,
                                     const BcastOptions& options = {});
 
