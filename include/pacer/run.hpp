@@ -26,6 +26,10 @@ inline constexpr const char* kRequestSignalEnv = "PACER_CKPT_SIGNAL";  // "USR1"
 inline constexpr const char* kCkptDirEnv = "PACER_CKPT_DIR";
 inline constexpr const char* kAttemptEnv = "PACER_RUN_ATTEMPT";  // 0 for the first start in this allocation
 
+// In the checkpoint root: how many attempts in a row, over requeued
+// allocations, ended without a new committed step (pacer.run.state/1).
+inline constexpr const char* kStateName = ".pacer-run.json";
+
 // Exit status of `pacer run` when it stopped CMD for a checkpoint so that the
 // job continues in a later allocation (EX_TEMPFAIL of sysexits.h): the job was
 // requeued, or an `sbatch --dependency=singleton` chain's next job resumes.

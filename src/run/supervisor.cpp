@@ -262,6 +262,38 @@ Expected<Outcome> supervise(const Options& o) {
                             : fmt::format("no committed step in {} yet", o.ckpt_dir),
         {{"committed_step", best ? json(*best) : json(nullptr)}});
 
+  // Attempts without progress count across requeues: a job whose every
+  // allocation ends without a new committed step must stop being requeued.
+  int no_progress = 0;
+  const std::string state_path =
+      o.ckpt_dir.empty() ? std::string() : (std::filesystem::path(o.ckpt_dir) / kStateName).string();
+  if (!state_path.empty() && std::filesystem::exists(state_path)) {
+    auto text = read_file(state_path);
+    const json j = text ? json::parse(*text, nullptr, false) : json();
+    if (!j.is_object() || !j.contains("no_progress")) {
+      log("history", fmt::format("{}: unreadable, ignored", state_path));
+    } else {
+      const auto& s = j["committed_step"];
+      const std::optional<std::uint64_t> then =
+          s.is_number_unsigned() ? std::optional<std::uint64_t>(s.get<std::uint64_t>()) : std::nullopt;
+      if (then == best) {
+        no_progress = j["no_progress"].get<int>();
+        log("history", fmt::format("{} earlier attempt(s) in a row ended without a new committed step ({})",
+                                   no_progress, state_path),
+            {{"no_progress", no_progress}});
+      }
+    }
+  }
+  auto save_state = [&](const std::optional<std::uint64_t>& latest) {
+    if (state_path.empty()) return;
+    const json j = {{"schema", "pacer.run.state/1"}, {"no_progress", no_progress},
+                    {"committed_step", latest ? json(*latest) : json(nullptr)}, {"time", iso_utc(unix_now())}};
+    if (auto st = write_file_atomic(state_path, j.dump() + "\n"); !st) log("history", st.error().message);
+  };
+  auto forget_state = [&] {
+    if (!state_path.empty()) unlink(state_path.c_str());
+  };
+
   const sigset_t set = watched_signals();
   MaskGuard mask(set);
   // A request belongs to one attempt: none is left behind in $TMPDIR.
@@ -272,7 +304,6 @@ Expected<Outcome> supervise(const Options& o) {
 
   Outcome out;
   int restarts = 0;
-  int no_progress = 0;
   bool walltime_fired = false;
 
   auto requeue = [&](const std::string& why) {
@@ -406,6 +437,23 @@ Expected<Outcome> supervise(const Options& o) {
         {{"attempt", attempt}, {"exit_code", code}, {"committed_step", latest ? json(*latest) : json(nullptr)}});
 
     if (phase == Phase::kStopping || (phase == Phase::kCheckpointing && code != 0)) {
+      if (newer(latest, best)) {
+        no_progress = 0;
+        best = latest;
+      } else {
+        ++no_progress;
+      }
+      if (no_progress >= o.give_up_after) {
+        forget_state();
+        out.exit_code = static_cast<int>(ExitCode::kCheckFailed);
+        out.committed_step = latest;
+        out.reason = fmt::format("giving up: {} consecutive attempt(s) without a new committed step (latest: {}), "
+                                 "counting earlier allocations; not requeued",
+                                 no_progress, step_text(latest));
+        log("give-up", out.reason);
+        return out;
+      }
+      save_state(latest);
       requeue(newer(latest, baseline)
                   ? fmt::format("stopped after committing step {}", *latest)
                   : fmt::format("stopped without a new committed step (resume from {})", step_text(latest)));
@@ -413,6 +461,7 @@ Expected<Outcome> supervise(const Options& o) {
     }
     out.committed_step = latest;
     if (code == 0) {
+      forget_state();
       out.exit_code = 0;
       out.reason = "CMD finished";
       log("done", out.reason);
@@ -431,6 +480,7 @@ Expected<Outcome> supervise(const Options& o) {
       ++no_progress;
     }
     if (no_progress >= o.give_up_after) {
+      forget_state();
       out.exit_code = code;
       out.reason = fmt::format("giving up: {} consecutive attempt(s) without a new committed step (latest: {}); "
                                "last one {}",
@@ -439,6 +489,7 @@ Expected<Outcome> supervise(const Options& o) {
       return out;
     }
     if (restarts >= o.max_restarts) {
+      forget_state();
       out.exit_code = code;
       out.reason = fmt::format("giving up: restart limit of {} reached; last attempt {}", o.max_restarts,
                                describe_status(st));

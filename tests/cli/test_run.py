@@ -136,6 +136,24 @@ class RunTest(unittest.TestCase):
         self.assertIn("no new committed step within the grace period of 1 s", stop["message"])
         self.assertIn("stopped without a new committed step", r.stderr)
 
+    def test_requeues_without_progress_give_up(self):
+        # Every allocation ends at its time limit without a new commit: the
+        # second one in a row gives up instead of requeueing again.
+        args = ("--ckpt-dir", self.ckpt, "--end-time", "+30s", "--before", "30s", "--grace", "0.5s",
+                "--stop-timeout", "5s", "--", *self.train_cmd("--sleep", "0.2", "--ignore-requests", steps=400, every=0))
+        state = os.path.join(self.ckpt, ".pacer-run.json")
+        r = self.run_pacer(*args)
+        self.assertEqual(r.returncode, 75, r.stderr)
+        with open(state) as f:
+            self.assertEqual(json.load(f)["no_progress"], 1)
+        r = self.run_pacer(*args)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("giving up: 2 consecutive attempt(s) without a new committed step", r.stderr)
+        self.assertIn("counting earlier allocations; not requeued", r.stderr)
+        self.assertFalse(os.path.exists(state))
+        # A resubmission after giving up starts counting afresh.
+        self.assertEqual(self.run_pacer(*args).returncode, 75)
+
     def test_crash_restarts_and_give_up(self):
         r = self.run_pacer("--ckpt-dir", self.ckpt, "--restart-delay", "0", "--",
                            *self.train_cmd("--crash-at", "25"))
