@@ -436,30 +436,37 @@ Expected<Outcome> supervise(const Options& o) {
     log("exited", fmt::format("CMD {} (attempt {}); latest committed: {}", describe_status(st), attempt, step_text(latest)),
         {{"attempt", attempt}, {"exit_code", code}, {"committed_step", latest ? json(*latest) : json(nullptr)}});
 
-    if (phase == Phase::kStopping || (phase == Phase::kCheckpointing && code != 0)) {
+    // Progress is a step newer than any seen before this attempt.
+    auto count_progress = [&] {
       if (newer(latest, best)) {
         no_progress = 0;
         best = latest;
       } else {
         ++no_progress;
       }
-      if (no_progress >= o.give_up_after) {
-        forget_state();
-        out.exit_code = static_cast<int>(ExitCode::kCheckFailed);
-        out.committed_step = latest;
-        out.reason = fmt::format("giving up: {} consecutive attempt(s) without a new committed step (latest: {}), "
-                                 "counting earlier allocations; not requeued",
-                                 no_progress, step_text(latest));
-        log("give-up", out.reason);
-        return out;
-      }
+    };
+    out.committed_step = latest;
+    auto give_up = [&](int exit_code, const std::string& why) {
+      forget_state();
+      out.exit_code = exit_code;
+      out.reason = "giving up: " + why;
+      log("give-up", out.reason);
+      return out;
+    };
+    const std::string no_progress_text = fmt::format(
+        "{} consecutive attempt(s) without a new committed step (latest: {})", no_progress + 1, step_text(latest));
+
+    if (phase == Phase::kStopping || (phase == Phase::kCheckpointing && code != 0)) {
+      count_progress();
+      if (no_progress >= o.give_up_after)
+        return give_up(static_cast<int>(ExitCode::kCheckFailed),
+                       no_progress_text + ", counting earlier allocations; not requeued");
       save_state(latest);
       requeue(newer(latest, baseline)
                   ? fmt::format("stopped after committing step {}", *latest)
                   : fmt::format("stopped without a new committed step (resume from {})", step_text(latest)));
       return out;
     }
-    out.committed_step = latest;
     if (code == 0) {
       forget_state();
       out.exit_code = 0;
@@ -473,29 +480,10 @@ Expected<Outcome> supervise(const Options& o) {
       log("done", out.reason);
       return out;
     }
-    if (newer(latest, best)) {
-      no_progress = 0;
-      best = latest;
-    } else {
-      ++no_progress;
-    }
-    if (no_progress >= o.give_up_after) {
-      forget_state();
-      out.exit_code = code;
-      out.reason = fmt::format("giving up: {} consecutive attempt(s) without a new committed step (latest: {}); "
-                               "last one {}",
-                               no_progress, step_text(latest), describe_status(st));
-      log("give-up", out.reason);
-      return out;
-    }
-    if (restarts >= o.max_restarts) {
-      forget_state();
-      out.exit_code = code;
-      out.reason = fmt::format("giving up: restart limit of {} reached; last attempt {}", o.max_restarts,
-                               describe_status(st));
-      log("give-up", out.reason);
-      return out;
-    }
+    count_progress();
+    if (no_progress >= o.give_up_after) return give_up(code, no_progress_text + "; last one " + describe_status(st));
+    if (restarts >= o.max_restarts)
+      return give_up(code, fmt::format("restart limit of {} reached; last attempt {}", o.max_restarts, describe_status(st)));
     ++restarts;
     log("restart", fmt::format("CMD crashed; restart {} of {} in {} s from {} ({} attempt(s) in a row without progress)",
                                restarts, o.max_restarts, o.restart_delay_s, step_text(best), no_progress),
