@@ -270,14 +270,14 @@ Expected<Outcome> supervise(const Options& o) {
   if (!state_path.empty() && std::filesystem::exists(state_path)) {
     auto text = read_file(state_path);
     const json j = text ? json::parse(*text, nullptr, false) : json();
-    if (!j.is_object() || !j.contains("no_progress")) {
+    if (!j.is_object() || !j.contains("no_progress") || !j.at("no_progress").is_number_integer()) {
       log("history", fmt::format("{}: unreadable, ignored", state_path));
     } else {
-      const auto& s = j["committed_step"];
+      const json s = j.value("committed_step", json());
       const std::optional<std::uint64_t> then =
           s.is_number_unsigned() ? std::optional<std::uint64_t>(s.get<std::uint64_t>()) : std::nullopt;
       if (then == best) {
-        no_progress = j["no_progress"].get<int>();
+        no_progress = j.at("no_progress").get<int>();
         log("history", fmt::format("{} earlier attempt(s) in a row ended without a new committed step ({})",
                                    no_progress, state_path),
             {{"no_progress", no_progress}});
