@@ -13,6 +13,7 @@ using Handler = std::function<int()>;
 Handler register_vet(CLI::App& app);
 Handler register_ckpt(CLI::App& app);
 Handler register_shard(CLI::App& app);
+Handler register_plan(CLI::App& app);
 Handler register_run(CLI::App& app);
 Handler register_ports(CLI::App& app);
 Handler register_bcast(CLI::App& app);
