@@ -10,5 +10,6 @@ pybind11::object& error_type();
 void register_checkpoint(pybind11::module_& m);
 void register_data(pybind11::module_& m);
 void register_telemetry(pybind11::module_& m);
+void register_run(pybind11::module_& m);
 
 }  // namespace pacer::python

@@ -45,4 +45,5 @@ PYBIND11_MODULE(_pacer, m) {
   pacer::python::register_checkpoint(m);
   pacer::python::register_data(m);
   pacer::python::register_telemetry(m);
+  pacer::python::register_run(m);
 }

@@ -12,6 +12,7 @@ packages=(
   python3 python3-dev pybind11-dev python3-numpy python3-torch
   libopenmpi-dev openmpi-bin
   mbw fio
+  slurm-wlm munge
 )
 
 missing=()

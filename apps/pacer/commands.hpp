@@ -18,5 +18,8 @@ Handler register_comm(CLI::App& app);
 Handler register_monitor(CLI::App& app);
 Handler register_query(CLI::App& app);
 Handler register_catalog(CLI::App& app);
+Handler register_run(CLI::App& app);
+Handler register_ports(CLI::App& app);
+Handler register_bcast(CLI::App& app);
 
 }  // namespace pacer::cli

@@ -22,6 +22,9 @@ int main(int argc, char** argv) {
   add(pacer::cli::register_monitor(app));
   add(pacer::cli::register_query(app));
   add(pacer::cli::register_catalog(app));
+  add(pacer::cli::register_run(app));
+  add(pacer::cli::register_ports(app));
+  add(pacer::cli::register_bcast(app));
 
   try {
     app.parse(argc, argv);

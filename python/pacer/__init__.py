@@ -17,6 +17,7 @@ from ._pacer import Error, Reader, SaveHandle, __version__, optimal_interval
 from ._pacer import _Checkpointer
 from . import data  # pacer.data: shards and the loader
 from . import telemetry  # pacer.telemetry: training metrics into the job catalog
+from . import run  # pacer.run: the checkpoint request contract of `pacer run`
 
 __all__ = ["Checkpointer", "Error", "Reader", "SaveHandle", "optimal_interval", "__version__"]
 

@@ -1,0 +1,116 @@
+// `pacer run`: supervise a training command inside a Slurm job (checkpoint, requeue, restart).
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <ctime>
+#include <memory>
+
+#include "commands.hpp"
+#include "output.hpp"
+#include "pacer/core/error.hpp"
+#include "pacer/core/units.hpp"
+#include "pacer/run.hpp"
+
+namespace pacer::cli {
+namespace {
+
+struct RunArgs {
+  std::vector<std::string> argv;
+  std::string ckpt_dir;
+  std::string signal = "USR1";
+  std::string request_signal = "none";
+  std::string request_file;
+  std::string before = "0";
+  std::string grace = "2m";
+  std::string stop_timeout = "30s";
+  int max_restarts = 3;
+  int give_up_after = 2;
+  std::string restart_delay = "1s";
+  std::string requeue = "scontrol";
+  std::string end_time;
+  std::string vet = "none";
+  std::string log;
+  bool quiet = false;
+};
+
+double duration_arg(const std::string& flag, const std::string& text) {
+  auto d = parse_duration(text);
+  if (!d) usage_error(fmt::format("{} {}: {}", flag, text, d.error().message));
+  return *d;
+}
+
+int run(const RunArgs& a) {
+  run::Options o;
+  o.argv = a.argv;
+  o.ckpt_dir = a.ckpt_dir;
+  o.slurm_signal = unwrap(run::parse_signal(a.signal));
+  if (a.request_signal != "none") o.request_signal = unwrap(run::parse_signal(a.request_signal));
+  o.request_file = a.request_file;
+  o.before_s = duration_arg("--before", a.before);
+  o.grace_s = duration_arg("--grace", a.grace);
+  o.stop_timeout_s = duration_arg("--stop-timeout", a.stop_timeout);
+  o.restart_delay_s = duration_arg("--restart-delay", a.restart_delay);
+  o.max_restarts = a.max_restarts;
+  o.give_up_after = a.give_up_after;
+  if (a.requeue == "scontrol") o.requeue = run::RequeueMode::kScontrol;
+  else if (a.requeue == "exit") o.requeue = run::RequeueMode::kExit;
+  else usage_error(fmt::format("--requeue {}: expected scontrol or exit", a.requeue));
+  if (!a.end_time.empty()) {
+    // "+90s" is relative to now (testing a walltime without Slurm); a plain number is Unix seconds.
+    if (a.end_time[0] == '+') o.end_time = static_cast<double>(std::time(nullptr)) + duration_arg("--end-time", a.end_time.substr(1));
+    else {
+      try {
+        o.end_time = std::stod(a.end_time);
+      } catch (const std::exception&) {
+        usage_error(fmt::format("--end-time {}: expected Unix seconds or +DURATION", a.end_time));
+      }
+    }
+  }
+  if (a.vet == "quick") o.vet_quick = true;
+  else if (a.vet != "none") usage_error(fmt::format("--vet {}: expected quick or none", a.vet));
+  o.log_path = a.log;
+  const bool quiet = a.quiet;
+  o.on_event = [quiet](const nlohmann::json& e) {
+    if (!quiet) std::fprintf(stderr, "%s\n", run::format_event(e).c_str());
+  };
+  const auto out = unwrap(run::supervise(o));
+  // stdout belongs to CMD; the verdict goes with the decision log to stderr.
+  const bool ok = out.exit_code == 0 || out.requeued;
+  std::fprintf(stderr, "pacer run: %s: %s (exit %d)\n", ok ? "OK" : "FAILED", out.reason.c_str(), out.exit_code);
+  return out.exit_code;
+}
+
+}  // namespace
+
+Handler register_run(CLI::App& app) {
+  auto args = std::make_shared<RunArgs>();
+  auto* cmd = app.add_subcommand("run", "Run a training command under a supervisor: checkpoint before the time limit, "
+                                        "requeue, restart after crashes");
+  cmd->add_option("--ckpt-dir", args->ckpt_dir, "Checkpoint root CMD commits to (pacer checkpoint layout)");
+  cmd->add_option("--signal", args->signal, "Signal Slurm sends before the time limit (sbatch --signal): USR1, USR2 or TERM")
+      ->capture_default_str();
+  cmd->add_option("--request-signal", args->request_signal,
+                  "Also send this signal to CMD's process group with a checkpoint request (USR1, USR2, TERM, none)")
+      ->capture_default_str();
+  cmd->add_option("--request-file", args->request_file,
+                  "Request file created to ask for a checkpoint (default $TMPDIR/pacer-run-<job>.ckpt-request)");
+  cmd->add_option("--before", args->before, "Ask for a checkpoint this long before the job's end time (0: signal only)")
+      ->capture_default_str();
+  cmd->add_option("--grace", args->grace, "How long to wait for a new committed step after a request")->capture_default_str();
+  cmd->add_option("--stop-timeout", args->stop_timeout, "SIGTERM to SIGKILL when stopping CMD")->capture_default_str();
+  cmd->add_option("--max-restarts", args->max_restarts, "Restarts after crashes within one allocation")->capture_default_str();
+  cmd->add_option("--give-up-after", args->give_up_after,
+                  "Give up after this many consecutive attempts without a new committed step")
+      ->capture_default_str();
+  cmd->add_option("--restart-delay", args->restart_delay, "Pause before a restart")->capture_default_str();
+  cmd->add_option("--requeue", args->requeue, "scontrol: scontrol requeue the job; exit: only exit 75 (singleton chains)")
+      ->capture_default_str();
+  cmd->add_option("--end-time", args->end_time, "Job end time, Unix seconds or +DURATION (overrides Slurm)");
+  cmd->add_option("--vet", args->vet, "quick: run pacer vet --quick before starting CMD; none")->capture_default_str();
+  cmd->add_option("--log", args->log, "Append every decision to this file as JSON lines (pacer.run.event/1)");
+  cmd->add_flag("--quiet", args->quiet, "No decision lines on stderr (the final line stays)");
+  cmd->add_option("command", args->argv, "CMD and its arguments, after --")->required();
+  return [args] { return run(*args); };
+}
+
+}  // namespace pacer::cli

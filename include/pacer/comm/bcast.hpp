@@ -1,0 +1,47 @@
+// Broadcast of a file or directory: read once, sent in checksummed chunks over MPI, written once per node.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "pacer/comm/communicator.hpp"
+#include "pacer/core/error.hpp"
+
+namespace pacer::comm {
+
+struct BcastOptions {
+  std::uint64_t chunk_bytes = 16ull << 20;  // pipelining and checksum granularity
+  // 0: the ranks sharing memory form a node; n > 0: consecutive groups of n
+  // ranks do (several "nodes" on one host, for tests).
+  int ranks_per_node = 0;
+};
+
+// What one rank did.
+struct BcastStats {
+  std::uint64_t files = 0;
+  std::uint64_t bytes = 0;          // payload broadcast (all files)
+  std::uint64_t bytes_read = 0;     // read from the source by this rank (the root only)
+  std::uint64_t bytes_written = 0;  // written by this rank (one rank per node)
+  std::uint64_t chunks = 0;
+  std::uint64_t xxh3 = 0;           // XXH3-64 of every file's bytes in order (every rank that received them)
+  int nodes = 1;                    // writers: one per node
+  bool writer = false;
+  double seconds = 0;
+};
+
+// Collective over `world`: rank 0 reads `src` (a file, or a directory whose
+// regular files are sent with their relative paths) and broadcasts it in
+// chunks to one rank per node (the lowest rank on each node), which writes
+// `dst` on its node: a file is written beside dst and renamed over it, a
+// directory is written as dst.partial-* and renamed to dst (which must not
+// exist). Every chunk carries its XXH3-64 and is checked on arrival; a
+// mismatch or a write error on any node fails the call on every rank, and then
+// no node renames its copy into place. Blocking; call from one thread per rank.
+Expected<BcastStats> broadcast_path(Communicator& world, const std::string& src, const std::string& dst,
+                                    const BcastOptions& options = {});
+
+// Collective: rank 0 reads the file `src` once; every rank returns its bytes,
+// checked chunk by chunk as above.
+Expected<std::string> broadcast_file(Communicator& world, const std::string& src, const BcastOptions& options = {});
+
+}  // namespace pacer::comm

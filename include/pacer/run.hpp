@@ -1,0 +1,111 @@
+// `pacer run`: a supervisor that keeps a training command alive inside a Slurm job.
+#pragma once
+
+#include <csignal>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "pacer/core/error.hpp"
+
+namespace pacer::run {
+
+inline constexpr const char* kEventSchema = "pacer.run.event/1";
+
+// The checkpoint request contract, as environment variables of CMD (see
+// docs/run.md). When a checkpoint is wanted the supervisor creates the file
+// named by kRequestFileEnv and, when kRequestSignalEnv is set, sends that
+// signal to CMD's process group. CMD saves with pacer's checkpoint library
+// under kCkptDirEnv; the supervisor waits for a newer committed step there.
+inline constexpr const char* kRequestFileEnv = "PACER_CKPT_REQUEST_FILE";
+inline constexpr const char* kRequestSignalEnv = "PACER_CKPT_SIGNAL";  // "USR1", "USR2", "TERM"; unset: none
+inline constexpr const char* kCkptDirEnv = "PACER_CKPT_DIR";
+inline constexpr const char* kAttemptEnv = "PACER_RUN_ATTEMPT";  // 0 for the first start in this allocation
+
+// In the checkpoint root: how many attempts in a row, over requeued
+// allocations, ended without a new committed step (pacer.run.state/1).
+inline constexpr const char* kStateName = ".pacer-run.json";
+
+// Exit status of `pacer run` when it stopped CMD for a checkpoint so that the
+// job continues in a later allocation (EX_TEMPFAIL of sysexits.h): the job was
+// requeued, or an `sbatch --dependency=singleton` chain's next job resumes.
+inline constexpr int kExitRequeued = 75;
+inline constexpr int kExitNotFound = 127;       // CMD not found (as in shells)
+inline constexpr int kExitNotExecutable = 126;  // CMD found but not executable
+
+// Where the job's end time comes from.
+enum class WalltimeSource { kNone, kEnv, kScontrol, kOverride };
+
+struct Walltime {
+  std::optional<double> end_time;  // Unix seconds
+  WalltimeSource source = WalltimeSource::kNone;
+  std::string note;  // why it is unknown, or where it came from
+};
+
+// Reads the job's end time: $SLURM_JOB_END_TIME (Unix seconds), else
+// `scontrol show job $SLURM_JOB_ID` (EndTime=, local time). Never fails: an
+// unknown end time is a Walltime without end_time and a note saying why.
+// `scontrol` is the program to run (tests pass a fake one).
+Walltime learn_walltime(const std::string& scontrol = "scontrol");
+// EndTime=YYYY-MM-DDTHH:MM:SS (local time) from `scontrol show job` output.
+std::optional<double> parse_scontrol_end_time(const std::string& text);
+
+// "USR1", "SIGUSR1", "10" -> the signal number; only USR1, USR2, TERM, INT,
+// HUP and QUIT are accepted (those Slurm's --signal is used with).
+Expected<int> parse_signal(const std::string& text);
+std::string signal_name(int sig);
+
+enum class RequeueMode {
+  kScontrol,  // `scontrol requeue $SLURM_JOB_ID`, then exit kExitRequeued
+  kExit,      // exit kExitRequeued only (an sbatch --dependency=singleton chain)
+};
+
+struct Options {
+  std::vector<std::string> argv;  // CMD, run by path search without a shell
+  std::string ckpt_dir;           // where CMD commits checkpoints (pacer checkpoint layout); empty: none
+  int slurm_signal = SIGUSR1;     // the signal Slurm sends before the end (--signal)
+  std::optional<int> request_signal;  // sent to CMD's process group with a checkpoint request
+  std::string request_file;       // empty: $TMPDIR (or /tmp)/pacer-run-<job or pid>.ckpt-request
+  double before_s = 0;            // checkpoint this long before the job's end time; 0: on the signal only
+  double grace_s = 120;           // how long to wait for a new committed step
+  double stop_timeout_s = 30;     // SIGTERM to SIGKILL when stopping CMD
+  int max_restarts = 3;           // crashes restarted within one allocation
+  int give_up_after = 2;          // consecutive attempts without a new committed step
+  double restart_delay_s = 1;
+  RequeueMode requeue = RequeueMode::kScontrol;
+  std::string scontrol = "scontrol";
+  std::optional<double> end_time;  // overrides learn_walltime (Unix seconds)
+  bool vet_quick = false;          // `pacer vet --quick` first; CMD is not started when it fails
+  std::string log_path;            // JSON lines, appended; empty: none
+  // Every decision, after it is written to log_path (human log lines).
+  std::function<void(const nlohmann::json& event)> on_event;
+};
+
+struct Outcome {
+  int exit_code = 0;           // what `pacer run` exits with
+  std::string reason;          // one line: why it ended
+  int attempts = 0;            // starts of CMD
+  bool requeued = false;       // stopped for a checkpoint and requeued (or left for the next job)
+  std::optional<std::uint64_t> committed_step;  // newest committed step at the end
+};
+
+// Newest committed step in `dir` (pacer checkpoint layout: a step directory
+// whose manifest and file sizes check), or nothing. Cheap: no data is read.
+std::optional<std::uint64_t> latest_committed_step(const std::string& dir);
+
+// Runs the supervisor until CMD finishes, gives up or is stopped for a
+// requeue. Blocks. While it runs it blocks SIGCHLD, SIGINT, SIGTERM, SIGHUP,
+// SIGQUIT, SIGUSR1 and SIGUSR2 in the calling thread and takes them with
+// sigtimedwait (call it from a process's only thread, as the CLI does); the
+// mask is restored on return. Errors only for bad options; CMD's failures are
+// an Outcome.
+Expected<Outcome> supervise(const Options& options);
+
+// One human line for an event: "2026-11-29T10:00:00Z pacer run: start ...".
+std::string format_event(const nlohmann::json& event);
+
+}  // namespace pacer::run

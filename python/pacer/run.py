@@ -1,0 +1,101 @@
+"""The training side of `pacer run`'s checkpoint request contract.
+
+`pacer run` starts the training command with::
+
+    PACER_CKPT_REQUEST_FILE  created when a checkpoint is wanted (always set)
+    PACER_CKPT_SIGNAL        also sent to the command's process group (USR1, USR2 or TERM; unset: none)
+    PACER_CKPT_DIR           the checkpoint root it watches for a newer committed step
+    PACER_RUN_ATTEMPT        0 for the first start in this allocation, 1 after the first restart, ...
+
+A training loop asks :func:`checkpoint_requested` once per step; when it says
+yes, it saves with ``pacer.Checkpointer`` under :func:`ckpt_dir` and waits for
+the save; the supervisor sees the committed step and stops the command::
+
+    import pacer, pacer.run
+    pacer.run.watch()                      # early: installs the handler for PACER_CKPT_SIGNAL
+    ck = pacer.Checkpointer(pacer.run.ckpt_dir("/scratch/run42/ckpt"))
+    for step in range(start, steps):
+        train_step()
+        if step % 1000 == 0 or pacer.run.checkpoint_requested():
+            ck.save(step, state).wait()
+
+With several ranks, decide on rank 0 and broadcast the answer (every rank must
+call ``save`` for the same step).
+"""
+import os
+import signal
+import threading
+
+from ._pacer import PortLease
+
+REQUEST_FILE_ENV = "PACER_CKPT_REQUEST_FILE"
+REQUEST_SIGNAL_ENV = "PACER_CKPT_SIGNAL"
+CKPT_DIR_ENV = "PACER_CKPT_DIR"
+ATTEMPT_ENV = "PACER_RUN_ATTEMPT"
+
+__all__ = ["watch", "checkpoint_requested", "ckpt_dir", "attempt", "supervised", "ports", "PortLease"]
+
+_signalled = threading.Event()
+_watching = False
+
+
+def _on_signal(signum, frame):
+    _signalled.set()
+
+
+def watch():
+    """Installs a handler for the request signal named in $PACER_CKPT_SIGNAL.
+
+    Without it, that signal's default action would end the process. Call it
+    early, from the main thread; later calls do nothing. Returns the signal
+    watched, or None.
+    """
+    global _watching
+    name = os.environ.get(REQUEST_SIGNAL_ENV)
+    if not name:
+        return None
+    sig = getattr(signal, "SIG" + name.upper().removeprefix("SIG"))
+    if not _watching and threading.current_thread() is threading.main_thread():
+        signal.signal(sig, _on_signal)
+        _watching = True
+    return sig
+
+
+def checkpoint_requested():
+    """True once the supervisor asked for a checkpoint (its signal came or its request file exists).
+
+    Cheap (one stat); False when not running under ``pacer run``.
+    """
+    watch()
+    if _signalled.is_set():
+        return True
+    path = os.environ.get(REQUEST_FILE_ENV)
+    return bool(path) and os.path.exists(path)
+
+
+def ckpt_dir(default=None):
+    """The checkpoint root the supervisor watches ($PACER_CKPT_DIR), else `default`."""
+    return os.environ.get(CKPT_DIR_ENV, default)
+
+
+def attempt():
+    """0 for the first start in this allocation, n after the n-th restart."""
+    return int(os.environ.get(ATTEMPT_ENV, "0"))
+
+
+def supervised():
+    """True when running under ``pacer run``."""
+    return REQUEST_FILE_ENV in os.environ
+
+
+def ports(count=1, job=None, local_rank=None, **plan):
+    """A PortLease of `count` ports from this job's local rank's range (see `pacer ports`).
+
+    The ports stay bound by this process until handed over: ``lease.release(port)``
+    right before the service binds it, or ``lease.take_fd(port)`` to give the
+    service the bound socket itself. `job` and `local_rank` default to
+    $SLURM_JOB_ID and $SLURM_LOCALID (or LOCAL_RANK, ...); `plan` takes
+    first, last, per_rank, ranks_per_job. Raises pacer.Error when the range is
+    exhausted.
+    """
+    return PortLease.acquire(count, job, local_rank, **plan)

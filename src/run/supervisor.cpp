@@ -1,0 +1,512 @@
+// The supervisor behind `pacer run`: start CMD, watch it, checkpoint before the end, restart or requeue.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+
+#include "pacer/checkpoint.hpp"
+#include "pacer/core/atomic_file.hpp"
+#include "pacer/run.hpp"
+#include "pacer/vet/vet.hpp"
+#include "run_internal.hpp"
+
+namespace pacer::run {
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+double unix_now() {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+double mono_now() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
+
+std::string iso_utc(double t) {
+  const auto secs = static_cast<std::time_t>(std::floor(t));
+  std::tm tm{};
+  gmtime_r(&secs, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
+  return fmt::format("{}.{:03d}Z", buf, static_cast<int>((t - std::floor(t)) * 1000));
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& a : v) s += (s.empty() ? "" : " ") + a;
+  return s;
+}
+
+int status_code(int st) { return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st); }
+
+std::string describe_status(int st) {
+  if (WIFEXITED(st)) return fmt::format("exited with status {}", WEXITSTATUS(st));
+  return fmt::format("was killed by {} (status {})", signal_name(WTERMSIG(st)), 128 + WTERMSIG(st));
+}
+
+std::string step_text(const std::optional<std::uint64_t>& s) { return s ? fmt::format("step {}", *s) : "none"; }
+
+bool newer(const std::optional<std::uint64_t>& now, const std::optional<std::uint64_t>& before) {
+  return now && (!before || *now > *before);
+}
+
+// Every decision goes to the JSON lines log (when set) and to on_event.
+class Log {
+ public:
+  explicit Log(const Options& o) : o_(o) {}
+  Status open() {
+    if (o_.log_path.empty()) return {};
+    fd_ = ::open(o_.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd_ < 0) return Error{ErrorKind::kUsage, fmt::format("--log {}: {}", o_.log_path, std::strerror(errno))};
+    return {};
+  }
+  ~Log() {
+    if (fd_ >= 0) close(fd_);
+  }
+  void operator()(const std::string& event, const std::string& message, json extra = json::object()) {
+    const double t = unix_now();
+    json j = {{"schema", kEventSchema}, {"time", iso_utc(t)}, {"unix", t}, {"event", event}, {"message", message}};
+    for (auto& [k, v] : extra.items()) j[k] = v;
+    if (fd_ >= 0) {
+      // One write per line with O_APPEND: lines from several supervisors sharing
+      // a log never interleave.
+      const std::string line = j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+      (void)!write(fd_, line.data(), line.size());
+    }
+    if (o_.on_event) o_.on_event(j);
+  }
+
+ private:
+  const Options& o_;
+  int fd_ = -1;
+};
+
+// The signals the supervisor waits for, blocked while it runs.
+sigset_t watched_signals() {
+  sigset_t s;
+  sigemptyset(&s);
+  for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2}) sigaddset(&s, sig);
+  return s;
+}
+
+class MaskGuard {
+ public:
+  explicit MaskGuard(const sigset_t& set) : set_(set) {
+    pthread_sigmask(SIG_BLOCK, &set_, &old_);
+    // Children must be reapable: an inherited SIG_IGN would reap them for us.
+    struct sigaction sa {};
+    sa.sa_handler = SIG_DFL;
+    sigaction(SIGCHLD, &sa, &old_chld_);
+  }
+  ~MaskGuard() {
+    // Signals that arrive as we finish (Slurm's SIGTERM after `scontrol
+    // requeue`) were answered already; they must not kill the caller now.
+    timespec zero{};
+    while (sigtimedwait(&set_, nullptr, &zero) > 0) {
+    }
+    sigaction(SIGCHLD, &old_chld_, nullptr);
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  const sigset_t& old() const { return old_; }
+
+ private:
+  sigset_t set_;
+  sigset_t old_;
+  struct sigaction old_chld_ {};
+};
+
+struct Spawned {
+  pid_t pid = -1;
+  int exec_errno = 0;  // non-zero: exec failed in the child
+};
+
+// Starts argv in its own process group (so signals reach everything CMD
+// starts, and stopping it stops its workers), with the contract's variables.
+Spawned spawn(const std::vector<std::string>& argv, const std::vector<std::pair<std::string, std::string>>& env,
+              const sigset_t& child_mask) {
+  int err_pipe[2];
+  if (pipe2(err_pipe, O_CLOEXEC) != 0) return {-1, errno};
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) {
+    const int e = errno;
+    close(err_pipe[0]);
+    close(err_pipe[1]);
+    return {-1, e};
+  }
+  if (pid == 0) {
+    setpgid(0, 0);
+    for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+    sigprocmask(SIG_SETMASK, &child_mask, nullptr);
+    execvp(args[0], args.data());
+    const int e = errno;
+    (void)!write(err_pipe[1], &e, sizeof e);
+    _exit(kExitNotFound);
+  }
+  setpgid(pid, pid);  // also here: no signal may reach a group that does not exist yet
+  close(err_pipe[1]);
+  int e = 0;
+  const bool failed = read(err_pipe[0], &e, sizeof e) == sizeof e;
+  close(err_pipe[0]);
+  if (failed) {
+    int st = 0;
+    waitpid(pid, &st, 0);
+    return {-1, e};
+  }
+  return {pid, 0};
+}
+
+std::string default_request_file() {
+  const char* tmp = std::getenv("TMPDIR");
+  const char* job = std::getenv("SLURM_JOB_ID");
+  const std::string id = job && *job ? std::string(job) : std::to_string(getpid());
+  return fmt::format("{}/pacer-run-{}.ckpt-request", tmp && *tmp ? tmp : "/tmp", id);
+}
+
+}  // namespace
+
+std::optional<std::uint64_t> latest_committed_step(const std::string& dir) {
+  if (dir.empty()) return std::nullopt;
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) return std::nullopt;
+  for (const auto& e : ckpt::list(dir, false))
+    if (e.committed) return e.step;  // newest first
+  return std::nullopt;
+}
+
+std::string format_event(const json& e) {
+  return fmt::format("{} pacer run: {}: {}", e.value("time", ""), e.value("event", ""), e.value("message", ""));
+}
+
+Expected<Outcome> supervise(const Options& o) {
+  if (o.argv.empty()) return Error{ErrorKind::kUsage, "no command to run (pacer run [options] -- CMD ...)"};
+  if (o.grace_s < 0 || o.stop_timeout_s < 0 || o.before_s < 0 || o.restart_delay_s < 0)
+    return Error{ErrorKind::kUsage, "durations (--grace, --stop-timeout, --before, --restart-delay) must not be negative"};
+  if (o.max_restarts < 0) return Error{ErrorKind::kUsage, "--max-restarts must be 0 or more"};
+  if (o.give_up_after < 1) return Error{ErrorKind::kUsage, "--give-up-after must be at least 1"};
+  Log log(o);
+  if (auto s = log.open(); !s) return s.error();
+
+  const char* job_env = std::getenv("SLURM_JOB_ID");
+  const std::string job = job_env ? job_env : "";
+  const bool in_slurm = !job.empty();
+  log("start", fmt::format("{}; CMD: {}", in_slurm ? fmt::format("Slurm job {}", job)
+                                                   : "no Slurm job (SLURM_JOB_ID unset): running bare, no walltime "
+                                                     "from Slurm and no requeue",
+                           join(o.argv)),
+      {{"argv", o.argv}, {"slurm_job", in_slurm ? json(job) : json(nullptr)}, {"host", [] {
+         char h[256] = {};
+         gethostname(h, sizeof h - 1);
+         return std::string(h);
+       }()}});
+
+  if (o.vet_quick) {
+    vet::VetOptions vo;
+    vo.quick = true;
+    auto report = vet::run_vet(vo);
+    if (!report) return report.error();
+    std::vector<std::string> failed;
+    for (const auto& c : report->checks)
+      if (c.status == vet::CheckStatus::kFail || c.status == vet::CheckStatus::kError) failed.push_back(c.name);
+    if (report->verdict() != "pass" || report->interrupted) {
+      const std::string why = report->interrupted ? "interrupted" : fmt::format("failed: {}", join(failed));
+      log("vet", fmt::format("pacer vet --quick {}; CMD not started", why), {{"verdict", "fail"}, {"failed", failed}});
+      Outcome out;
+      out.exit_code = static_cast<int>(ExitCode::kCheckFailed);
+      out.reason = fmt::format("vet --quick {} on this node; CMD not started", why);
+      return out;
+    }
+    log("vet", fmt::format("pacer vet --quick passed ({} checks)", report->checks.size()), {{"verdict", "pass"}});
+  }
+
+  Walltime wt;
+  if (o.end_time) {
+    wt.end_time = o.end_time;
+    wt.source = WalltimeSource::kOverride;
+    wt.note = "--end-time";
+  } else {
+    wt = learn_walltime(o.scontrol);
+  }
+  if (wt.end_time) {
+    log("walltime", fmt::format("job ends at {} ({} s from now, from {}){}", iso_utc(*wt.end_time),
+                                static_cast<long long>(*wt.end_time - unix_now()), wt.note,
+                                o.before_s > 0 ? fmt::format("; checkpoint {} s before", o.before_s)
+                                               : "; --before 0: checkpoint on the signal only"),
+        {{"end_time", *wt.end_time}});
+  } else {
+    log("walltime", fmt::format("end time unknown: {}; checkpoint on {} only", wt.note, signal_name(o.slurm_signal)),
+        {{"end_time", nullptr}});
+  }
+
+  const std::string request_file = o.request_file.empty() ? default_request_file() : o.request_file;
+  std::optional<std::uint64_t> best = latest_committed_step(o.ckpt_dir);
+  if (o.ckpt_dir.empty())
+    log("checkpoints", "no --ckpt-dir: commits cannot be seen, so a checkpoint request waits the whole grace period "
+                       "and crashes never count as progress");
+  else
+    log("checkpoints", best ? fmt::format("latest committed step in {}: {}", o.ckpt_dir, *best)
+                            : fmt::format("no committed step in {} yet", o.ckpt_dir),
+        {{"committed_step", best ? json(*best) : json(nullptr)}});
+
+  // Attempts without progress count across requeues: a job whose every
+  // allocation ends without a new committed step must stop being requeued.
+  int no_progress = 0;
+  const std::string state_path =
+      o.ckpt_dir.empty() ? std::string() : (std::filesystem::path(o.ckpt_dir) / kStateName).string();
+  if (!state_path.empty() && std::filesystem::exists(state_path)) {
+    auto text = read_file(state_path);
+    const json j = text ? json::parse(*text, nullptr, false) : json();
+    if (!j.is_object() || !j.contains("no_progress") || !j.at("no_progress").is_number_integer()) {
+      log("history", fmt::format("{}: unreadable, ignored", state_path));
+    } else {
+      const json s = j.value("committed_step", json());
+      const std::optional<std::uint64_t> then =
+          s.is_number_unsigned() ? std::optional<std::uint64_t>(s.get<std::uint64_t>()) : std::nullopt;
+      if (then == best) {
+        no_progress = j.at("no_progress").get<int>();
+        log("history", fmt::format("{} earlier attempt(s) in a row ended without a new committed step ({})",
+                                   no_progress, state_path),
+            {{"no_progress", no_progress}});
+      }
+    }
+  }
+  auto save_state = [&](const std::optional<std::uint64_t>& latest) {
+    if (state_path.empty()) return;
+    const json j = {{"schema", "pacer.run.state/1"}, {"no_progress", no_progress},
+                    {"committed_step", latest ? json(*latest) : json(nullptr)}, {"time", iso_utc(unix_now())}};
+    if (auto st = write_file_atomic(state_path, j.dump() + "\n"); !st) log("history", st.error().message);
+  };
+  auto forget_state = [&] {
+    if (!state_path.empty()) unlink(state_path.c_str());
+  };
+
+  const sigset_t set = watched_signals();
+  MaskGuard mask(set);
+  // A request belongs to one attempt: none is left behind in $TMPDIR.
+  struct RemoveOnExit {
+    const std::string& path;
+    ~RemoveOnExit() { unlink(path.c_str()); }
+  } remove_request{request_file};
+
+  Outcome out;
+  int restarts = 0;
+  bool walltime_fired = false;
+
+  auto requeue = [&](const std::string& why) {
+    out.exit_code = kExitRequeued;
+    out.requeued = true;
+    out.committed_step = latest_committed_step(o.ckpt_dir);
+    out.reason = why;
+    if (!in_slurm) {
+      log("requeue", fmt::format("{}; not requeued: no Slurm job (bare); exit {}", why, kExitRequeued));
+      return;
+    }
+    if (o.requeue == RequeueMode::kExit) {
+      log("requeue", fmt::format("{}; exit {} for the next job of an sbatch --dependency=singleton chain", why,
+                                 kExitRequeued));
+      return;
+    }
+    log("requeue", fmt::format("{}; requeueing job {} with '{} requeue {}'", why, job, o.scontrol, job));
+    auto c = capture({o.scontrol, "requeue", job}, 30, &mask.old());
+    if (!c || c->status != 0) {
+      const std::string err = !c ? c.error().message
+                                 : fmt::format("exit {}: {}", c->status, c->output.substr(0, c->output.find('\n')));
+      log("requeue-failed", fmt::format("'{} requeue {}' failed ({}); exit {} so a singleton chain can continue",
+                                        o.scontrol, job, err, kExitRequeued));
+      out.reason += fmt::format("; scontrol requeue failed ({})", err);
+      return;
+    }
+    log("requeued", fmt::format("job {} requeued; exit {}", job, kExitRequeued));
+  };
+
+  for (int attempt = 0;; ++attempt) {
+    unlink(request_file.c_str());  // a request belongs to one attempt (and one allocation)
+    std::vector<std::pair<std::string, std::string>> env = {{kRequestFileEnv, request_file},
+                                                            {kAttemptEnv, std::to_string(attempt)}};
+    if (!o.ckpt_dir.empty()) env.emplace_back(kCkptDirEnv, o.ckpt_dir);
+    if (o.request_signal) env.emplace_back(kRequestSignalEnv, signal_name(*o.request_signal).substr(3));
+    const Spawned sp = spawn(o.argv, env, mask.old());
+    ++out.attempts;
+    if (sp.pid < 0) {
+      const bool missing = sp.exec_errno == ENOENT || sp.exec_errno == ENOTDIR;
+      out.exit_code = missing ? kExitNotFound : kExitNotExecutable;
+      out.reason = fmt::format("{}: {}", o.argv[0], missing ? "command not found" : std::strerror(sp.exec_errno));
+      log("not-started", out.reason, {{"exit_code", out.exit_code}});
+      return out;
+    }
+    const pid_t pid = sp.pid;
+    log("started", fmt::format("attempt {} (pid {}), resuming from {}", attempt, pid, step_text(best)),
+        {{"attempt", attempt}, {"pid", pid}});
+
+    enum class Phase { kRunning, kCheckpointing, kStopping } phase = Phase::kRunning;
+    double grace_deadline = 0;
+    double kill_deadline = 0;
+    bool killed = false;
+    bool asked = false;  // a checkpoint was requested in this attempt
+    int forwarded_stop = 0;
+    std::optional<std::uint64_t> baseline;
+    std::optional<double> trigger;  // monotonic time of the walltime checkpoint
+    if (wt.end_time && o.before_s > 0 && !walltime_fired)
+      trigger = mono_now() + (*wt.end_time - o.before_s - unix_now());
+
+    auto stop = [&](const std::string& why) {
+      kill(-pid, SIGTERM);
+      phase = Phase::kStopping;
+      kill_deadline = mono_now() + o.stop_timeout_s;
+      log("stop", fmt::format("{}; SIGTERM to CMD's process group, SIGKILL after {} s", why, o.stop_timeout_s));
+    };
+    auto request = [&](const std::string& why) {
+      asked = true;
+      baseline = latest_committed_step(o.ckpt_dir);
+      const json body = {{"schema", "pacer.run.request/1"}, {"reason", why}, {"time", iso_utc(unix_now())},
+                         {"deadline", unix_now() + o.grace_s}, {"committed_step", baseline ? json(*baseline) : json(nullptr)}};
+      const auto s = write_file_atomic(request_file, body.dump() + "\n");
+      if (o.request_signal) kill(-pid, *o.request_signal);
+      phase = Phase::kCheckpointing;
+      grace_deadline = mono_now() + o.grace_s;
+      log("checkpoint-request",
+          fmt::format("{}: asking CMD to checkpoint ({}{}); waiting up to {} s for a step newer than {}", why,
+                      s ? "request file " + request_file : "request file FAILED: " + s.error().message,
+                      o.request_signal ? " and " + signal_name(*o.request_signal) : "", o.grace_s, step_text(baseline)),
+          {{"request_file", request_file}, {"committed_step", baseline ? json(*baseline) : json(nullptr)}});
+    };
+
+    int st = 0;
+    for (;;) {
+      double wait_s = 3600;
+      const double now = mono_now();
+      if (phase == Phase::kRunning && trigger) wait_s = std::min(wait_s, *trigger - now);
+      if (phase == Phase::kCheckpointing) wait_s = std::min({wait_s, 0.2, grace_deadline - now});
+      if (phase == Phase::kStopping && !killed) wait_s = std::min(wait_s, kill_deadline - now);
+      wait_s = std::max(wait_s, 0.0);
+      timespec ts{static_cast<time_t>(wait_s), static_cast<long>((wait_s - std::floor(wait_s)) * 1e9)};
+      siginfo_t info{};
+      const int sig = sigtimedwait(&set, &info, &ts);
+      if (waitpid(pid, &st, WNOHANG) == pid) break;
+      if (sig > 0 && sig != SIGCHLD) {
+        if (sig == o.slurm_signal && !asked) {
+          request(fmt::format("{} received (Slurm's warning before the time limit)", signal_name(sig)));
+        } else {
+          kill(-pid, sig);
+          if (sig != SIGUSR1 && sig != SIGUSR2) forwarded_stop = sig;
+          log("signal", fmt::format("{} forwarded to CMD's process group", signal_name(sig)), {{"signal", sig}});
+        }
+      }
+      const double t = mono_now();
+      if (phase == Phase::kRunning && trigger && t >= *trigger) {
+        walltime_fired = true;
+        request(fmt::format("job ends in {} s (--before {} s)", static_cast<long long>(*wt.end_time - unix_now()),
+                            o.before_s));
+      }
+      if (phase == Phase::kCheckpointing) {
+        const auto cur = latest_committed_step(o.ckpt_dir);
+        if (newer(cur, baseline)) {
+          log("committed", fmt::format("CMD committed step {} in {}", *cur, o.ckpt_dir), {{"committed_step", *cur}});
+          stop(fmt::format("checkpoint at step {} is committed", *cur));
+        } else if (t >= grace_deadline) {
+          stop(fmt::format("no new committed step within the grace period of {} s (latest: {}); stopping anyway",
+                           o.grace_s, step_text(cur)));
+        }
+      }
+      if (phase == Phase::kStopping && !killed && t >= kill_deadline) {
+        kill(-pid, SIGKILL);
+        killed = true;
+        log("kill", fmt::format("CMD still running {} s after SIGTERM: SIGKILL to its process group", o.stop_timeout_s));
+      }
+    }
+    // Workers CMD left behind in its group hold GPUs and ports. The group id
+    // cannot be taken by another process while any member is alive.
+    kill(-pid, SIGKILL);
+    const int code = status_code(st);
+    const auto latest = latest_committed_step(o.ckpt_dir);
+    log("exited", fmt::format("CMD {} (attempt {}); latest committed: {}", describe_status(st), attempt, step_text(latest)),
+        {{"attempt", attempt}, {"exit_code", code}, {"committed_step", latest ? json(*latest) : json(nullptr)}});
+
+    // Progress is a step newer than any seen before this attempt.
+    auto count_progress = [&] {
+      if (newer(latest, best)) {
+        no_progress = 0;
+        best = latest;
+      } else {
+        ++no_progress;
+      }
+    };
+    out.committed_step = latest;
+    auto give_up = [&](int exit_code, const std::string& why) {
+      forget_state();
+      out.exit_code = exit_code;
+      out.reason = "giving up: " + why;
+      log("give-up", out.reason);
+      return out;
+    };
+    const std::string no_progress_text = fmt::format(
+        "{} consecutive attempt(s) without a new committed step (latest: {})", no_progress + 1, step_text(latest));
+
+    if (phase == Phase::kStopping || (phase == Phase::kCheckpointing && code != 0)) {
+      count_progress();
+      if (no_progress >= o.give_up_after)
+        return give_up(static_cast<int>(ExitCode::kCheckFailed),
+                       no_progress_text + ", counting earlier allocations; not requeued");
+      save_state(latest);
+      requeue(newer(latest, baseline)
+                  ? fmt::format("stopped after committing step {}", *latest)
+                  : fmt::format("stopped without a new committed step (resume from {})", step_text(latest)));
+      return out;
+    }
+    if (code == 0) {
+      forget_state();
+      out.exit_code = 0;
+      out.reason = "CMD finished";
+      log("done", out.reason);
+      return out;
+    }
+    if (forwarded_stop) {
+      out.exit_code = code;
+      out.reason = fmt::format("CMD {} after {} was forwarded; not restarted", describe_status(st), signal_name(forwarded_stop));
+      log("done", out.reason);
+      return out;
+    }
+    count_progress();
+    if (no_progress >= o.give_up_after) return give_up(code, no_progress_text + "; last one " + describe_status(st));
+    if (restarts >= o.max_restarts)
+      return give_up(code, fmt::format("restart limit of {} reached; last attempt {}", o.max_restarts, describe_status(st)));
+    ++restarts;
+    log("restart", fmt::format("CMD crashed; restart {} of {} in {} s from {} ({} attempt(s) in a row without progress)",
+                               restarts, o.max_restarts, o.restart_delay_s, step_text(best), no_progress),
+        {{"restart", restarts}, {"no_progress", no_progress}});
+    // The delay still answers signals: Slurm's warning requeues at once (the
+    // newest commit is all there is to save), a stop signal ends the run.
+    const double until = mono_now() + o.restart_delay_s;
+    for (double left; (left = until - mono_now()) > 0;) {
+      timespec ts{static_cast<time_t>(left), static_cast<long>((left - std::floor(left)) * 1e9)};
+      const int sig = sigtimedwait(&set, nullptr, &ts);
+      if (sig <= 0 || sig == SIGCHLD) continue;
+      if (sig == o.slurm_signal) {
+        requeue(fmt::format("{} received between attempts", signal_name(sig)));
+        return out;
+      }
+      if (sig != SIGUSR1 && sig != SIGUSR2) {
+        out.exit_code = 128 + sig;
+        out.reason = fmt::format("{} received while waiting to restart; not restarted", signal_name(sig));
+        log("done", out.reason);
+        return out;
+      }
+    }
+  }
+}
+
+}  // namespace pacer::run

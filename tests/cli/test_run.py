@@ -1,0 +1,263 @@
+"""Integration tests for `pacer run` (bare, without Slurm) and `pacer ports`: the real binary and real processes.
+
+The trainer (tests/run/train.py) runs under the python the module was built
+for ($PACER_PYTHON) and finds the module through $PACER_PYTHONPATH.
+"""
+import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import tempfile
+import time
+import unittest
+
+from cli_util import PACER, pacer
+
+PYTHON = os.environ.get("PACER_PYTHON", "/usr/bin/python3")
+PYTHONPATH = os.environ.get("PACER_PYTHONPATH",
+                            os.path.join(os.path.dirname(os.path.abspath(PACER)), os.pardir, "python"))
+TRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "run", "train.py")
+
+
+
+def bare_env(**extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(PYTHONPATH=PYTHONPATH, **extra)
+    return env
+
+
+def read_log(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+class RunTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.d = self.tmp.name
+        self.log = os.path.join(self.d, "run.jsonl")
+        self.events = os.path.join(self.d, "events.jsonl")
+        self.ckpt = os.path.join(self.d, "ckpt")
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def run_pacer(self, *args, env=None, timeout=120):
+        return subprocess.run([PACER, "run", "--log", self.log, *args], capture_output=True, text=True,
+                              env=env or bare_env(), timeout=timeout)
+
+    def train_cmd(self, *extra, steps=40, every=10):
+        return [PYTHON, TRAIN, "--steps", str(steps), "--every", str(every), "--events", self.events, *extra]
+
+    def kinds(self):
+        return [e["event"] for e in read_log(self.log)]
+
+    def assert_exact_state(self, steps):
+        out = subprocess.run([PYTHON, TRAIN, "--check", self.ckpt, "--steps", str(steps)],
+                             env=bare_env(), capture_output=True, text=True)
+        self.assertEqual(out.stdout.strip(), "EQUAL", out.stderr)
+
+    def test_exit_status_passes_through(self):
+        r = self.run_pacer("--max-restarts", "0", "--", "sh", "-c", "exit 7")
+        self.assertEqual(r.returncode, 7, r.stderr)
+        self.assertIn("running bare", r.stderr)
+        r = self.run_pacer("--max-restarts", "0", "--", "sh", "-c", "kill -KILL $$")
+        self.assertEqual(r.returncode, 128 + signal.SIGKILL, r.stderr)
+        r = self.run_pacer("--", "true")
+        self.assertEqual(r.returncode, 0)
+        self.assertEqual(self.kinds()[-1], "done")
+
+    def test_command_not_found_or_not_executable(self):
+        r = self.run_pacer("--", "no-such-command-pacer")
+        self.assertEqual(r.returncode, 127)
+        self.assertIn("no-such-command-pacer: command not found", r.stderr)
+        script = os.path.join(self.d, "noexec.sh")
+        with open(script, "w") as f:
+            f.write("#!/bin/sh\n")
+        r = self.run_pacer("--", script)
+        self.assertEqual(r.returncode, 126, r.stderr)
+
+    def test_usage_errors(self):
+        self.assertEqual(self.run_pacer("--signal", "KILL", "--", "true").returncode, 2)
+        self.assertEqual(self.run_pacer("--grace", "soon", "--", "true").returncode, 2)
+        self.assertEqual(self.run_pacer("--requeue", "maybe", "--", "true").returncode, 2)
+        self.assertEqual(pacer("run").returncode, 2)
+
+    def test_walltime_checkpoint_then_resume_to_the_exact_state(self):
+        # The end time is 30 s away and checkpoints are asked for 29.5 s before
+        # it: at once; the trainer (0.2 s a step) cannot have finished.
+        r = self.run_pacer("--ckpt-dir", self.ckpt, "--end-time", "+30s", "--before", "29.5s", "--grace", "60s", "--",
+                           *self.train_cmd("--sleep", "0.2"))
+        self.assertEqual(r.returncode, 75, r.stderr)
+        self.assertIn("not requeued: no Slurm job (bare)", r.stderr)
+        log = read_log(self.log)
+        committed = next(e for e in log if e["event"] == "committed")["committed_step"]
+        self.assertLess(committed, 40)
+        request = next(e for e in log if e["event"] == "checkpoint-request")
+        self.assertIn("job ends in", request["message"])
+        self.assertIn(["checkpoint-request", "committed", "stop", "exited", "requeue"],
+                      [self.kinds()[i:i + 5] for i in range(len(log))])
+        # The next allocation: same command, resumes from the committed step and finishes.
+        r = self.run_pacer("--ckpt-dir", self.ckpt, "--", *self.train_cmd())
+        self.assertEqual(r.returncode, 0, r.stderr)
+        starts = [e["step"] for e in read_log(self.events) if e["what"] == "start"]
+        self.assertEqual(starts, [0, committed])
+        self.assert_exact_state(40)
+
+    def test_signal_is_passed_on_as_a_request_signal(self):
+        # SIGUSR1 to pacer (as Slurm's --signal would) -> SIGUSR2 to the trainer. The
+        # request file cannot be created (its directory does not exist), so
+        # the signal is the only way the trainer can learn of the request.
+        p = subprocess.Popen([PACER, "run", "--log", self.log, "--ckpt-dir", self.ckpt, "--request-signal", "USR2",
+                              "--request-file", os.path.join(self.d, "missing", "req"), "--",
+                              *self.train_cmd("--sleep", "0.2", steps=400, every=0)],
+                             env=bare_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # No periodic saves (every=0): a commit can only come from the request.
+        while not os.path.exists(self.events):  # the trainer has installed its handler
+            time.sleep(0.05)
+        p.send_signal(signal.SIGUSR1)
+        _, err = p.communicate(timeout=120)
+        self.assertEqual(p.returncode, 75, err)
+        log = read_log(self.log)
+        request = next(e for e in log if e["event"] == "checkpoint-request")
+        self.assertIn("SIGUSR1 received", request["message"])
+        self.assertIn("request file FAILED", request["message"])
+        self.assertIn("SIGUSR2", request["message"])
+        self.assertIn("committed", self.kinds())
+        self.assertLess(next(e for e in log if e["event"] == "committed")["committed_step"], 400)
+
+    def test_no_commit_within_grace_stops_anyway(self):
+        r = self.run_pacer("--ckpt-dir", self.ckpt, "--end-time", "+30s", "--before", "30s", "--grace", "1s",
+                           "--stop-timeout", "5s", "--", *self.train_cmd("--sleep", "0.2", "--ignore-requests", steps=400))
+        self.assertEqual(r.returncode, 75, r.stderr)
+        stop = next(e for e in read_log(self.log) if e["event"] == "stop")
+        self.assertIn("no new committed step within the grace period of 1 s", stop["message"])
+        self.assertIn("stopped without a new committed step", r.stderr)
+
+    def test_requeues_without_progress_give_up(self):
+        # Every allocation ends at its time limit without a new commit: the
+        # second one in a row gives up instead of requeueing again.
+        args = ("--ckpt-dir", self.ckpt, "--end-time", "+30s", "--before", "30s", "--grace", "0.5s",
+                "--stop-timeout", "5s", "--", *self.train_cmd("--sleep", "0.2", "--ignore-requests", steps=400, every=0))
+        state = os.path.join(self.ckpt, ".pacer-run.json")
+        r = self.run_pacer(*args)
+        self.assertEqual(r.returncode, 75, r.stderr)
+        with open(state) as f:
+            self.assertEqual(json.load(f)["no_progress"], 1)
+        r = self.run_pacer(*args)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("giving up: 2 consecutive attempt(s) without a new committed step", r.stderr)
+        self.assertIn("counting earlier allocations; not requeued", r.stderr)
+        self.assertFalse(os.path.exists(state))
+        # A resubmission after giving up starts counting afresh.
+        self.assertEqual(self.run_pacer(*args).returncode, 75)
+
+    def test_crash_restarts_and_give_up(self):
+        r = self.run_pacer("--ckpt-dir", self.ckpt, "--restart-delay", "0", "--",
+                           *self.train_cmd("--crash-at", "25"))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        starts = [(e["attempt"], e["step"]) for e in read_log(self.events) if e["what"] == "start"]
+        self.assertEqual(starts, [(0, 0), (1, 20)])
+        self.assert_exact_state(40)
+        # No restarts allowed; then three attempts in a row without a commit.
+        os.remove(self.log)
+        r = self.run_pacer("--max-restarts", "0", "--", "sh", "-c", "exit 4")
+        self.assertEqual(r.returncode, 4)
+        self.assertIn("restart limit of 0 reached", r.stderr)
+        r = self.run_pacer("--restart-delay", "0", "--give-up-after", "3", "--", "sh", "-c", "exit 5")
+        self.assertEqual(r.returncode, 5)
+        self.assertIn("giving up: 3 consecutive attempt(s) without a new committed step", r.stderr)
+
+    def test_forwarded_sigterm_ends_without_restart(self):
+        p = subprocess.Popen([PACER, "run", "--log", self.log, "--", "sleep", "60"], env=bare_env(),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        while not os.path.exists(self.log) or "started" not in self.kinds():
+            time.sleep(0.05)
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=30)
+        self.assertEqual(p.returncode, 128 + signal.SIGTERM, err)
+        self.assertIn("not restarted", err)
+
+    def test_scontrol_missing_or_failing(self):
+        fake = os.path.join(self.d, "bin")
+        os.makedirs(fake)
+        with open(os.path.join(fake, "scontrol"), "w") as f:
+            f.write("#!/bin/sh\necho 'slurm_load_jobs error: Invalid job id specified' >&2\nexit 1\n")
+        os.chmod(os.path.join(fake, "scontrol"), stat.S_IRWXU)
+        for path, expect in ((fake, "failed (exit 1)"), (os.path.join(self.d, "empty"), "scontrol: not found")):
+            if os.path.exists(self.log):
+                os.remove(self.log)
+            env = bare_env(SLURM_JOB_ID="4242", PATH=path)
+            r = self.run_pacer("--ckpt-dir", self.ckpt, "--grace", "1s", "--", "/bin/sh", "-c",
+                               "kill -USR1 $PPID; exec /bin/sleep 30", env=env)
+            self.assertEqual(r.returncode, 75, r.stderr)
+            log = read_log(self.log)
+            walltime = next(e for e in log if e["event"] == "walltime")
+            self.assertIn(expect, walltime["message"])
+            self.assertIn("requeue-failed", self.kinds())
+
+    def test_vet_quick_gates_the_start(self):
+        vet = pacer("vet", "--quick", "--json", timeout=300)
+        verdict = json.loads(vet.stdout)["verdict"]
+        marker = os.path.join(self.d, "started")
+        r = self.run_pacer("--vet", "quick", "--", "touch", marker, timeout=300)
+        vet_event = next(e for e in read_log(self.log) if e["event"] == "vet")
+        self.assertEqual(vet_event["verdict"], verdict)
+        if verdict == "pass":
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertTrue(os.path.exists(marker))
+        else:
+            self.assertEqual(r.returncode, 1, r.stderr)
+            self.assertFalse(os.path.exists(marker))
+            self.assertIn("CMD not started", r.stderr)
+
+
+class PortsTest(unittest.TestCase):
+    def ports(self, *args, env=None):
+        return subprocess.run([PACER, "ports", *args], capture_output=True, text=True, env=env or bare_env())
+
+    def test_deterministic_disjoint_ranges(self):
+        a = json.loads(self.ports("-n", "2", "--json", "--job", "123", "--local-rank", "0").stdout)
+        b = json.loads(self.ports("-n", "2", "--json", "--job", "123", "--local-rank", "1").stdout)
+        env = bare_env(SLURM_JOB_ID="123", SLURM_LOCALID="1")
+        c = json.loads(self.ports("-n", "2", "--json", env=env).stdout)
+        self.assertEqual(c["range"], b["range"])
+        self.assertEqual((c["job_from"], c["local_rank_from"]), ("SLURM_JOB_ID", "SLURM_LOCALID"))
+        self.assertEqual(b["range"][0], a["range"][1] + 1)
+        for r in (a, b):
+            self.assertEqual(len(r["ports"]), 2)
+            self.assertTrue(all(r["range"][0] <= p <= r["range"][1] for p in r["ports"]))
+        plain = self.ports("-n", "3", "--job", "5").stdout.split()
+        self.assertEqual(len(plain), 3)
+
+    def test_busy_ports_are_skipped_and_exhaustion_is_an_error(self):
+        args = ["--job", "77", "--local-rank", "2", "--per-rank", "4"]
+        rng = json.loads(self.ports("-n", "1", "--json", *args).stdout)["range"]
+        held = []
+        try:
+            for port in range(rng[0], rng[0] + 3):
+                s = socket.socket()
+                s.bind(("", port))
+                held.append(s)
+            r = json.loads(self.ports("-n", "1", "--json", *args).stdout)
+            self.assertEqual(r["ports"], [rng[0] + 3])
+            r = self.ports("-n", "2", *args)
+            self.assertEqual(r.returncode, 3)
+            self.assertIn(f"port range {rng[0]}-{rng[1]} (job 77, local rank 2) exhausted", r.stderr)
+        finally:
+            for s in held:
+                s.close()
+        self.assertEqual(self.ports("-n", "5", *args).returncode, 2)
+        self.assertEqual(self.ports("--local-rank", "8", "--job", "1").returncode, 2)
+
+    def test_exec_hands_the_ports_over(self):
+        r = self.ports("-n", "2", "--job", "9", "--", "sh", "-c", 'echo "$PACER_PORTS|$PACER_PORT_0|$PACER_PORT_1"')
+        self.assertEqual(r.returncode, 0, r.stderr)
+        ports, p0, p1 = r.stdout.strip().split("|")
+        self.assertEqual(ports, f"{p0} {p1}")
+
+
+if __name__ == "__main__":
+    unittest.main()
