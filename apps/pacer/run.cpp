@@ -1,6 +1,8 @@
 // `pacer run`: supervise a training command inside a Slurm job (checkpoint, requeue, restart).
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <ctime>
 #include <memory>
@@ -10,6 +12,7 @@
 #include "pacer/core/error.hpp"
 #include "pacer/core/units.hpp"
 #include "pacer/run.hpp"
+#include "pacer/telemetry.hpp"
 
 namespace pacer::cli {
 namespace {
@@ -31,7 +34,17 @@ struct RunArgs {
   std::string vet = "none";
   std::string log;
   bool quiet = false;
+  bool monitor = false;
+  std::string monitor_db;
+  std::string monitor_interval = "1s";
 };
+
+// This executable, so `--monitor` can start `pacer monitor` around CMD.
+std::string self_exe() {
+  char buf[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : std::string("pacer");
+}
 
 double duration_arg(const std::string& flag, const std::string& text) {
   auto d = parse_duration(text);
@@ -69,11 +82,28 @@ int run(const RunArgs& a) {
   if (a.vet == "quick") o.vet_quick = true;
   else if (a.vet != "none") usage_error(fmt::format("--vet {}: expected quick or none", a.vet));
   o.log_path = a.log;
+  // --monitor: every attempt of CMD runs under `pacer monitor` (which passes
+  // signals and the exit status through), and the supervisor's decisions go
+  // to the same catalog as events, so the report shows restarts and requeues
+  // beside the samples.
+  std::unique_ptr<telemetry::Recorder> events;
+  if (a.monitor) {
+    const std::string db = a.monitor_db.empty() ? telemetry::catalog_from_env() : a.monitor_db;
+    std::vector<std::string> wrapped = {self_exe(), "monitor", "--db", db, "--interval", a.monitor_interval, "--"};
+    wrapped.insert(wrapped.end(), o.argv.begin(), o.argv.end());
+    o.argv = std::move(wrapped);
+    telemetry::RecorderOptions ro;
+    ro.db = db;
+    events = unwrap(telemetry::Recorder::open(ro));
+  }
   const bool quiet = a.quiet;
-  o.on_event = [quiet](const nlohmann::json& e) {
+  telemetry::Recorder* rec = events.get();
+  o.on_event = [quiet, rec](const nlohmann::json& e) {
     if (!quiet) std::fprintf(stderr, "%s\n", run::format_event(e).c_str());
+    if (rec) rec->event("run." + e.value("event", std::string("decision")), e.value("message", std::string()));
   };
   const auto out = unwrap(run::supervise(o));
+  if (rec) rec->close();
   // stdout belongs to CMD; the verdict goes with the decision log to stderr.
   const bool ok = out.exit_code == 0 || out.requeued;
   std::fprintf(stderr, "pacer run: %s: %s (exit %d)\n", ok ? "OK" : "FAILED", out.reason.c_str(), out.exit_code);
@@ -109,6 +139,9 @@ Handler register_run(CLI::App& app) {
   cmd->add_option("--vet", args->vet, "quick: run pacer vet --quick before starting CMD; none")->capture_default_str();
   cmd->add_option("--log", args->log, "Append every decision to this file as JSON lines (pacer.run.event/1)");
   cmd->add_flag("--quiet", args->quiet, "No decision lines on stderr (the final line stays)");
+  cmd->add_flag("--monitor", args->monitor, "Run CMD under `pacer monitor` and record every decision as a catalog event");
+  cmd->add_option("--monitor-db", args->monitor_db, "Catalog for --monitor (default: pacer monitor's)");
+  cmd->add_option("--monitor-interval", args->monitor_interval, "Sampling interval for --monitor")->capture_default_str();
   cmd->add_option("command", args->argv, "CMD and its arguments, after --")->required();
   return [args] { return run(*args); };
 }

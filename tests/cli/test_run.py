@@ -69,6 +69,21 @@ class RunTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0)
         self.assertEqual(self.kinds()[-1], "done")
 
+    def test_monitor_samples_cmd_and_records_decisions(self):
+        import sqlite3
+        db = os.path.join(self.d, "job.db")
+        r = self.run_pacer("--monitor", "--monitor-db", db, "--monitor-interval", "100ms", "--max-restarts", "1", "--",
+                           "sh", "-c", "sleep 0.5; exit 3")
+        self.assertEqual(r.returncode, 3, r.stderr)  # CMD's status through pacer monitor and pacer run
+        con = sqlite3.connect(db)
+        kinds = [k for (k,) in con.execute("SELECT kind FROM events ORDER BY t")]
+        self.assertIn("run.start", kinds)
+        self.assertIn("run.restart", kinds)  # the crash and its restart are in the catalog
+        runs = con.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
+        samples = con.execute("SELECT COUNT(*) FROM samples").fetchone()[0]
+        self.assertGreaterEqual(runs, 2)  # one monitored run per attempt, plus the decisions
+        self.assertGreater(samples, 0)
+
     def test_command_not_found_or_not_executable(self):
         r = self.run_pacer("--", "no-such-command-pacer")
         self.assertEqual(r.returncode, 127)
