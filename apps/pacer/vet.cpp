@@ -74,7 +74,7 @@ int run_cluster(const VetArgs& a, vet::VetOptions node) {
   else if (a.prolog) o.bound_s = kPrologBound;
   if (o.node.quick) {
     o.p2p_bytes = 1u << 20;
-    o.allreduce_bytes = 8u << 20;
+    o.allreduce_bytes = 4u << 20;
     o.latency_reps = 100;
   }
   auto comm = comm::built_with_mpi() ? unwrap(comm::timed_world()) : comm::timed_single_rank();

@@ -51,7 +51,7 @@ double median(std::vector<double> v) {
 struct Schedule {
   Deadline start, hello, role, ring[3], ring_results, plan, bisect[2], allreduce, nccl, checks_end, report;
   explicit Schedule(Deadline t0, double bound_s, bool quick) {
-    const double slot = std::clamp(0.04 * bound_s, 0.5, quick ? 3.0 : 10.0);
+    const double slot = std::clamp(0.04 * bound_s, 1.0, quick ? 3.0 : 10.0);
     start = t0;
     hello = after(t0, std::clamp(0.1 * bound_s, 1.0, 10.0));
     role = after(hello, slot);

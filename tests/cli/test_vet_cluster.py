@@ -44,6 +44,7 @@ class VetCluster(unittest.TestCase):
         start = time.monotonic()
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=self.dir)
         r.wall_s = time.monotonic() - start
+        self.assertTrue(os.path.exists(self.report), f"no report; rc {r.returncode}\n{r.stdout}\n{r.stderr}")
         with open(self.report) as f:
             r.json = json.load(f)
         return r
@@ -74,11 +75,14 @@ class VetCluster(unittest.TestCase):
         # The check itself passed its absolute threshold: only the comparison caught it.
         nb = next(c for c in self.node(r, "node2")["report"]["checks"] if c["name"] == "memory.bandwidth")
         self.assertEqual(nb["status"], "pass")
+        # Best first: the order among equally healthy nodes follows their figures, so compare as sets.
         with open(hosts) as f:
-            self.assertEqual(f.read().split(), ["node0", "node1", "node3"])
+            self.assertEqual(sorted(f.read().split()), ["node0", "node1", "node3"])
         with open(exclude) as f:
             self.assertEqual(f.read().split(), ["node2"])
-        self.assertEqual(j["selection"], {"need": 3, "chosen": ["node0", "node1", "node3"], "excluded": ["node2"], "enough": True})
+        self.assertEqual(sorted(j["selection"]["chosen"]), ["node0", "node1", "node3"])
+        self.assertEqual(j["selection"]["excluded"], ["node2"])
+        self.assertTrue(j["selection"]["enough"])
         self.assertIn("selected 3 of 3 needed", r.stdout)
         self.assertRegex(r.stdout.splitlines()[-1], r"^OK: 4 nodes")
 
@@ -87,7 +91,7 @@ class VetCluster(unittest.TestCase):
                          "--need", "4", "--hostfile", os.path.join(self.dir, "h"), "--exclude-file", os.path.join(self.dir, "x"))
         self.assertEqual(r.returncode, 4, r.stdout + r.stderr)
         self.assertEqual(r.json["verdict"], "too_few")
-        self.assertEqual(r.json["selection"]["chosen"], ["node0", "node1", "node3"])
+        self.assertEqual(sorted(r.json["selection"]["chosen"]), ["node0", "node1", "node3"])
 
     def test_version_drift_fails_the_odd_node(self):
         r = self.cluster(*FAST, "--skip", "network", "--inject", "node3:software.kernel=6.99.0-test")
@@ -103,7 +107,7 @@ class VetCluster(unittest.TestCase):
 
     def test_hung_check_and_wedged_node_end_within_the_bound(self):
         # node1's check hangs far longer than the bound; node2's leader never reports.
-        bound = 12
+        bound = 20
         r = self.cluster(*FAST, "--bound", f"{bound}s", "--timeout", "120s", "--inject", "node1:system.nofile=hang",
                          "--inject", "node2:cluster.report=hang", timeout=90)
         self.assertLess(r.wall_s, bound + 20)  # the bound plus mpirun's start and teardown, not the 120 s hang
