@@ -111,8 +111,12 @@ class VetCluster(unittest.TestCase):
         r = self.cluster(*FAST, "--bound", f"{bound}s", "--timeout", "120s", "--inject", "node1:system.nofile=hang",
                          "--inject", "node2:cluster.report=hang", timeout=90)
         self.assertLess(r.wall_s, bound + 20)  # the bound plus mpirun's start and teardown, not the 120 s hang
-        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        # Rank 0 exits 1 without MPI_Finalize so that mpirun ends the wedged rank;
+        # Open MPI 4.1.4's mpirun sometimes crashes while tearing such a job down,
+        # so its own status is only required to be a failure.
+        self.assertNotEqual(r.returncode, 0, r.stdout + r.stderr)
         j = r.json
+        self.assertEqual(j["exit_code"], 1)
         self.assertLessEqual(j["duration_s"], bound)
         nofile = next(c for c in self.node(r, "node1")["report"]["checks"] if c["name"] == "system.nofile")
         self.assertEqual(nofile["status"], "error")
