@@ -429,8 +429,8 @@ Expected<std::optional<ClusterReport>> run_cluster_vet(comm::TimedComm& world, c
   const Injection* wedge = find_injection(o.node.injections, "cluster.report", name);
   if (role.node != 0) {
     if (wedge && wedge->action == Injection::Action::kHang) {
-      // A wedged node: silent well past the bound; rank 0 reports it and ends the job.
-      std::this_thread::sleep_until(after(when.start, o.bound_s + 60));
+      // A wedged node: silent past the bound; rank 0 reports it and ends the job.
+      std::this_thread::sleep_until(after(when.start, o.bound_s + 5));
       return kNotRoot;
     }
     json j = to_json(*report);
@@ -454,6 +454,21 @@ Expected<std::optional<ClusterReport>> run_cluster_vet(comm::TimedComm& world, c
   r.stalled = leaders.abandoned();
   r.links = ring_links;
   r.links.insert(r.links.end(), bisect_links.begin(), bisect_links.end());
+  // Reports are taken in whatever order they arrive: a large message moves
+  // only while its sender polls, so waiting on a silent node first could
+  // leave the next one's sender to give up.
+  std::vector<std::optional<json>> got(static_cast<std::size_t>(n));
+  for (int left = n - 1; left > 0 && Clock::now() < when.report;) {
+    bool any = false;
+    for (int i = 1; i < n; ++i) {
+      if (got[i]) continue;
+      if ((got[i] = recv_json(leaders, i, kReport, Clock::now()))) {
+        --left;
+        any = true;
+      }
+    }
+    if (!any) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
   for (int i = 0; i < n; ++i) {
     NodeResult nr;
     nr.name = role.names[i];
@@ -461,7 +476,7 @@ Expected<std::optional<ClusterReport>> run_cluster_vet(comm::TimedComm& world, c
     nr.ranks = ranks_of[nr.name];
     if (i == 0) {
       nr.report = *report;
-    } else if (auto j = recv_json(leaders, i, kReport, when.report)) {
+    } else if (const auto& j = got[i]) {
       nr.report = report_from_json((*j)["report"], *profile);
       r.stalled = r.stalled || j->value("stalled", false);
       for (const auto& e : (*j)["links"]) r.links.push_back(link_from_json(e));
