@@ -4,7 +4,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <thread>
 #include <memory>
 
 #include "commands.hpp"
@@ -74,12 +76,25 @@ int run_cluster(const VetArgs& a, vet::VetOptions node) {
   else if (a.prolog) o.bound_s = kPrologBound;
   if (o.node.quick) {
     o.p2p_bytes = 1u << 20;
-    o.allreduce_bytes = 8u << 20;
+    o.allreduce_bytes = 4u << 20;
     o.latency_reps = 100;
   }
   auto comm = comm::built_with_mpi() ? unwrap(comm::timed_world()) : comm::timed_single_rank();
+  const auto start = std::chrono::steady_clock::now();
   const auto report = unwrap(vet::run_cluster_vet(*comm, o));
-  if (!report) return 0;  // not rank 0: rank 0 reports for everyone
+  if (!report) {
+    // Not rank 0: rank 0 reports for everyone. MPI_Finalize would wait for a
+    // pending operation's peer, or for rank 0 once it is gone past the bound;
+    // such a rank leaves without it, but only after the bound, so that the
+    // launcher's ending the job cannot cut rank 0's report short.
+    const auto bound_end = start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                       std::chrono::duration<double>(o.bound_s + 1));
+    if (comm->abandoned() || std::chrono::steady_clock::now() > bound_end) {
+      std::this_thread::sleep_until(bound_end);
+      comm->abort(0);
+    }
+    return 0;
+  }
   const int code = vet::exit_code(*report);
   const std::string json = vet::to_json(*report).dump(2) + "\n";
   if (!a.json_file.empty()) unwrap(write_file_atomic(a.json_file, json));

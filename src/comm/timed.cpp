@@ -76,8 +76,9 @@ class MpiTimed final : public TimedComm {
     if (pending_->any()) {
       // MPI may still write into these buffers (in MPI_Finalize, or until
       // MPI_Abort), so they and the communicator outlive every owner.
-      static std::vector<std::shared_ptr<Pending>> kept;
-      kept.push_back(pending_);
+      // Never destroyed: static destructors run before MPI_Finalize's atexit handler.
+      static auto* kept = new std::vector<std::shared_ptr<Pending>>();
+      kept->push_back(pending_);
       return;
     }
     if (owned_) MPI_Comm_free(&comm_);

@@ -51,7 +51,7 @@ double median(std::vector<double> v) {
 struct Schedule {
   Deadline start, hello, role, ring[3], ring_results, plan, bisect[2], allreduce, nccl, checks_end, report;
   explicit Schedule(Deadline t0, double bound_s, bool quick) {
-    const double slot = std::clamp(0.04 * bound_s, 0.5, quick ? 3.0 : 10.0);
+    const double slot = std::clamp(0.04 * bound_s, 1.0, quick ? 3.0 : 10.0);
     start = t0;
     hello = after(t0, std::clamp(0.1 * bound_s, 1.0, 10.0));
     role = after(hello, slot);
@@ -116,44 +116,41 @@ VetReport report_from_json(const json& j, const Profile& profile) {
 }
 
 // Ping-pong between two leaders: latency from small messages, bandwidth from
-// large ones (one way: bytes / half the round trip). The initiator measures;
-// the responder echoes. Returns the initiator's result.
+// large ones (one way: bytes / half the round trip). The initiator measures
+// and decides how many round trips fit: up to the configured counts, but the
+// latency part stops at a quarter of the time to the deadline and the
+// bandwidth part at two thirds, so a slow or busy pair still gives a figure
+// instead of an error. A one-byte message tells the responder, which echoes
+// everything else, that a part is over. Returns the initiator's result.
 class PairTester {
  public:
   PairTester(comm::TimedComm& leaders, const ClusterOptions& o, const Role& role)
       : c_(leaders), o_(o), role_(role), big_(std::make_shared<const std::string>(pattern(o.p2p_bytes))),
-        small_(std::make_shared<const std::string>(8, 'p')), inbox_(o.p2p_bytes) {}
+        small_(std::make_shared<const std::string>(8, 'p')), done_(std::make_shared<const std::string>(1, 'q')),
+        inbox_(o.p2p_bytes) {}
 
   std::optional<LinkResult> run(int peer, bool initiator, const std::string& kind, int tag, Deadline d) {
+    if (!initiator) {
+      for (int t : {tag, tag + 1})
+        if (!echo(peer, t, d)) return std::nullopt;
+      return std::nullopt;
+    }
     LinkResult l;
     l.kind = kind;
-    l.a = role_.names[initiator ? role_.node : peer];
-    l.b = role_.names[initiator ? peer : role_.node];
-    char tiny[8];
-    auto exchange = [&](const std::shared_ptr<const std::string>& msg, std::span<char> into, int t) {
-      if (initiator) return c_.send(peer, t, msg, d) && c_.recv_into(peer, t, into, d);
-      return c_.recv_into(peer, t, into, d) && c_.send(peer, t, msg, d);
-    };
-    std::vector<double> lat, bw;
-    bool ok = true;
-    for (int i = 0; ok && i < o_.latency_reps; ++i) {
-      const auto t = Clock::now();
-      ok = exchange(small_, std::span<char>(tiny, 8), tag);
-      lat.push_back(seconds_between(t, Clock::now()));
-    }
-    for (int i = 0; ok && i <= o_.p2p_reps; ++i) {  // the first round trip warms up the path
-      const auto t = Clock::now();
-      ok = exchange(big_, std::span<char>(inbox_.data(), inbox_.size()), tag + 1);
-      if (i > 0) bw.push_back(static_cast<double>(o_.p2p_bytes) / (seconds_between(t, Clock::now()) / 2) / 1e9);
-    }
-    if (!initiator) return std::nullopt;
-    if (!ok) {
+    l.a = role_.names[role_.node];
+    l.b = role_.names[peer];
+    const auto start = Clock::now();
+    std::vector<double> lat = timed_round_trips(peer, tag, small_, o_.latency_reps, 0, after(start, 0.25 * seconds_between(start, d)), d);
+    std::vector<double> rtt;
+    if (!lat.empty())  // the first large round trip warms up the path
+      rtt = timed_round_trips(peer, tag + 1, big_, o_.p2p_reps, 1, after(start, 0.66 * seconds_between(start, d)), d);
+    if (lat.empty() || rtt.empty()) {
       l.status = CheckStatus::kError;
       l.reason = fmt::format("no answer from {} by the deadline", l.b);
       return l;
     }
     l.latency_us = median(lat) / 2 * 1e6;
-    l.bandwidth_gbps = median(bw);
+    l.bandwidth_gbps = static_cast<double>(o_.p2p_bytes) / (median(rtt) / 2) / 1e9;
     const Injection* ia = find_injection(o_.node.injections, "network.p2p", l.a);
     const Injection* ib = find_injection(o_.node.injections, "network.p2p", l.b);
     for (const Injection* i : {ia, ib})
@@ -162,12 +159,38 @@ class PairTester {
         l.reason = fmt::format("injected bandwidth {} GB/s", format_number(i->value));
       }
     if (l.reason.empty())
-      l.reason = fmt::format("{} x {} ping-pong, median; latency from {} round trips of 8 B", o_.p2p_reps,
-                             format_bytes(static_cast<double>(o_.p2p_bytes)), o_.latency_reps);
+      l.reason = fmt::format("{} x {} ping-pong, median; latency from {} round trips of 8 B", rtt.size(),
+                             format_bytes(static_cast<double>(o_.p2p_bytes)), lat.size());
     return l;
   }
 
  private:
+  // Round trips of `msg` until `reps` are timed (after `warmup` untimed
+  // ones) or `soft` has passed; empty when the peer stopped answering.
+  std::vector<double> timed_round_trips(int peer, int tag, const std::shared_ptr<const std::string>& msg, int reps, int warmup,
+                                        Deadline soft, Deadline hard) {
+    std::vector<double> out;
+    std::span<char> into(inbox_.data(), msg->size());
+    for (int i = 0; i < reps + warmup; ++i) {
+      if (i > warmup && Clock::now() >= soft) break;
+      const auto t = Clock::now();
+      if (!c_.send(peer, tag, msg, hard) || !c_.recv_into(peer, tag, into, hard)) return {};
+      if (i >= warmup) out.push_back(seconds_between(t, Clock::now()));
+    }
+    c_.send(peer, tag, done_, hard);
+    return out;
+  }
+
+  // The responder's side: returns every message until the one-byte end mark.
+  bool echo(int peer, int tag, Deadline d) {
+    for (;;) {
+      auto msg = c_.recv(peer, tag, d);
+      if (!msg) return false;
+      if (msg->size() == 1) return true;
+      if (!c_.send(peer, tag, std::make_shared<const std::string>(std::move(*msg)), d)) return false;
+    }
+  }
+
   static std::string pattern(std::size_t n) {
     std::string s(n, '\0');
     for (std::size_t i = 0; i < n; ++i) s[i] = static_cast<char>((i * 2654435761u) >> 13);
@@ -178,6 +201,7 @@ class PairTester {
   const Role& role_;
   std::shared_ptr<const std::string> big_;
   std::shared_ptr<const std::string> small_;
+  std::shared_ptr<const std::string> done_;
   std::vector<char> inbox_;
 };
 
@@ -405,8 +429,8 @@ Expected<std::optional<ClusterReport>> run_cluster_vet(comm::TimedComm& world, c
   const Injection* wedge = find_injection(o.node.injections, "cluster.report", name);
   if (role.node != 0) {
     if (wedge && wedge->action == Injection::Action::kHang) {
-      // A wedged node: silent well past the bound; rank 0 reports it and ends the job.
-      std::this_thread::sleep_until(after(when.start, o.bound_s + 60));
+      // A wedged node: silent past the bound; rank 0 reports it and ends the job.
+      std::this_thread::sleep_until(after(when.start, o.bound_s + 5));
       return kNotRoot;
     }
     json j = to_json(*report);
@@ -430,6 +454,21 @@ Expected<std::optional<ClusterReport>> run_cluster_vet(comm::TimedComm& world, c
   r.stalled = leaders.abandoned();
   r.links = ring_links;
   r.links.insert(r.links.end(), bisect_links.begin(), bisect_links.end());
+  // Reports are taken in whatever order they arrive: a large message moves
+  // only while its sender polls, so waiting on a silent node first could
+  // leave the next one's sender to give up.
+  std::vector<std::optional<json>> got(static_cast<std::size_t>(n));
+  for (int left = n - 1; left > 0 && Clock::now() < when.report;) {
+    bool any = false;
+    for (int i = 1; i < n; ++i) {
+      if (got[i]) continue;
+      if ((got[i] = recv_json(leaders, i, kReport, Clock::now()))) {
+        --left;
+        any = true;
+      }
+    }
+    if (!any) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
   for (int i = 0; i < n; ++i) {
     NodeResult nr;
     nr.name = role.names[i];
@@ -437,7 +476,7 @@ Expected<std::optional<ClusterReport>> run_cluster_vet(comm::TimedComm& world, c
     nr.ranks = ranks_of[nr.name];
     if (i == 0) {
       nr.report = *report;
-    } else if (auto j = recv_json(leaders, i, kReport, when.report)) {
+    } else if (const auto& j = got[i]) {
       nr.report = report_from_json((*j)["report"], *profile);
       r.stalled = r.stalled || j->value("stalled", false);
       for (const auto& e : (*j)["links"]) r.links.push_back(link_from_json(e));

@@ -138,8 +138,10 @@ std::string render_table(const ClusterReport& r) {
                        r.selection->chosen.empty() ? "-" : fmt::format("{}", fmt::join(r.selection->chosen, ",")),
                        r.selection->excluded.empty() ? "-" : fmt::format("{}", fmt::join(r.selection->excluded, ",")));
   const std::string v = r.verdict();
-  out += fmt::format("{}: {} nodes ({} ranks, {} profile, {}) in {}: {} healthy, {} not{}\n", v == "pass" ? "OK" : "FAILED",
-                     r.nodes.size(), r.ranks, r.profile, r.mode, format_duration(r.duration_s), healthy,
+  const auto plural = [](std::size_t n, const char* word) { return fmt::format("{} {}{}", n, word, n == 1 ? "" : "s"); };
+  out += fmt::format("{}: {} ({}, {} profile, {}) in {}: {} healthy, {} not{}\n", v == "pass" ? "OK" : "FAILED",
+                     plural(r.nodes.size(), "node"), plural(static_cast<std::size_t>(r.ranks), "rank"), r.profile, r.mode,
+                     format_duration(r.duration_s), healthy,
                      static_cast<int>(r.nodes.size()) - healthy,
                      v == "too_few" ? fmt::format("; {} needed", r.selection->need) : "");
   return out;

@@ -6,21 +6,23 @@
 namespace pacer::vet {
 namespace {
 
-CheckResult numeric(const std::string& name, double v, CheckStatus s = CheckStatus::kPass) {
+CheckResult result(const std::string& name, CheckStatus s) {
   CheckResult c;
   c.name = name;
   c.category = name.substr(0, name.find('.'));
-  c.value = v;
   c.status = s;
   return c;
 }
 
+CheckResult numeric(const std::string& name, double v, CheckStatus s = CheckStatus::kPass) {
+  CheckResult c = result(name, s);
+  c.value = v;
+  return c;
+}
+
 CheckResult text(const std::string& name, const std::string& t, CheckStatus s = CheckStatus::kPass) {
-  CheckResult c;
-  c.name = name;
-  c.category = name.substr(0, name.find('.'));
+  CheckResult c = result(name, s);
   c.text = t;
-  c.status = s;
   return c;
 }
 
@@ -173,7 +175,7 @@ TEST(ClusterProfile, ReadsTheClusterTable) {
   EXPECT_EQ(p->cluster.outlier_floor, 0.05);
   auto bad = parse_profile("[cluster]\noutlier_wrn = 2\n", "site.toml");
   ASSERT_FALSE(bad);
-  EXPECT_NE(bad.error().message.find("site.toml:2:1: unknown key 'outlier_wrn' in [cluster]"), std::string::npos);
+  EXPECT_NE(bad.error().message.find("site.toml:2:15: unknown key 'outlier_wrn' in [cluster]"), std::string::npos);
   EXPECT_FALSE(parse_profile("[cluster]\nlink_warn_ratio = 1.5\n", "site.toml"));
 }
 
