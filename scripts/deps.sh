@@ -12,7 +12,14 @@ packages=(
   python3 python3-dev pybind11-dev python3-numpy python3-torch
   libopenmpi-dev openmpi-bin
   mbw fio
+  chromium  # headless, for the pacer report integration test
 )
+# The report's charting library is installed with npm at build time
+# (report/package-lock.json). A Node.js from NodeSource already ships npm and
+# conflicts with Debian's npm package, so Debian's are added only without one.
+if ! command -v npm >/dev/null 2>&1; then
+  packages+=(nodejs npm)
+fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -16,5 +16,7 @@ Handler register_shard(CLI::App& app);
 Handler register_monitor(CLI::App& app);
 Handler register_query(CLI::App& app);
 Handler register_catalog(CLI::App& app);
+Handler register_score(CLI::App& app);
+Handler register_report(CLI::App& app);
 
 }  // namespace pacer::cli

@@ -20,6 +20,8 @@ int main(int argc, char** argv) {
   add(pacer::cli::register_monitor(app));
   add(pacer::cli::register_query(app));
   add(pacer::cli::register_catalog(app));
+  add(pacer::cli::register_score(app));
+  add(pacer::cli::register_report(app));
 
   try {
     app.parse(argc, argv);
