@@ -102,6 +102,7 @@
   if (!nodes.length) app.append(el("p", { class: "note" }, "No samples in this run."));
   else {
     const table = el("table", { class: "heat", id: "heatmap" });
+    const cellWidth = Math.max(3, Math.min(24, Math.floor(1200 / Math.max(1, heat.buckets))));
     for (const n of nodes) {
       const row = el("tr", {}, el("th", {}, n));
       const cells = new Array(heat.buckets).fill(null);
@@ -109,7 +110,7 @@
       for (let b = 0; b < cells.length; b++) {
         const v = cells[b];
         const bg = v == null ? "#f4f6f8" : "hsl(" + Math.round(220 - 220 * Math.min(1, Math.max(0, v))) + ", 70%, " + Math.round(88 - 40 * Math.min(1, Math.max(0, v))) + "%)";
-        const td = el("td", { class: "c", style: "background:" + bg, title: n + " " + when(heat.start + b * heat.bucket_s) + ": " + pct(v) });
+        const td = el("td", { class: "c", style: "background:" + bg + ";width:" + cellWidth + "px", title: n + " " + when(heat.start + b * heat.bucket_s) + ": " + pct(v) });
         row.append(td);
       }
       table.append(row);

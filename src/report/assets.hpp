@@ -9,5 +9,6 @@ extern const std::string_view kPage;       // report/page.html, with /*PACER_...
 extern const std::string_view kReportJs;   // report/report.js
 extern const std::string_view kUplotJs;    // uPlot's IIFE build (npm, report/package-lock.json)
 extern const std::string_view kUplotCss;
+extern const std::string_view kUplotLicense;  // MIT: its notice travels with every page
 
 }  // namespace pacer::report::assets

@@ -157,6 +157,7 @@ std::string render_html(const json& data) {
   };
   // The data goes in last, so a slot name inside it is never replaced.
   put("/*PACER_UPLOT_CSS*/", assets::kUplotCss);
+  put("/*PACER_UPLOT_LICENSE*/", assets::kUplotLicense);
   put("/*PACER_UPLOT_JS*/", assets::kUplotJs);
   put("/*PACER_REPORT_JS*/", assets::kReportJs);
   put("/*PACER_DATA*/", payload);

@@ -1,7 +1,9 @@
 """pacer score on synthetic catalogs: the table, --json (pacer.score/1), every verdict, exit codes."""
 import json
 import os
+import sqlite3
 import subprocess
+import sys
 import tempfile
 import unittest
 
@@ -80,6 +82,38 @@ class ScoreTest(unittest.TestCase):
         self.assertIn("missing.db", r.stderr)
         self.assertEqual(pacer("score").returncode, 2)
         self.assertEqual(pacer("score", db, "--nic-gbps", "-1").returncode, 2)
+
+    def test_newer_catalog_is_refused(self):
+        db = make_catalog(self.dir, "idle")
+        with sqlite3.connect(db) as c:
+            c.execute("PRAGMA user_version = 99")
+        r = pacer("score", db)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("newer", r.stderr)
+
+    def test_a_real_monitor_run_with_json_line_steps(self):
+        """pacer monitor on a loop that waits for 'data' and logs JSON-lines steps: the scorer sees the wait."""
+        db, steps = os.path.join(self.dir, "m.db"), os.path.join(self.dir, "steps.jsonl")
+        open(steps, "w").close()
+        child = (
+            "import json, sys, time\n"
+            "f = open(sys.argv[1], 'a')\n"
+            "for i in range(12):\n"
+            "    t0 = time.time(); time.sleep(0.1); t1 = time.time()\n"
+            "    x = sum(range(20000))\n"
+            "    t2 = time.time()\n"
+            "    f.write(json.dumps({'step': i, 't': t2, 'step_time_s': t2 - t0, 'data_wait_s': t1 - t0, 'comm_s': 0}) + '\\n')\n"
+            "    f.flush()\n")
+        r = pacer("monitor", "--interval", "200ms", "--no-gpu", "--db", db, "--steps", steps, "-q", "--",
+                  sys.executable, "-c", child, steps)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        j = json.loads(pacer("score", db, "--json").stdout)
+        self.assertEqual(j["steps"], 12)
+        self.assertEqual(j["verdict"]["kind"], "input-bound", j["verdict"]["sentence"])
+        self.assertTrue(j["verdict"]["sentence"].startswith("input-bound: ranks stall"))
+        host = next(s for s in j["scores"] if s["name"] == "host_cpu")
+        self.assertIsNotNone(host["score"])
+        self.assertIn("compute: no GPU samples (see host_cpu)", j["not_judged"])
 
 
 if __name__ == "__main__":

@@ -73,7 +73,8 @@ TEST(Score, WithoutASamplerOnlyTheStepsAreJudged) {
   EXPECT_TRUE(find(r, "input").value.has_value());
   EXPECT_TRUE(find(r, "communication").value.has_value());
   EXPECT_EQ(r.not_judged.size(), 4u);
-  EXPECT_TRUE(contains(r.verdict.sentence, "ranks stall 50%"));
+  // 0.5 on seven ranks, 0.6 on rank 5: 0.5125 over all.
+  EXPECT_TRUE(contains(r.verdict.sentence, "ranks stall 51%"));
 }
 
 TEST(Score, WithoutGpusTheHostIsJudged) {
@@ -94,19 +95,32 @@ TEST(Score, NvlinkAgainstTheModelsCapacityAndNetworkOnlyWhenGiven) {
   EXPECT_NEAR(*find(r, "communication").value, 320.0 / 450, 0.01);
   EXPECT_TRUE(contains(fmt::format("{}", fmt::join(r.not_judged, "|")), "--nic-gbps"));
   // 1 GB/s of InfiniBand plus 2 MB/s of Ethernet against 10 Gb/s (1.25 GB/s).
-  auto n = score_catalog(dir.path() + "/c.db", {.nic_capacity_bytes_per_s = 1.25e9}).value();
+  ScoreOptions with_nic;
+  with_nic.nic_capacity_bytes_per_s = 1.25e9;
+  auto n = score_catalog(dir.path() + "/c.db", with_nic).value();
   bool found = false;
   for (const auto& e : find(n, "communication").evidence)
-    if (e.what == "network utilization") found = true, EXPECT_NEAR(e.value, 1.002e9 / 1.25e9, 0.001);
+    if (e.what == "network utilization") {
+      found = true;
+      EXPECT_NEAR(e.value, 1.002e9 / 1.25e9, 0.001);
+    }
   EXPECT_TRUE(found);
 }
 
 TEST(Score, RulesAtTheThresholds) {
   RunFacts f;
   f.gpus = 8;
-  f.sm_util = RunFacts::GpuMetric{.mean = kGpuBusy, .min = 0.4, .min_gpu = "n:0", .gpus = 8, .samples = 80};
-  f.tensor_util = RunFacts::GpuMetric{.mean = 0.3, .gpus = 8, .samples = 80};
-  f.dram_bw_util = RunFacts::GpuMetric{.mean = kMemoryBound, .gpus = 8, .samples = 80};
+  auto metric = [](double mean) {
+    RunFacts::GpuMetric m;
+    m.mean = m.min = mean;
+    m.min_gpu = "n:0";
+    m.gpus = 8;
+    m.samples = 80;
+    return m;
+  };
+  f.sm_util = metric(kGpuBusy);
+  f.tensor_util = metric(0.3);
+  f.dram_bw_util = metric(kMemoryBound);
   EXPECT_EQ(judge(f).verdict.kind, "memory-bound");
   f.tensor_util->mean = 0.6;  // a pipe busier than DRAM: compute
   EXPECT_EQ(judge(f).verdict.kind, "compute-bound");
@@ -124,7 +138,9 @@ TEST(Score, RulesAtTheThresholds) {
 TEST(Score, MissingRunAndEmptyCatalogAreUsageErrors) {
   TempDir dir("score-");
   ASSERT_TRUE(test::write_synthetic_catalog(dir.path() + "/c.db", "idle"));
-  auto r = score_catalog(dir.path() + "/c.db", {.run_id = 99});
+  ScoreOptions run99;
+  run99.run_id = 99;
+  auto r = score_catalog(dir.path() + "/c.db", run99);
   ASSERT_FALSE(r.has_value());
   EXPECT_EQ(r.error().kind, ErrorKind::kUsage);
   EXPECT_TRUE(contains(r.error().message, "no run 99"));
@@ -146,7 +162,9 @@ TEST(Report, DataHoldsEveryTimelineAndThePageEmbedsIt) {
   EXPECT_EQ(vet, 1);
   EXPECT_EQ(throttle, 1);
   // A small bucket budget averages the 60 samples of each GPU into fewer points.
-  auto small = report::report_data(db, {.max_points = 10}).value();
+  report::ReportOptions few;
+  few.max_points = 10;
+  auto small = report::report_data(db, few).value();
   EXPECT_LE(small["series"]["gpm.sm_util"]["gpu001:0"]["t"].size(), 11u);
   d["run"]["command"] = "</script><script>alert(1)</script>";
   const std::string html = report::render_html(d);
