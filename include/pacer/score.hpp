@@ -104,6 +104,9 @@ inline constexpr double kMemoryBound = 0.5;
 inline constexpr double kHostBound = 0.7;
 inline constexpr double kIoBound = 0.7;
 inline constexpr double kIdle = 0.15;
+// The command computes on the CPU (cores busy, mean): then the node's whole
+// CPU load counts towards host_cpu.
+inline constexpr double kCpuActiveCores = 0.25;
 
 // Reads the figures of one run from an open catalog (read-only queries).
 Expected<RunFacts> collect_facts(telemetry::Catalog& catalog, const ScoreOptions& options);

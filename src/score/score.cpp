@@ -318,6 +318,13 @@ ScoreReport judge(const RunFacts& f) {
     host.value = clamp01(*f.process_cores / f.cpus);
     host.evidence.push_back({"cores busy in the command's processes", *f.process_cores, "cores",
                              fmt::format("proc.cpu_seconds rate, against {:.0f} CPU(s)", f.cpus)});
+    // A command that computes on the CPU is slowed by a saturated node,
+    // whoever saturates it; an idle one is not.
+    if (*f.process_cores >= kCpuActiveCores && f.cpu_busy && *f.cpu_busy > *host.value) {
+      host.value = clamp01(*f.cpu_busy);
+      host.evidence.push_back({"the node's CPUs are saturated and the command computes on them (other processes compete)",
+                               *f.cpu_busy, "ratio", "cpu.busy, mean over nodes"});
+    }
   } else if (f.cpu_busy) {
     host.value = clamp01(*f.cpu_busy);
   }
@@ -361,7 +368,9 @@ ScoreReport judge(const RunFacts& f) {
                              mem ? "busiest compute pipe" : "DRAM bandwidth", v(mem ? compute : memory) < 0 ? "not measured" : pct(v(mem ? compute : memory)));
   } else if (v(host) >= kHostBound) {
     d.kind = "host-cpu-bound";
-    d.sentence = fmt::format("host-cpu-bound: the command keeps {} of the host CPUs busy while {}", pct(v(host)),
+    const double own = f.process_cores && f.cpus > 0 ? *f.process_cores / f.cpus : v(host);
+    d.sentence = fmt::format("host-cpu-bound: the host CPUs are {} busy, {} of them by the command's processes{}, while {}",
+                             pct(v(host)), pct(own), own < v(host) - 0.2 ? " (other processes compete)" : "",
                              busy >= 0 ? fmt::format("{} only {}", busy_what, pct(busy)) : "no GPU was recorded");
   } else if (v(io) >= kIoBound) {
     d.kind = "io-bound";

@@ -13,7 +13,7 @@ MAKE_CATALOG = os.environ.get("PACER_MAKE_CATALOG", os.path.join(os.path.dirname
 
 EXPECTED = {
     "gemm": "compute-bound", "memory": "memory-bound", "input": "input-bound", "comm": "communication-bound",
-    "host": "host-cpu-bound", "io": "io-bound", "idle": "idle", "cpu": "host-cpu-bound", "steps-only": "input-bound",
+    "host": "host-cpu-bound", "io": "io-bound", "idle": "idle", "cpu": "host-cpu-bound", "cpu-contended": "host-cpu-bound", "steps-only": "input-bound",
     "empty": "unknown",
 }
 

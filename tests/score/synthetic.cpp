@@ -19,6 +19,7 @@ struct Shape {
   double sm = 0, tensor = 0, dram = 0, fp32 = 0, nvlink = 0;
   double proc_cores_share = 0.02, disk = 0.01;
   double data_wait = 0.02, comm = 0.05;  // shares of step time
+  double node_busy = -1;                 // all-CPU busy; -1: the command's share plus a little
   std::string verdict;
 };
 
@@ -32,6 +33,7 @@ const std::map<std::string, Shape>& shapes() {
       {"io", {.steps = false, .sm = 0.07, .tensor = 0.01, .dram = 0.02, .disk = 0.96, .verdict = "io-bound"}},
       {"idle", {.steps = false, .sm = 0.01, .verdict = "idle"}},
       {"cpu", {.gpus = false, .steps = false, .proc_cores_share = 0.95, .verdict = "host-cpu-bound"}},
+      {"cpu-contended", {.gpus = false, .steps = false, .proc_cores_share = 0.15, .node_busy = 1.0, .verdict = "host-cpu-bound"}},
       {"steps-only", {.gpus = false, .sampler = false, .data_wait = 0.5, .verdict = "input-bound"}},
       {"empty", {.gpus = false, .sampler = false, .steps = false, .verdict = "unknown"}},
   };
@@ -96,7 +98,7 @@ Status write_synthetic_catalog(const std::string& path, const std::string& workl
         add("gpu.power_w", g, "", 90 + 600 * w(g, sh.sm * 0.7 + sh.dram * 0.3));
         add("gpu.temperature_c", g, "", 32 + 40 * w(g, sh.sm) + 2 * g);
       }
-      add("cpu.busy", -1, "", std::clamp(sh.proc_cores_share + 0.03, 0.0, 1.0));
+      add("cpu.busy", -1, "", sh.node_busy >= 0 ? sh.node_busy : std::clamp(sh.proc_cores_share + 0.03, 0.0, 1.0));
       for (int c = 0; c < 4; ++c) add("cpu.busy", -1, fmt::format("cpu{}", c), std::clamp(sh.proc_cores_share + 0.01 * c, 0.0, 1.0));
       add("proc.cpu_seconds", -1, "", sh.proc_cores_share * cpus);
       add("disk.io_seconds", -1, "nvme0n1", sh.disk);

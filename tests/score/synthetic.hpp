@@ -9,6 +9,7 @@
 namespace pacer::test {
 
 // gemm, memory, input, comm, host, io, idle, cpu (no GPUs, CPU busy),
+// cpu-contended (no GPUs, the command computes on a node others saturate),
 // steps-only (no sampler: steps with data waits), empty (a run and nothing else).
 const std::vector<std::string>& synthetic_workloads();
 

@@ -82,9 +82,21 @@ TEST(Score, WithoutGpusTheHostIsJudged) {
   ASSERT_TRUE(test::write_synthetic_catalog(dir.path() + "/c.db", "cpu"));
   auto r = score_catalog(dir.path() + "/c.db", {}).value();
   EXPECT_EQ(r.facts.gpus, 0);
-  EXPECT_NEAR(*find(r, "host_cpu").value, 0.95, 0.01);
+  // The command computes on 95% of the CPUs; the node is 98% busy.
+  EXPECT_NEAR(*find(r, "host_cpu").value, 0.98, 0.01);
   EXPECT_TRUE(contains(find(r, "compute").why_not, "no GPU samples"));
   EXPECT_TRUE(contains(r.verdict.sentence, "no GPU was recorded"));
+}
+
+TEST(Score, ANodeSaturatedByOthersSlowsACommandThatComputesButNotAnIdleOne) {
+  TempDir dir("score-");
+  ASSERT_TRUE(test::write_synthetic_catalog(dir.path() + "/c.db", "cpu-contended"));
+  auto r = score_catalog(dir.path() + "/c.db", {}).value();
+  EXPECT_NEAR(*find(r, "host_cpu").value, 1.0, 1e-9);
+  EXPECT_TRUE(contains(r.verdict.sentence, "15% of them by the command's processes (other processes compete)"));
+  RunFacts idle = r.facts;
+  idle.process_cores = kCpuActiveCores / 2;  // the node is still saturated, by others only
+  EXPECT_EQ(judge(idle).verdict.kind, "idle");
 }
 
 TEST(Score, NvlinkAgainstTheModelsCapacityAndNetworkOnlyWhenGiven) {
