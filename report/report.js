@@ -47,8 +47,25 @@
   if ((score.not_judged || []).length) app.append(el("p", { class: "note" }, "Not judged: " + score.not_judged.join("; ")));
 
   // Timelines: one uPlot chart per metric, one line per GPU, node or rank.
-  let charts = 0;
+  // uPlot sizes and draws its canvas after construction; the first draw hook
+  // of each chart records the canvas size and how many sampled pixels it
+  // painted, and the last one marks the page as rendered.
+  let charts = 0, drawn = 0;
   const sizes = [];
+  function firstDraw(title) {
+    let done = false;
+    return (u) => {
+      if (done) return;
+      done = true;
+      const c = u.ctx.canvas;
+      const img = u.ctx.getImageData(0, 0, c.width, c.height).data;
+      let ink = 0;
+      for (let i = 3; i < img.length; i += 4 * 7) if (img[i] !== 0) ink++;
+      sizes.push(title.replace(/\s+/g, "_") + ":" + c.width + "x" + c.height + ":" + ink);
+      drawn += 1;
+      if (drawn === charts) finish();
+    };
+  }
   const width = Math.max(480, Math.min(760, (window.innerWidth || 1400) / 2 - 48));
   function chart(parent, title, seriesMap, unit, scale) {
     const labels = Object.keys(seriesMap || {}).sort((a, b) => a.localeCompare(b, undefined, { numeric: true }));
@@ -69,12 +86,10 @@
         value: (u, v) => (v == null ? "-" : v.toPrecision(3) + " " + unit) }))),
       axes: [{}, { label: unit, size: 60 }],
       legend: { show: labels.length <= 16 },
+      hooks: { draw: [firstDraw(title)] },
     };
-    const plot = new uPlot(opts, [xs].concat(cols), box);
     charts += 1;
-    const canvas = box.querySelector("canvas");
-    sizes.push(title + ":" + (canvas ? canvas.width + "x" + canvas.height : "0x0"));
-    return plot;
+    return new uPlot(opts, [xs].concat(cols), box);
   }
 
   const s = data.series || {};
@@ -132,6 +147,9 @@
   app.append(el("h2", {}, "Events"), other.length ? eventTable("events", other) : el("p", { class: "note" }, "No events."));
   if (data.events_truncated) app.append(el("p", { class: "note" }, "Only the first " + events.length + " events are listed."));
 
-  document.body.dataset.chartSizes = sizes.join(" ");
-  document.body.dataset.rendered = String(charts);
+  function finish() {
+    document.body.dataset.chartSizes = sizes.join(" ");
+    document.body.dataset.rendered = String(drawn);
+  }
+  if (charts === 0) finish();
 })();

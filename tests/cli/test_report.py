@@ -71,10 +71,13 @@ class ReportTest(unittest.TestCase):
                 attrs = dict(re.findall(r'data-([a-z-]+)="([^"]*)"', body.group(1)))
                 self.assertNotIn("errors", attrs)
                 self.assertEqual(attrs.get("rendered"), str(charts), attrs)
-                sizes = attrs["chart-sizes"]
-                for w, h in re.findall(r":(\d+)x(\d+)", sizes):
-                    self.assertGreater(int(w), 100, sizes)
-                    self.assertGreater(int(h), 100, sizes)
+                # Each chart's canvas, measured on its first draw: width x height : painted pixels.
+                sizes = re.findall(r"(\S+):(\d+)x(\d+):(\d+)", attrs["chart-sizes"])
+                self.assertEqual(len(sizes), charts, attrs["chart-sizes"])
+                for title, w, h, ink in sizes:
+                    self.assertGreater(int(w), 400, title)
+                    self.assertGreater(int(h), 150, title)
+                    self.assertGreater(int(ink), 500, title)
                 self.assertIn('id="heatmap"', r.stdout)
                 self.assertIn('id="scores"', r.stdout)
                 shot = os.path.join(OUT, "report-%s.png" % workload)
