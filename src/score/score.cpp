@@ -346,9 +346,11 @@ ScoreReport judge(const RunFacts& f) {
 
   // The verdict: the first rule that holds (docs/score.md).
   const auto v = [&](const Score& s) { return s.value.value_or(-1); };
-  const std::optional<RunFacts::GpuMetric>& busy_m = f.sm_util ? f.sm_util : f.gpu_util;
-  const double busy = busy_m ? busy_m->mean : -1;
-  const std::string busy_what = f.sm_util ? "SMs active" : "GPUs busy";
+  // GPUs are busy when SMs are active or, by NVML, a kernel runs most of the
+  // time: memory-bound kernels can hold few SMs yet keep the GPU occupied.
+  const double sm = f.sm_util ? f.sm_util->mean : -1, util = f.gpu_util ? f.gpu_util->mean : -1;
+  const double busy = std::max(sm, util);
+  const std::string busy_what = sm >= util ? "SMs active" : "a kernel running";
   const double comm_share = f.comm_s && f.comm_step_time_s > 0 ? *f.comm_s / f.comm_step_time_s : 0;
   Verdict& d = rep.verdict;
   if (v(input) >= kInputBoundShare && v(input) >= comm_share) {

@@ -138,6 +138,10 @@ TEST(Score, RulesAtTheThresholds) {
   EXPECT_EQ(judge(f).verdict.kind, "compute-bound");
   f.sm_util->mean = kGpuBusy - 0.01;
   EXPECT_EQ(judge(f).verdict.kind, "unsaturated");
+  f.gpu_util = metric(0.95);  // few SMs active, yet a kernel runs nearly all the time
+  EXPECT_EQ(judge(f).verdict.kind, "compute-bound");
+  EXPECT_TRUE(contains(judge(f).verdict.sentence, "a kernel running 95%"));
+  f.gpu_util.reset();
   f.steps = 10;
   f.step_time_s = f.data_wait_step_time_s = f.comm_step_time_s = 10;
   f.data_wait_s = 10 * kInputBoundShare;
