@@ -1,4 +1,5 @@
 // Python face of the data loader: datasets and loaders, samples as bytes; no logic beyond translation.
+#include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
 #include <fmt/format.h>
@@ -31,28 +32,64 @@ py::dict sample_dict(const Dataset::Sample& s) {
   return d;
 }
 
-// {"__key__": [key, ...], ext: [bytes, ...]}; a sample without some field
-// has None in that field's list, so every list lines up with the keys.
-py::dict batch_dict(const data::Batch& b) {
+// Keeps a batch's buffer alive for Python: memoryviews and arrays over it
+// hold a reference, and the buffer returns to the loader's pool when the last
+// one is gone.
+struct BufferOwner {
+  std::shared_ptr<data::BatchBuffer> buffer;
+};
+
+// {"__key__": [key, ...], ext: [value, ...]}; a sample without some field
+// has None in that field's list, so every list lines up with the keys. Values
+// are read-only memoryviews into the batch's buffer, or bytes with `copy`.
+py::dict sample_batch(data::Batch& b, bool copy) {
   py::dict d;
-  py::list keys;
+  const std::size_t n = b.keys.size();
+  py::list keys(n);
+  for (std::size_t i = 0; i < n; ++i) keys[i] = text(b.keys[i]);
   d["__key__"] = keys;
-  const std::size_t n = b.samples.size();
-  for (std::size_t i = 0; i < n; ++i) {
-    const auto& s = b.samples[i];
-    keys.append(text(s.key));
-    for (const auto& [ext, bytes] : s.fields) {
-      py::str e = text(ext);
-      py::list col;
-      if (d.contains(e)) {
-        col = d[e].cast<py::list>();
-      } else {
-        for (std::size_t k = 0; k < n; ++k) col.append(py::none());
-        d[e] = col;
-      }
-      col[i] = py::bytes(bytes);
-    }
+  std::vector<py::list> cols;
+  for (const auto& e : b.exts) {
+    py::list col(n);
+    for (std::size_t i = 0; i < n; ++i) col[i] = py::none();
+    d[text(e)] = col;
+    cols.push_back(col);
   }
+  py::object base;
+  if (!copy && !b.fields.empty()) {
+    py::object owner = py::cast(BufferOwner{b.buffer});
+    base = py::reinterpret_steal<py::object>(PyMemoryView_FromObject(owner.ptr()));
+    if (!base) throw py::error_already_set();
+  }
+  for (std::size_t i = 0; i < n; ++i)
+    for (std::size_t k = b.first_field[i]; k < b.first_field[i + 1]; ++k) {
+      const data::BatchField& f = b.fields[k];
+      PyObject* v = copy ? PyBytes_FromStringAndSize(reinterpret_cast<const char*>(b.buffer->data()) + f.offset, static_cast<Py_ssize_t>(f.size))
+                         : PySequence_GetSlice(base.ptr(), static_cast<Py_ssize_t>(f.offset), static_cast<Py_ssize_t>(f.offset + f.size));
+      if (!v) throw py::error_already_set();
+      cols[f.ext][i] = py::reinterpret_steal<py::object>(v);
+    }
+  return d;
+}
+
+template <class T>
+py::array_t<T> vector_array(std::vector<T>&& v) {
+  auto* owned = new std::vector<T>(std::move(v));
+  py::capsule free_it(owned, [](void* p) { delete static_cast<std::vector<T>*>(p); });
+  return py::array_t<T>({static_cast<py::ssize_t>(owned->size())}, owned->data(), free_it);
+}
+
+// {"tokens": int64 [rows, cols], "position_ids": int32 [rows, cols] (both
+// views of the batch's buffer), "cu_seqlens", "documents", "lengths"}.
+py::dict token_batch(data::Batch& b) {
+  py::object owner = py::cast(BufferOwner{b.buffer});
+  const auto rows = static_cast<py::ssize_t>(b.rows), cols = static_cast<py::ssize_t>(b.cols);
+  py::dict d;
+  d["tokens"] = py::array_t<std::int64_t>({rows, cols}, b.tokens(), owner);
+  d["position_ids"] = py::array_t<std::int32_t>({rows, cols}, b.position_ids(), owner);
+  d["cu_seqlens"] = vector_array(std::move(b.cu_seqlens));
+  d["documents"] = vector_array(std::move(b.documents));
+  d["lengths"] = vector_array(std::move(b.lengths));
   return d;
 }
 
@@ -66,22 +103,38 @@ std::shared_ptr<Dataset> open_list(const std::vector<std::string>& shards) {
   return unwrap(Dataset::open(shards));
 }
 
+data::LoaderOptions loader_options(const py::dict& kw) {
+  data::LoaderOptions o;
+  for (auto [k, v] : kw) {
+    const std::string key = py::cast<std::string>(k);
+    if (key == "batch_size") o.batch_size = py::cast<std::uint64_t>(v);
+    else if (key == "seed") o.seed = py::cast<std::uint64_t>(v);
+    else if (key == "rank") o.rank = py::cast<int>(v);
+    else if (key == "world_size") o.world_size = py::cast<int>(v);
+    else if (key == "shuffle") o.shuffle = py::cast<bool>(v);
+    else if (key == "drop_last") o.drop_last = py::cast<bool>(v);
+    else if (key == "threads") o.threads = py::cast<int>(v);
+    else if (key == "prefetch") o.prefetch_batches = py::cast<std::uint64_t>(v);
+    else if (key == "max_bytes") o.max_bytes = py::cast<std::uint64_t>(v);
+    else if (key == "skip_bad") o.skip_bad = py::cast<bool>(v);
+    else if (key == "pin_memory") o.pin_memory = py::cast<bool>(v);
+    else if (key == "seq_len") o.seq_len = py::cast<std::uint64_t>(v);
+    else if (key == "pack") o.pack = py::cast<bool>(v);
+    else if (key == "pack_window") o.pack_window = py::cast<std::uint64_t>(v);
+    else if (key == "bucket_window") o.bucket_window = py::cast<std::uint64_t>(v);
+    else if (key == "pad_id") o.pad_id = py::cast<std::int64_t>(v);
+    else throw Exception(Error{ErrorKind::kUsage, fmt::format("unknown loader option '{}'", key)});
+  }
+  return o;
+}
+
 class PyLoader {
  public:
-  PyLoader(std::shared_ptr<Dataset> ds, std::uint64_t batch_size, std::uint64_t seed, int rank, int world_size, bool shuffle,
-           bool drop_last, int threads, std::uint64_t prefetch, bool skip_bad, std::uint64_t max_bytes) {
-    data::LoaderOptions o;
-    o.batch_size = batch_size;
-    o.seed = seed;
-    o.rank = rank;
-    o.world_size = world_size;
-    o.shuffle = shuffle;
-    o.drop_last = drop_last;
-    o.threads = threads;
-    o.prefetch_batches = prefetch;
-    o.skip_bad = skip_bad;
-    o.max_bytes = max_bytes;
-    impl_ = unwrap(data::Loader::open(std::move(ds), o));
+  PyLoader(std::shared_ptr<Dataset> ds, const py::dict& options, bool copy) : copy_(copy) {
+    impl_ = unwrap(data::Loader::open(std::move(ds), loader_options(options)));
+  }
+  PyLoader(std::shared_ptr<TokenDataset> ds, const py::dict& options) {
+    impl_ = unwrap(data::Loader::open(std::move(ds), loader_options(options)));
   }
 
   // Reader threads may be inside a read: join them without holding the GIL.
@@ -92,7 +145,7 @@ class PyLoader {
   PyLoader(const PyLoader&) = delete;
   PyLoader& operator=(const PyLoader&) = delete;
 
-  // The next batch as a dict, or None at the end of the epoch.
+  // (batch dict, pinned) or None at the end of the epoch.
   py::object next() {
     std::optional<Expected<std::optional<data::Batch>>> r;
     {
@@ -100,9 +153,11 @@ class PyLoader {
       r.emplace(impl_->next());
     }
     if (!*r) throw Exception(r->error());
-    const auto& batch = **r;
+    auto& batch = **r;
     if (!batch) return py::none();
-    return batch_dict(*batch);
+    const bool pinned = batch->buffer && batch->buffer->pinned();
+    py::dict d = batch->rows ? token_batch(*batch) : sample_batch(*batch, copy_);
+    return py::make_tuple(d, pinned);
   }
 
   std::string state() const { return impl_->state().dump(); }
@@ -130,13 +185,21 @@ class PyLoader {
     d["skipped"] = s.skipped;
     d["queue_depth"] = s.queue_depth;
     d["elapsed_s"] = s.elapsed_s;
+    d["tokens"] = s.tokens;
+    d["padding"] = s.padding;
+    d["truncated"] = s.truncated;
+    d["padding_fraction"] = s.padding_fraction();
     return d;
   }
 
-  std::uint64_t batches_per_epoch() const { return impl_->batches_per_epoch(); }
+  std::uint64_t batches_per_epoch() const {
+    py::gil_scoped_release nogil;  // a packed epoch's plan may be computed here
+    return impl_->batches_per_epoch();
+  }
 
  private:
   std::unique_ptr<data::Loader> impl_;
+  bool copy_ = false;
 };
 
 }  // namespace
@@ -175,10 +238,15 @@ void register_data(py::module_& m) {
   m.def("_open_dataset", &open_spec, py::arg("spec"));
   m.def("_open_dataset", &open_list, py::arg("shards"));
 
+  py::class_<BufferOwner>(m, "_BatchBuffer", py::buffer_protocol(), "A batch's bytes; views into it keep it alive")
+      .def_buffer([](BufferOwner& o) {
+        return py::buffer_info(o.buffer->data(), 1, py::format_descriptor<unsigned char>::format(), 1,
+                               {static_cast<py::ssize_t>(o.buffer->size())}, {1}, /*readonly=*/true);
+      });
+
   py::class_<PyLoader>(m, "_Loader")
-      .def(py::init<std::shared_ptr<Dataset>, std::uint64_t, std::uint64_t, int, int, bool, bool, int, std::uint64_t, bool, std::uint64_t>(),
-           py::arg("dataset"), py::arg("batch_size"), py::arg("seed"), py::arg("rank"), py::arg("world_size"), py::arg("shuffle"),
-           py::arg("drop_last"), py::arg("threads"), py::arg("prefetch"), py::arg("skip_bad"), py::arg("max_bytes"))
+      .def(py::init<std::shared_ptr<Dataset>, const py::dict&, bool>(), py::arg("dataset"), py::arg("options"), py::arg("copy"))
+      .def(py::init<std::shared_ptr<TokenDataset>, const py::dict&>(), py::arg("dataset"), py::arg("options"))
       .def("next", &PyLoader::next)
       .def("state", &PyLoader::state)
       .def("load_state", &PyLoader::load_state, py::arg("state"))

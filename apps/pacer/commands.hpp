@@ -13,6 +13,7 @@ using Handler = std::function<int()>;
 Handler register_vet(CLI::App& app);
 Handler register_ckpt(CLI::App& app);
 Handler register_shard(CLI::App& app);
+Handler register_plan(CLI::App& app);
 Handler register_monitor(CLI::App& app);
 Handler register_query(CLI::App& app);
 Handler register_catalog(CLI::App& app);

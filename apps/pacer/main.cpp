@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   add(pacer::cli::register_vet(app));
   add(pacer::cli::register_ckpt(app));
   add(pacer::cli::register_shard(app));
+  add(pacer::cli::register_plan(app));
   add(pacer::cli::register_monitor(app));
   add(pacer::cli::register_query(app));
   add(pacer::cli::register_catalog(app));

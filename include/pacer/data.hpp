@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "pacer/core/error.hpp"
+#include "pacer/core/host_buffer.hpp"
 
 namespace pacer::data {
 
@@ -73,6 +74,8 @@ Expected<ShardIndex> load_or_build_index(const std::string& shard, bool header_o
 // paths, in order. A spec naming a .json file is read as a pack manifest.
 Expected<std::vector<std::string>> expand_shard_spec(const std::string& spec);
 
+class BatchBuffer;
+
 // An opened set of shards: samples are numbered 0..size()-1 across shards in
 // shard order. Thread-safe for reads.
 class Dataset {
@@ -91,10 +94,16 @@ class Dataset {
   };
   // Reads global sample i. Blocks on I/O; safe from several threads.
   Expected<Sample> read(std::uint64_t i) const;
+  // Appends sample i's bytes to `buf` with one read (a sample's members are
+  // consecutive in its shard, so one span holds them and the headers between)
+  // and returns its key and fields, their offsets now into `buf`.
+  Expected<SampleEntry> read_into(std::uint64_t i, BatchBuffer& buf) const;
 
   struct Impl;
 
  private:
+  struct Located;
+  Expected<Located> locate(std::uint64_t i) const;
   Dataset() = default;
   std::vector<std::string> shards_;
   std::vector<std::uint64_t> counts_;
@@ -134,6 +143,11 @@ class TokenDataset {
   Expected<std::vector<std::int64_t>> read(std::uint64_t seq) const;
   // Sequences [first, last) of document d.
   std::pair<std::uint64_t, std::uint64_t> document(std::uint64_t d) const;
+  // Tokens in document d (the sum of its sequences' lengths).
+  std::uint64_t document_tokens(std::uint64_t d) const;
+  // Copies tokens [offset, offset + count) of document d, widened to int64,
+  // to `out`. Float datasets and ranges past the document are refused.
+  Status copy_tokens(std::uint64_t d, std::uint64_t offset, std::uint64_t count, std::int64_t* out) const;
 
  private:
   TokenDataset() = default;
@@ -162,6 +176,26 @@ struct PackStats {
   std::uint64_t padding = 0;       // pad tokens
   double padding_fraction() const { return sequences ? double(padding) / double(padding + tokens) : 0; }
 };
+
+// Where packing puts each piece of each document, without reading tokens:
+// row r is pieces[first_piece[r] .. first_piece[r+1]), laid end to end.
+struct PackPiece {
+  std::uint64_t document = 0;
+  std::uint64_t offset = 0;  // first token of the piece within its document
+  std::uint64_t length = 0;
+};
+struct PackPlan {
+  std::uint64_t seq_len = 0;
+  std::vector<PackPiece> pieces;
+  std::vector<std::uint64_t> first_piece{0};  // rows + 1 entries
+  PackStats stats;
+  std::uint64_t rows() const { return first_piece.size() - 1; }
+};
+
+// Plans the packing pack_documents performs (same rows, same order) from
+// document lengths alone; O(pieces log rows-per-window).
+Expected<PackPlan> plan_packing(const TokenDataset& ds, const std::vector<std::uint64_t>& order, std::uint64_t seq_len,
+                                std::uint64_t window);
 
 // Packs the documents of `order` (document ids, e.g. a shuffled epoch) into
 // sequences of seq_len tokens: within each window of `window` documents,
@@ -262,48 +296,146 @@ struct LoaderOptions {
   std::uint64_t max_bytes = 512ull << 20; // bound on bytes held in prefetched batches
   bool skip_bad = false;                  // skip unreadable samples (counted) instead of failing
   bool loop = false;                      // start the next epoch instead of ending
+  bool pin_memory = false;                // page-lock batch buffers for device copies (when CUDA is present)
+
+  // Token datasets only (ignored for tar shards):
+  std::uint64_t seq_len = 0;        // row length: packed rows are exactly this long; unpacked rows are cut to it (0: no cut)
+  bool pack = false;                // pack documents into seq_len-token rows (best-fit decreasing within pack_window)
+  std::uint64_t pack_window = 1000; // documents per packing window
+  std::uint64_t bucket_window = 0;  // unpacked: sort documents by length within windows of this many global batches (0: off)
+  std::int64_t pad_id = 0;
 };
 
+// Host memory a batch's bytes live in. It grows by doubling and keeps its
+// pages when reused, so a loader in its steady state neither allocates nor
+// faults pages; with `pin` it is page-locked (cudaHostRegister) when a CUDA
+// runtime and GPU are present, so device copies from it can run
+// asynchronously. Not thread-safe; one batch at a time owns it.
+class BatchBuffer {
+ public:
+  explicit BatchBuffer(bool pin = false) : pin_(pin) {}
+  ~BatchBuffer();
+  BatchBuffer(const BatchBuffer&) = delete;
+  BatchBuffer& operator=(const BatchBuffer&) = delete;
+
+  unsigned char* data() { return mem_.data(); }
+  const unsigned char* data() const { return mem_.data(); }
+  std::size_t size() const { return size_; }
+  bool pinned() const { return pinned_; }
+  void clear() { size_ = 0; }
+  // Drops everything from byte n on (n <= size()).
+  void truncate(std::size_t n) { size_ = n < size_ ? n : size_; }
+  // Makes room for n more bytes (8-byte aligned start) and returns their
+  // offset; earlier pointers into the buffer are invalidated by growth.
+  std::size_t append(std::size_t n);
+
+ private:
+  void reserve(std::size_t bytes);
+  HostBuffer mem_;
+  std::size_t size_ = 0;
+  bool pin_ = false;
+  bool pinned_ = false;
+};
+
+// A field of a sample in a batch: its extension (an index into Batch::exts)
+// and where its bytes are in the batch's buffer.
+struct BatchField {
+  std::uint32_t ext = 0;
+  std::uint64_t offset = 0;
+  std::uint64_t size = 0;
+};
+
+// One batch, its bytes in one buffer. Tar-shard loaders fill keys/exts/
+// fields; token loaders fill the row fields. The buffer goes back to the
+// loader's pool when the last Batch (or copy of the shared_ptr) holding it
+// is gone.
 struct Batch {
   std::uint64_t epoch = 0;
   std::uint64_t global_batch = 0;
-  std::vector<Dataset::Sample> samples;
+  std::shared_ptr<BatchBuffer> buffer;
+
+  // Tar samples: sample i has fields[first_field[i] .. first_field[i+1]).
+  std::vector<std::string> keys;
+  std::vector<std::string> exts;            // distinct extensions, in order of first appearance
+  std::vector<std::size_t> first_field{0};  // keys.size() + 1 entries
+  std::vector<BatchField> fields;
+
+  // Token rows: `rows` x `cols` int64 tokens and int32 position ids in the
+  // buffer, row-major. Segments are the pieces of documents laid in the rows
+  // plus each row's padded tail: cu_seqlens (segments + 1 entries, over the
+  // flattened rows, ending at rows*cols) bounds them; documents[k] is segment
+  // k's document, -1 for padding. Position ids restart at 0 in every segment.
+  std::uint64_t rows = 0;
+  std::uint64_t cols = 0;
+  std::size_t tokens_offset = 0;
+  std::size_t positions_offset = 0;
+  std::vector<std::int32_t> cu_seqlens;
+  std::vector<std::int64_t> documents;
+  std::vector<std::int64_t> lengths;  // real tokens per row
+  std::uint64_t padding = 0;          // pad tokens in the batch
+  std::uint64_t truncated = 0;        // tokens cut from documents longer than seq_len (unpacked)
+
+  // Samples (tar) or rows (tokens).
+  std::size_t size() const { return rows ? rows : keys.size(); }
+  std::string_view bytes(const BatchField& f) const {
+    return {reinterpret_cast<const char*>(buffer->data()) + f.offset, f.size};
+  }
+  // Sample i with its bytes copied out.
+  Dataset::Sample sample(std::size_t i) const;
+  const std::int64_t* tokens() const { return reinterpret_cast<const std::int64_t*>(buffer->data() + tokens_offset); }
+  const std::int32_t* position_ids() const { return reinterpret_cast<const std::int32_t*>(buffer->data() + positions_offset); }
 };
 
 struct LoaderStats {
   std::uint64_t batches = 0;
-  std::uint64_t samples = 0;
-  std::uint64_t bytes = 0;
+  std::uint64_t samples = 0;      // tar samples, or token rows
+  std::uint64_t bytes = 0;        // payload bytes delivered (token rows: 8 per token, padding included)
   std::uint64_t skipped = 0;
+  std::uint64_t tokens = 0;       // token loaders: real tokens delivered
+  std::uint64_t padding = 0;      // token loaders: pad tokens delivered
+  std::uint64_t truncated = 0;    // token loaders: tokens cut by seq_len
   double wait_s = 0;        // time the consumer waited for data, total
   double last_wait_s = 0;   // for the last batch
   double elapsed_s = 0;     // since the first next()
   std::uint64_t queue_depth = 0;  // batches ready when the last one was taken
+  double padding_fraction() const { return tokens + padding ? double(padding) / double(tokens + padding) : 0; }
 };
 
 // Reads batches for one rank in the order the Permutation and Partition give,
 // with reader threads ahead of the consumer. next() blocks; the loader is
 // used from one consumer thread. state() is a few integers from which a new
 // loader (any world size with the same global batch) continues exactly.
+//
+// Over a TokenDataset the items are documents: without `pack` each row is a
+// document (cut to seq_len when seq_len > 0, rows padded to the longest in
+// the batch), optionally bucketed by length; with `pack` the epoch's shuffled
+// documents are packed into seq_len-token rows (plan_packing) and the rows are
+// what the ranks share. Either way the order depends only on (seed, epoch).
 class Loader {
  public:
   static Expected<std::unique_ptr<Loader>> open(std::shared_ptr<Dataset> ds, LoaderOptions options);
+  static Expected<std::unique_ptr<Loader>> open(std::shared_ptr<TokenDataset> ds, LoaderOptions options);
   ~Loader();
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;
 
   // The next batch, or nothing at the end of the epoch (unless `loop`).
   Expected<std::optional<Batch>> next();
-  nlohmann::json state() const;      // {"seed", "epoch", "position", "global_batch"}
+  // {"schema", "seed", "epoch", "position", "global_batch", "samples", "order"}
+  nlohmann::json state() const;
   Status load_state(const nlohmann::json& state);
   // Starts epoch `epoch` from its beginning.
   void set_epoch(std::uint64_t epoch);
   LoaderStats stats() const;
+  // Global batches in the current epoch (packed token loaders: the number
+  // of rows differs from epoch to epoch).
   std::uint64_t batches_per_epoch() const;
 
   struct Impl;
+  struct Source;
 
  private:
+  static Expected<std::unique_ptr<Loader>> start(std::unique_ptr<Source> src, LoaderOptions options);
   explicit Loader(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

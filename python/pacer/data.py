@@ -142,21 +142,51 @@ def open(spec):  # noqa: A001 - the module's front door, as in tarfile.open
 class Loader:
     """Batches of one rank, read ahead by `threads` reader threads, `prefetch` batches deep.
 
-    Each batch is a dict {"__key__": [keys], ext: [values]}; fields whose
-    extension is "npy" are decoded to numpy arrays, everything else (json
-    included) stays bytes. A sample that lacks a field has None there.
+    Over tar shards each batch is a dict {"__key__": [keys], ext: [values]}.
+    Values are read-only memoryviews into the batch's buffer (no copy; bytes(v)
+    or v.tobytes() copies, np.frombuffer(v) and torch.frombuffer(v) view it),
+    or bytes with copy=True; fields whose extension is "npy" are decoded to
+    numpy arrays (decode=True). A sample that lacks a field has None there.
+    The buffer is reused once no value or array of the batch is referenced.
+
+    Over a Megatron dataset (TokenDataset) each batch is a dict of numpy arrays:
+    "tokens" int64 [rows, cols], "position_ids" int32 [rows, cols] (restarting
+    at 0 in every segment), "cu_seqlens" int32 (segment boundaries over the
+    flattened rows; a row's padded tail is a segment of its own), "documents"
+    int64 (each segment's document, -1 for padding) and "lengths" (real tokens
+    per row). With pack=True documents are packed into seq_len-token rows
+    (best-fit decreasing within pack_window documents); otherwise each row is
+    one document, cut to seq_len when it is set, and bucket_window=K sorts
+    documents by length within windows of K global batches to cut padding.
+    With pin_memory the buffers are page-locked (when CUDA is present), and
+    device="cuda" returns torch tensors copied there asynchronously.
+
     len(loader) is the number of batches per epoch. With skip_bad, samples
     that cannot be read are skipped and counted in stats()["skipped"].
     """
 
     def __init__(self, dataset, batch_size=32, seed=0, rank=0, world_size=1, shuffle=True, drop_last=False, threads=2,
-                 prefetch=4, skip_bad=False, decode=True, max_bytes=512 << 20):
-        if not isinstance(dataset, Dataset):
+                 prefetch=4, skip_bad=False, decode=True, max_bytes=512 << 20, copy=False, seq_len=None, pack=False,
+                 pack_window=1000, bucket_window=0, pad_id=0, pin_memory=False, device=None):
+        if not isinstance(dataset, (Dataset, TokenDataset)):
             dataset = open(dataset)
         self.dataset = dataset
         self.decode = decode
-        self._impl = _Loader(dataset._impl, batch_size, seed, rank, world_size, shuffle, drop_last, threads, prefetch,
-                             skip_bad, max_bytes)
+        options = dict(batch_size=batch_size, seed=seed, rank=rank, world_size=world_size, shuffle=shuffle,
+                       drop_last=drop_last, threads=threads, prefetch=prefetch, max_bytes=max_bytes, skip_bad=skip_bad,
+                       pin_memory=bool(pin_memory or device is not None))
+        if isinstance(dataset, TokenDataset):
+            options.update(seq_len=seq_len or 0, pack=pack, pack_window=pack_window, bucket_window=bucket_window,
+                           pad_id=pad_id)
+            self._impl = _Loader(dataset._impl, options)
+        else:
+            if pack or seq_len or bucket_window:
+                raise ValueError("seq_len, pack and bucket_window are for token datasets (a Megatron PREFIX)")
+            if device is not None:
+                raise ValueError("device= moves token batches; samples from tar shards are bytes")
+            self._impl = _Loader(dataset._impl, options, bool(copy))
+        self.device = device
+        self._in_flight = []  # (event, host batch) until the device copy is done
         self._finished = False  # the current epoch was read to its end
 
     def __len__(self):
@@ -175,8 +205,8 @@ class Loader:
             self._start_next_epoch()
         yielded = False
         while True:
-            batch = self._impl.next()  # releases the GIL while it waits
-            if batch is None:
+            item = self._impl.next()  # releases the GIL while it waits
+            if item is None:
                 # A state saved at the very end of an epoch: nothing is left of
                 # it, so this loop reads the next one.
                 if not yielded and not advanced and len(self) > 0:
@@ -186,7 +216,11 @@ class Loader:
                 self._finished = True
                 return
             yielded = True
-            yield self._decode(batch)
+            batch, pinned = item
+            if self.device is not None:
+                yield self._to_device(batch, pinned)
+            else:
+                yield self._decode(batch)
 
     def _decode(self, batch):
         if self.decode:
@@ -194,6 +228,21 @@ class Loader:
                 if ext != "__key__" and _is_npy(ext):
                     batch[ext] = [None if v is None else _decode_npy(v) for v in values]
         return batch
+
+    def _to_device(self, batch, pinned):
+        import torch
+
+        device = torch.device(self.device)
+        out = {k: torch.from_numpy(v).to(device, non_blocking=pinned) for k, v in batch.items()}
+        if pinned and device.type == "cuda":
+            # The host buffer goes back to the pool when `batch` is dropped: keep
+            # it until the copy has run, so a reader cannot overwrite it mid-copy.
+            event = torch.cuda.Event()
+            event.record()
+            self._in_flight.append((event, batch))
+            while self._in_flight and (len(self._in_flight) > 8 or self._in_flight[0][0].query()):
+                self._in_flight.pop(0)[0].synchronize()
+        return out
 
     @property
     def epoch(self):
@@ -205,7 +254,7 @@ class Loader:
         self._finished = False
 
     def state_dict(self):
-        """{"schema", "seed", "epoch", "position", "global_batch", "samples"}: where the next batch starts."""
+        """{"schema", "seed", "epoch", "position", "global_batch", "samples", "order"}: where the next batch starts."""
         return json.loads(self._impl.state())
 
     def load_state_dict(self, state):
@@ -213,8 +262,9 @@ class Loader:
         self._finished = False
 
     def stats(self):
-        """wait_s, last_wait_s, batches, samples, bytes, skipped, queue_depth, elapsed_s."""
+        """wait_s, last_wait_s, batches, samples, bytes, skipped, queue_depth, elapsed_s; token loaders also
+        count tokens, padding, truncated and padding_fraction (pad tokens / all tokens delivered)."""
         return self._impl.stats()
 
     def __repr__(self):
-        return f"<pacer.data.Loader: {len(self)} batches per epoch over {len(self.dataset)} samples>"
+        return f"<pacer.data.Loader: {len(self)} batches per epoch over {len(self.dataset)} items>"

@@ -33,14 +33,14 @@ Error bad(std::string_view what, std::string_view text, std::string_view hint) {
 Expected<double> parse_duration(std::string_view text) {
   double n = 0;
   std::string_view suffix;
-  if (!split_number(text, n, suffix)) return bad("duration", text, "expected a number with an optional unit (ms, s, m, h)");
+  if (!split_number(text, n, suffix)) return bad("duration", text, "expected a number with an optional unit (ms, s, m, h, d)");
   if (n < 0) return bad("duration", text, "must not be negative");
   static const std::pair<std::string_view, double> kUnits[] = {
-      {"", 1}, {"us", 1e-6}, {"ms", 1e-3}, {"s", 1}, {"sec", 1}, {"m", 60}, {"min", 60}, {"h", 3600}};
+      {"", 1}, {"us", 1e-6}, {"ms", 1e-3}, {"s", 1}, {"sec", 1}, {"m", 60}, {"min", 60}, {"h", 3600}, {"d", 86400}};
   for (const auto& [name, scale] : kUnits) {
     if (suffix == name) return n * scale;
   }
-  return bad("duration", text, "unknown unit (use us, ms, s, m or h)");
+  return bad("duration", text, "unknown unit (use us, ms, s, m, h or d)");
 }
 
 Expected<std::uint64_t> parse_size(std::string_view text) {
@@ -75,6 +75,9 @@ std::string format_bytes(double bytes) {
 }
 
 std::string format_duration(double seconds) {
+  // Checkpoint intervals, MTBFs and campaigns run to hours and days; seconds stay below an hour.
+  if (seconds >= 2 * 86400.0) return fmt::format("{} d", format_number(seconds / 86400));
+  if (seconds >= 3600.0) return fmt::format("{} h", format_number(seconds / 3600));
   if (seconds >= 1.0) return fmt::format("{} s", format_number(seconds));
   if (seconds >= 1e-3) return fmt::format("{} ms", format_number(seconds * 1e3));
   return fmt::format("{} us", format_number(seconds * 1e6));

@@ -126,6 +126,9 @@ struct Dataset::Impl {
     std::mutex mu;
     std::shared_ptr<const std::vector<SampleEntry>> entries;
     std::shared_ptr<const Fd> file;
+    // Its place in the LRU list of open shards (guarded by lru_mu).
+    std::list<std::size_t>::iterator lru_pos;
+    bool in_lru = false;
   };
   std::vector<std::unique_ptr<Shard>> shards;
   // Open descriptors are bounded: thousands of shards must not exhaust the
@@ -161,12 +164,20 @@ Expected<std::shared_ptr<Dataset>> Dataset::open(const std::vector<std::string>&
   return ds;
 }
 
-Expected<Dataset::Sample> Dataset::read(std::uint64_t i) const {
-  if (i >= total_) return Error{ErrorKind::kUsage, fmt::format("sample {} of a {}-sample dataset", i, total_)};
-  const std::size_t s = static_cast<std::size_t>(std::upper_bound(starts_.begin(), starts_.end(), i) - starts_.begin() - 1);
-  Impl::Shard& sh = *impl_->shards[s];
-  std::shared_ptr<const std::vector<SampleEntry>> entries;
+// Finds sample i's index entry and an open descriptor for its shard.
+struct Dataset::Located {
+  std::size_t shard = 0;
+  std::shared_ptr<const std::vector<SampleEntry>> entries;  // keeps `entry` alive
+  const SampleEntry* entry = nullptr;
   std::shared_ptr<const Impl::Fd> file;
+};
+
+Expected<Dataset::Located> Dataset::locate(std::uint64_t i) const {
+  if (i >= total_) return Error{ErrorKind::kUsage, fmt::format("sample {} of a {}-sample dataset", i, total_)};
+  Located loc;
+  const std::size_t s = static_cast<std::size_t>(std::upper_bound(starts_.begin(), starts_.end(), i) - starts_.begin() - 1);
+  loc.shard = s;
+  Impl::Shard& sh = *impl_->shards[s];
   {
     std::lock_guard g(sh.mu);
     if (!sh.entries) {
@@ -180,42 +191,75 @@ Expected<Dataset::Sample> Dataset::read(std::uint64_t i) const {
       ::posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);
       sh.file = std::make_shared<const Impl::Fd>(fd);
     }
-    entries = sh.entries;
-    file = sh.file;
+    loc.entries = sh.entries;
+    loc.file = sh.file;
   }
-  const int fd = file->fd;
   {
-    // Close the least recently opened shards beyond the bound.
+    // Close the least recently used shards beyond the bound.
     std::lock_guard g(impl_->lru_mu);
     auto& lru = impl_->lru;
-    auto it = std::find(lru.begin(), lru.end(), s);
-    if (it != lru.end()) lru.erase(it);
-    lru.push_front(s);
+    if (sh.in_lru) lru.splice(lru.begin(), lru, sh.lru_pos);
+    else {
+      lru.push_front(s);
+      sh.lru_pos = lru.begin();
+      sh.in_lru = true;
+    }
     while (lru.size() > impl_->max_open) {
       Impl::Shard& old = *impl_->shards[lru.back()];
       lru.pop_back();
+      old.in_lru = false;
       std::lock_guard g2(old.mu);
       if (&old != &sh) old.file.reset();
     }
   }
   const std::uint64_t local = i - starts_[s];
-  if (local >= entries->size()) return Error{ErrorKind::kConfig, fmt::format("{}: index has {} samples, asked for {}", shards_[s], entries->size(), local)};
-  const SampleEntry& e = (*entries)[local];
-  Sample out;
-  out.key = e.key;
-  for (const auto& f : e.fields) {
-    std::string bytes(f.size, '\0');
-    std::uint64_t done = 0;
-    while (done < f.size) {
-      const ssize_t n = ::pread(fd, bytes.data() + done, f.size - done, static_cast<off_t>(f.offset + done));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0)
-        return Error{ErrorKind::kIo, fmt::format("{}: offset {}: cannot read sample '{}' field '{}': {}", shards_[s], f.offset + done, e.key,
-                                                 f.ext, n < 0 ? std::strerror(errno) : "unexpected end of file (truncated shard?)")};
-      done += static_cast<std::uint64_t>(n);
-    }
-    out.fields.emplace_back(f.ext, std::move(bytes));
+  if (local >= loc.entries->size())
+    return Error{ErrorKind::kConfig, fmt::format("{}: index has {} samples, asked for {}", shards_[s], loc.entries->size(), local)};
+  loc.entry = &(*loc.entries)[local];
+  return loc;
+}
+
+namespace {
+// Reads exactly n bytes at `offset`; a short read is a truncated shard.
+Status pread_all(int fd, unsigned char* dst, std::uint64_t n, std::uint64_t offset, const std::string& shard, const std::string& key) {
+  std::uint64_t done = 0;
+  while (done < n) {
+    const ssize_t r = ::pread(fd, dst + done, n - done, static_cast<off_t>(offset + done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0)
+      return Error{ErrorKind::kIo, fmt::format("{}: offset {}: cannot read sample '{}': {}", shard, offset + done, key,
+                                               r < 0 ? std::strerror(errno) : "unexpected end of file (truncated shard?)")};
+    done += static_cast<std::uint64_t>(r);
   }
+  return {};
+}
+}  // namespace
+
+Expected<Dataset::Sample> Dataset::read(std::uint64_t i) const {
+  BatchBuffer buf;
+  auto e = read_into(i, buf);
+  if (!e) return e.error();
+  Sample out;
+  out.key = e->key;
+  for (const auto& f : e->fields) out.fields.emplace_back(f.ext, std::string(reinterpret_cast<const char*>(buf.data()) + f.offset, f.size));
+  return out;
+}
+
+Expected<SampleEntry> Dataset::read_into(std::uint64_t i, BatchBuffer& buf) const {
+  auto loc = locate(i);
+  if (!loc) return loc.error();
+  const SampleEntry& e = *loc->entry;
+  SampleEntry out;
+  out.key = e.key;
+  if (e.fields.empty()) return out;
+  std::uint64_t lo = e.fields.front().offset, hi = 0;
+  for (const auto& f : e.fields) {
+    lo = std::min(lo, f.offset);
+    hi = std::max(hi, f.offset + f.size);
+  }
+  const std::size_t base = buf.append(hi - lo);
+  if (Status st = pread_all(loc->file->fd, buf.data() + base, hi - lo, lo, shards_[loc->shard], e.key); !st) return st.error();
+  for (const auto& f : e.fields) out.fields.push_back({f.ext, base + (f.offset - lo), f.size});
   return out;
 }
 

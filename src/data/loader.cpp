@@ -1,20 +1,286 @@
 // The loader: ordered prefetch of one rank's batches by reader threads, bounded in batches and bytes.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
+#include <map>
 #include <mutex>
+#include <limits>
 #include <thread>
 
+#include "pacer/core/host_buffer.hpp"
 #include "pacer/data.hpp"
+#include "pacer/hw/cuda_host.hpp"
 
 namespace pacer::data {
 
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
+// ---------------------------------------------------------------------------
+// BatchBuffer
+
+BatchBuffer::~BatchBuffer() {
+  if (pinned_) hw::unpin_host_memory(mem_.data());
+}
+
+void BatchBuffer::reserve(std::size_t bytes) {
+  if (bytes <= mem_.size()) return;
+  std::size_t cap = std::max<std::size_t>(mem_.size(), 1u << 20);
+  while (cap < bytes) cap *= 2;
+  HostBuffer fresh(cap);
+  if (size_) std::memcpy(fresh.data(), mem_.data(), size_);
+  if (pinned_) hw::unpin_host_memory(mem_.data());
+  mem_ = std::move(fresh);
+  pinned_ = pin_ && hw::pin_host_memory(mem_.data(), mem_.size());
+}
+
+std::size_t BatchBuffer::append(std::size_t n) {
+  const std::size_t at = (size_ + 7) & ~std::size_t{7};
+  reserve(at + n);
+  size_ = at + n;
+  return at;
+}
+
+Dataset::Sample Batch::sample(std::size_t i) const {
+  Dataset::Sample s;
+  s.key = keys.at(i);
+  for (std::size_t k = first_field.at(i); k < first_field.at(i + 1); ++k) s.fields.emplace_back(exts[fields[k].ext], std::string(bytes(fields[k])));
+  return s;
+}
+
 namespace {
+
+// Buffers come back here when the last Batch holding one lets go, so the
+// steady state reuses memory whose pages are already mapped (and pinned).
+class BufferPool : public std::enable_shared_from_this<BufferPool> {
+ public:
+  explicit BufferPool(bool pin) : pin_(pin) {}
+  std::shared_ptr<BatchBuffer> acquire() {
+    BatchBuffer* b = nullptr;
+    {
+      std::lock_guard g(mu_);
+      if (!free_.empty()) {
+        b = free_.back().release();
+        free_.pop_back();
+      }
+    }
+    if (!b) b = new BatchBuffer(pin_);
+    b->clear();
+    std::weak_ptr<BufferPool> pool = weak_from_this();
+    return std::shared_ptr<BatchBuffer>(b, [pool](BatchBuffer* p) {
+      if (auto live = pool.lock()) live->give_back(p);
+      else delete p;
+    });
+  }
+
+ private:
+  void give_back(BatchBuffer* b) {
+    std::lock_guard g(mu_);
+    // Enough for the prefetch window and a few batches in the caller's hands;
+    // beyond that memory is returned to the system.
+    if (free_.size() < 16) free_.emplace_back(b);
+    else delete b;
+  }
+  bool pin_;
+  std::mutex mu_;
+  std::vector<std::unique_ptr<BatchBuffer>> free_;
+};
+
+}  // namespace
+
+// What a loader reads: an epoch is a sequence of positions, each an item
+// (a sample, a document or a packed row) that `fill` reads into a batch.
+struct Loader::Source {
+  virtual ~Source() = default;
+  // Items the dataset holds (what a saved state is checked against).
+  virtual std::uint64_t items() const = 0;
+  // How positions map to items: part of the state, checked on load.
+  virtual std::string order() const = 0;
+  // Positions in epoch `epoch`.
+  virtual std::uint64_t epoch_size(std::uint64_t seed, std::uint64_t epoch) = 0;
+  // Reads positions [lo, hi) of the epoch into b (its buffer already set);
+  // `bytes` gets the payload, `skipped` what skip_bad dropped.
+  virtual Status fill(std::uint64_t seed, std::uint64_t epoch, std::uint64_t lo, std::uint64_t hi, Batch& b, std::uint64_t& bytes,
+                      std::uint64_t& skipped) = 0;
+};
+
+namespace {
+
+class SampleSource : public Loader::Source {
+ public:
+  SampleSource(std::shared_ptr<Dataset> ds, const LoaderOptions& o) : ds_(std::move(ds)), shuffle_(o.shuffle), skip_bad_(o.skip_bad) {}
+  std::uint64_t items() const override { return ds_->size(); }
+  std::string order() const override { return shuffle_ ? "samples" : "samples in order"; }
+  std::uint64_t epoch_size(std::uint64_t, std::uint64_t) override { return ds_->size(); }
+
+  Status fill(std::uint64_t seed, std::uint64_t epoch, std::uint64_t lo, std::uint64_t hi, Batch& b, std::uint64_t& bytes,
+              std::uint64_t& skipped) override {
+    const Permutation perm(ds_->size(), seed, epoch);
+    b.keys.reserve(hi - lo);
+    b.first_field.reserve(hi - lo + 1);
+    for (std::uint64_t pos = lo; pos < hi; ++pos) {
+      const std::uint64_t idx = shuffle_ ? perm(pos) : pos;
+      const std::size_t mark = b.buffer->size();
+      auto e = ds_->read_into(idx, *b.buffer);
+      if (!e) {
+        if (skip_bad_) {
+          ++skipped;
+          b.buffer->truncate(mark);  // drop the partial read, keep what came before
+          continue;
+        }
+        return e.error();
+      }
+      b.keys.push_back(std::move(e->key));
+      for (auto& f : e->fields) {
+        std::uint32_t x = 0;
+        while (x < b.exts.size() && b.exts[x] != f.ext) ++x;
+        if (x == b.exts.size()) b.exts.push_back(f.ext);
+        b.fields.push_back({x, f.offset, f.size});
+        bytes += f.size;
+      }
+      b.first_field.push_back(b.fields.size());
+    }
+    return {};
+  }
+
+ private:
+  std::shared_ptr<Dataset> ds_;
+  bool shuffle_;
+  bool skip_bad_;
+};
+
+// Token data: documents, shuffled per epoch, either one per row (cut to
+// seq_len, optionally bucketed by length) or packed into seq_len-token rows.
+// An epoch's order is materialized once (8 bytes per document, plus the
+// packing plan), as Megatron's sample index is, and kept for two epochs so
+// prefetching across an epoch boundary does not recompute it.
+class TokenSource : public Loader::Source {
+ public:
+  TokenSource(std::shared_ptr<TokenDataset> ds, const LoaderOptions& o) : ds_(std::move(ds)), o_(o) {}
+  std::uint64_t items() const override { return ds_->documents(); }
+  std::string order() const override {
+    const char* sh = o_.shuffle ? "" : " in order";
+    if (o_.pack) return fmt::format("packed seq_len={} window={}{}", o_.seq_len, o_.pack_window, sh);
+    if (o_.bucket_window) return fmt::format("documents bucketed window={} seq_len={}{}", o_.bucket_window, o_.seq_len, sh);
+    return fmt::format("documents seq_len={}{}", o_.seq_len, sh);
+  }
+  std::uint64_t epoch_size(std::uint64_t seed, std::uint64_t epoch) override {
+    auto p = plan(seed, epoch);
+    return o_.pack ? p->packing.rows() : p->docs.size();
+  }
+
+  Status fill(std::uint64_t seed, std::uint64_t epoch, std::uint64_t lo, std::uint64_t hi, Batch& b, std::uint64_t& bytes,
+              std::uint64_t&) override {
+    auto p = plan(seed, epoch);
+    const std::uint64_t rows = hi - lo;
+    std::uint64_t cols = o_.seq_len;
+    if (!o_.pack) {
+      std::uint64_t longest = 0;
+      for (std::uint64_t pos = lo; pos < hi; ++pos) longest = std::max(longest, ds_->document_tokens(p->docs[pos]));
+      cols = o_.seq_len ? std::min(o_.seq_len, longest) : longest;
+    }
+    b.rows = rows;
+    b.cols = cols;
+    b.tokens_offset = b.buffer->append(rows * cols * sizeof(std::int64_t));
+    b.positions_offset = b.buffer->append(rows * cols * sizeof(std::int32_t));
+    auto* tokens = reinterpret_cast<std::int64_t*>(b.buffer->data() + b.tokens_offset);
+    auto* positions = reinterpret_cast<std::int32_t*>(b.buffer->data() + b.positions_offset);
+    std::fill(tokens, tokens + rows * cols, o_.pad_id);
+    b.cu_seqlens.assign(1, 0);
+    for (std::uint64_t r = 0; r < rows; ++r) {
+      std::int64_t* row = tokens + r * cols;
+      std::int32_t* pos = positions + r * cols;
+      std::uint64_t at = 0;
+      auto segment = [&](std::int64_t doc, std::uint64_t n) {
+        for (std::uint64_t i = 0; i < n; ++i) pos[at + i] = static_cast<std::int32_t>(i);
+        at += n;
+        b.cu_seqlens.push_back(static_cast<std::int32_t>(r * cols + at));
+        b.documents.push_back(doc);
+      };
+      if (o_.pack) {
+        const PackPlan& pp = p->packing;
+        for (std::uint64_t k = pp.first_piece[lo + r]; k < pp.first_piece[lo + r + 1]; ++k) {
+          const PackPiece& piece = pp.pieces[k];
+          if (Status st = ds_->copy_tokens(piece.document, piece.offset, piece.length, row + at); !st) return st;
+          segment(static_cast<std::int64_t>(piece.document), piece.length);
+        }
+      } else {
+        const std::uint64_t d = p->docs[lo + r];
+        const std::uint64_t n = ds_->document_tokens(d);
+        const std::uint64_t keep = std::min(n, cols);
+        if (Status st = ds_->copy_tokens(d, 0, keep, row); !st) return st;
+        b.truncated += n - keep;
+        segment(static_cast<std::int64_t>(d), keep);
+      }
+      b.lengths.push_back(static_cast<std::int64_t>(at));
+      if (at < cols) {
+        b.padding += cols - at;
+        segment(-1, cols - at);
+      }
+    }
+    bytes += rows * cols * sizeof(std::int64_t);
+    return {};
+  }
+
+ private:
+  struct Plan {
+    std::vector<std::uint64_t> docs;  // unpacked: the document at each position
+    PackPlan packing;                 // packed
+  };
+
+  std::shared_ptr<const Plan> plan(std::uint64_t seed, std::uint64_t epoch) {
+    std::lock_guard g(mu_);
+    const auto key = std::make_pair(seed, epoch);
+    if (auto it = plans_.find(key); it != plans_.end()) return it->second;
+    auto p = std::make_shared<Plan>();
+    const std::uint64_t n = ds_->documents();
+    std::vector<std::uint64_t> order(n);
+    const Permutation perm(n, seed, epoch);
+    for (std::uint64_t i = 0; i < n; ++i) order[i] = o_.shuffle ? perm(i) : i;
+    if (o_.pack) {
+      // Validated at open (seq_len > 0, documents in range), so planning cannot fail.
+      p->packing = std::move(*plan_packing(*ds_, order, o_.seq_len, o_.pack_window));
+    } else {
+      if (o_.bucket_window) bucket(order, seed, epoch);
+      p->docs = std::move(order);
+    }
+    while (plans_.size() >= 2) plans_.erase(plans_.begin());
+    plans_.emplace(key, p);
+    return p;
+  }
+
+  // Within each window of bucket_window global batches, sorts documents by
+  // length (so a batch holds documents of similar length and little
+  // padding), then shuffles the window's global batches so lengths do not
+  // ramp within the window.
+  void bucket(std::vector<std::uint64_t>& order, std::uint64_t seed, std::uint64_t epoch) const {
+    const std::uint64_t gb = o_.batch_size * static_cast<std::uint64_t>(o_.world_size);
+    const std::uint64_t w = o_.bucket_window * gb;
+    std::vector<std::uint64_t> tmp;
+    for (std::uint64_t start = 0; start < order.size(); start += w) {
+      const std::uint64_t end = std::min<std::uint64_t>(order.size(), start + w);
+      auto first = order.begin() + static_cast<long>(start);
+      auto last = order.begin() + static_cast<long>(end);
+      std::stable_sort(first, last, [&](std::uint64_t a, std::uint64_t b) { return ds_->document_tokens(a) < ds_->document_tokens(b); });
+      // Only whole global batches move, so the last partial one stays last.
+      const std::uint64_t full = (end - start) / gb;
+      if (full < 2 || !o_.shuffle) continue;
+      const Permutation bp(full, seed ^ 0x6275636b6574ULL, epoch * 0x100000001b3ULL + start / w);
+      tmp.assign(first, first + static_cast<long>(full * gb));
+      for (std::uint64_t k = 0; k < full; ++k)
+        std::copy_n(tmp.begin() + static_cast<long>(bp(k) * gb), gb, first + static_cast<long>(k * gb));
+    }
+  }
+
+  std::shared_ptr<TokenDataset> ds_;
+  LoaderOptions o_;
+  std::mutex mu_;
+  std::map<std::pair<std::uint64_t, std::uint64_t>, std::shared_ptr<const Plan>> plans_;
+};
 
 // One global batch of one epoch, read by one reader thread.
 struct Slot {
@@ -34,7 +300,8 @@ struct Slot {
 }  // namespace
 
 struct Loader::Impl {
-  std::shared_ptr<Dataset> ds;
+  std::unique_ptr<Source> src;
+  std::shared_ptr<BufferPool> pool;
   LoaderOptions opt;
 
   mutable std::mutex mu;
@@ -47,7 +314,7 @@ struct Loader::Impl {
 
   // Position of the consumer.
   std::uint64_t epoch = 0;
-  std::uint64_t position = 0;     // samples of this epoch consumed by all ranks together
+  std::uint64_t position = 0;     // items of this epoch consumed by all ranks together
   // Where scheduling stands (ahead of the consumer).
   std::uint64_t sched_epoch = 0;
   std::uint64_t sched_base = 0;   // the epoch position its batches count from
@@ -57,9 +324,10 @@ struct Loader::Impl {
   LoaderStats stats;
   std::optional<Clock::time_point> first_next;
 
-  Partition partition(std::uint64_t base) const {
+  Partition partition(std::uint64_t e, std::uint64_t base) const {
+    const std::uint64_t n = src->epoch_size(opt.seed, e);
     Partition p;
-    p.samples = ds->size() - std::min(base, ds->size());
+    p.samples = n - std::min(base, n);
     p.batch_size = opt.batch_size;
     p.rank = opt.rank;
     p.world_size = opt.world_size;
@@ -70,7 +338,7 @@ struct Loader::Impl {
   // Called with mu held: top the window up to prefetch_batches.
   void schedule() {
     while (!sched_done && window.size() < opt.prefetch_batches) {
-      const Partition p = partition(sched_base);
+      const Partition p = partition(sched_epoch, sched_base);
       if (sched_next >= p.batches()) {
         if (!opt.loop) {
           sched_done = true;
@@ -128,24 +396,10 @@ struct Loader::Impl {
   }
 
   void fill(Slot& s) {
-    const Permutation perm(ds->size(), s.seed, s.epoch);
     s.batch.epoch = s.epoch;
     s.batch.global_batch = s.global_batch;
-    s.batch.samples.reserve(s.hi - s.lo);
-    for (std::uint64_t pos = s.lo; pos < s.hi; ++pos) {
-      const std::uint64_t idx = opt.shuffle ? perm(pos) : pos;
-      auto sample = ds->read(idx);
-      if (!sample) {
-        if (opt.skip_bad) {
-          ++s.skipped;
-          continue;
-        }
-        s.error = sample.error();
-        return;
-      }
-      for (const auto& [ext, bytes] : sample->fields) s.bytes += bytes.size();
-      s.batch.samples.push_back(std::move(*sample));
-    }
+    s.batch.buffer = pool->acquire();
+    if (Status st = src->fill(s.seed, s.epoch, s.lo, s.hi, s.batch, s.bytes, s.skipped); !st) s.error = st.error();
   }
 
   // Drops everything scheduled and restarts from (epoch, position).
@@ -175,26 +429,52 @@ Loader::~Loader() {
   for (auto& t : impl_->readers) t.join();
 }
 
-Expected<std::unique_ptr<Loader>> Loader::open(std::shared_ptr<Dataset> ds, LoaderOptions o) {
-  if (!ds) return Error{ErrorKind::kUsage, "no dataset"};
+namespace {
+
+Status check_options(const LoaderOptions& o, std::uint64_t items, const char* what) {
   if (o.batch_size == 0) return Error{ErrorKind::kUsage, "batch_size must be positive"};
   if (o.world_size < 1 || o.rank < 0 || o.rank >= o.world_size)
     return Error{ErrorKind::kUsage, fmt::format("rank {} is not in a world of {}", o.rank, o.world_size)};
-  if (ds->size() < static_cast<std::uint64_t>(o.world_size))
-    return Error{ErrorKind::kUsage, fmt::format("the dataset has {} samples, fewer than the {} ranks that share it", ds->size(), o.world_size)};
-  // Looping over epochs without a single batch would schedule forever.
-  if (o.loop && Partition{ds->size(), o.batch_size, 0, o.world_size, o.drop_last}.batches() == 0)
-    return Error{ErrorKind::kUsage, fmt::format("the dataset's {} samples make no full global batch of {} (drop_last), so a looping loader has nothing to read",
-                                                ds->size(), o.batch_size * static_cast<std::uint64_t>(o.world_size))};
+  if (items < static_cast<std::uint64_t>(o.world_size))
+    return Error{ErrorKind::kUsage, fmt::format("the dataset has {} {}, fewer than the {} ranks that share it", items, what, o.world_size)};
+  return {};
+}
+
+}  // namespace
+
+Expected<std::unique_ptr<Loader>> Loader::start(std::unique_ptr<Source> src, LoaderOptions o) {
   if (o.threads < 1) o.threads = 1;
   if (o.prefetch_batches < 1) o.prefetch_batches = 1;
-  auto impl = std::make_unique<Impl>();
-  impl->ds = std::move(ds);
+  auto impl = std::make_unique<Loader::Impl>();
+  impl->src = std::move(src);
+  impl->pool = std::make_shared<BufferPool>(o.pin_memory);
   impl->opt = o;
+  // Looping over epochs without a single batch would schedule forever.
+  if (o.loop && impl->partition(0, 0).batches() == 0)
+    return Error{ErrorKind::kUsage, fmt::format("the dataset's {} items make no full global batch of {} (drop_last), so a looping loader has nothing to read",
+                                                impl->src->epoch_size(o.seed, 0), o.batch_size * static_cast<std::uint64_t>(o.world_size))};
   Impl* raw = impl.get();
-  for (int i = 0; i < o.threads; ++i) impl->readers.emplace_back([raw] { raw->reader_loop(); });
-  impl->seek(0, 0);
+  for (int i = 0; i < o.threads; ++i) raw->readers.emplace_back([raw] { raw->reader_loop(); });
+  raw->seek(0, 0);
   return std::unique_ptr<Loader>(new Loader(std::move(impl)));
+}
+
+Expected<std::unique_ptr<Loader>> Loader::open(std::shared_ptr<Dataset> ds, LoaderOptions o) {
+  if (!ds) return Error{ErrorKind::kUsage, "no dataset"};
+  if (Status st = check_options(o, ds->size(), "samples"); !st) return st.error();
+  return start(std::make_unique<SampleSource>(std::move(ds), o), o);
+}
+
+Expected<std::unique_ptr<Loader>> Loader::open(std::shared_ptr<TokenDataset> ds, LoaderOptions o) {
+  if (!ds) return Error{ErrorKind::kUsage, "no dataset"};
+  if (Status st = check_options(o, ds->documents(), "documents"); !st) return st.error();
+  if (ds->dtype() == "float32" || ds->dtype() == "float64")
+    return Error{ErrorKind::kUsage, fmt::format("dtype {} holds no token ids", ds->dtype())};
+  if (o.pack && o.seq_len == 0) return Error{ErrorKind::kUsage, "pack needs seq_len, the length of a packed row"};
+  if (o.seq_len > static_cast<std::uint64_t>(std::numeric_limits<std::int32_t>::max())) return Error{ErrorKind::kUsage, "seq_len too large"};
+  if (o.pack && o.bucket_window) return Error{ErrorKind::kUsage, "bucket_window is for unpacked rows; packed rows are all seq_len long"};
+  if (o.pack && o.pack_window == 0) o.pack_window = 1;
+  return start(std::make_unique<TokenSource>(std::move(ds), o), o);
 }
 
 Expected<std::optional<Batch>> Loader::next() {
@@ -223,9 +503,15 @@ Expected<std::optional<Batch>> Loader::next() {
   }
   im.epoch = s->epoch;
   im.position = s->end_position;
+  const Batch& b = s->batch;
   ++im.stats.batches;
-  im.stats.samples += s->batch.samples.size();
+  im.stats.samples += b.size();
   im.stats.bytes += s->bytes;
+  if (b.rows) {
+    for (auto n : b.lengths) im.stats.tokens += static_cast<std::uint64_t>(n);
+    im.stats.padding += b.padding;
+    im.stats.truncated += b.truncated;
+  }
   im.stats.elapsed_s = std::chrono::duration<double>(Clock::now() - *im.first_next).count();
   im.schedule();
   return std::optional<Batch>(std::move(s->batch));
@@ -238,7 +524,8 @@ json Loader::state() const {
           {"epoch", impl_->epoch},
           {"position", impl_->position},
           {"global_batch", impl_->opt.batch_size * static_cast<std::uint64_t>(impl_->opt.world_size)},
-          {"samples", impl_->ds->size()}};
+          {"samples", impl_->src->items()},
+          {"order", impl_->src->order()}};
 }
 
 Status Loader::load_state(const json& s) {
@@ -248,9 +535,14 @@ Status Loader::load_state(const json& s) {
     const auto epoch = s.at("epoch").get<std::uint64_t>();
     const auto position = s.at("position").get<std::uint64_t>();
     const auto samples = s.at("samples").get<std::uint64_t>();
-    if (samples != impl_->ds->size())
-      return Error{ErrorKind::kConfig, fmt::format("state is for a dataset of {} samples, this one has {}", samples, impl_->ds->size())};
-    if (position > samples) return Error{ErrorKind::kConfig, fmt::format("position {} past the {} samples", position, samples)};
+    if (samples != impl_->src->items())
+      return Error{ErrorKind::kConfig, fmt::format("state is for a dataset of {} items, this one has {}", samples, impl_->src->items())};
+    // States saved before "order" existed are sample-order states.
+    const std::string order = s.value("order", std::string(impl_->opt.shuffle ? "samples" : "samples in order"));
+    if (order != impl_->src->order())
+      return Error{ErrorKind::kConfig, fmt::format("state is for order '{}', this loader reads '{}'", order, impl_->src->order())};
+    const std::uint64_t n = impl_->src->epoch_size(seed, epoch);
+    if (position > n) return Error{ErrorKind::kConfig, fmt::format("position {} past the {} items of epoch {}", position, n, epoch)};
     {
       std::lock_guard g(impl_->mu);  // readers and state() read it
       impl_->opt.seed = seed;
@@ -269,6 +561,9 @@ LoaderStats Loader::stats() const {
   return impl_->stats;
 }
 
-std::uint64_t Loader::batches_per_epoch() const { return impl_->partition(0).batches(); }
+std::uint64_t Loader::batches_per_epoch() const {
+  std::lock_guard g(impl_->mu);
+  return impl_->partition(impl_->epoch, 0).batches();
+}
 
 }  // namespace pacer::data

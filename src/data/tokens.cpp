@@ -9,6 +9,7 @@
 #include <cstring>
 #include <algorithm>
 #include <limits>
+#include <set>
 
 #include "pacer/core/atomic_file.hpp"
 #include "pacer/data.hpp"
@@ -190,66 +191,114 @@ Status write_token_dataset(const std::string& prefix, const std::string& dtype,
 
 namespace pacer::data {
 
-Expected<std::vector<PackedSequence>> pack_documents(const TokenDataset& ds, const std::vector<std::uint64_t>& order,
-                                                     std::uint64_t seq_len, std::uint64_t window, std::int64_t pad_id,
-                                                     PackStats* stats) {
+std::uint64_t TokenDataset::document_tokens(std::uint64_t d) const {
+  auto [first, last] = document(d);
+  std::uint64_t n = 0;
+  for (std::uint64_t q = first; q < last; ++q) n += length(q);
+  return n;
+}
+
+Status TokenDataset::copy_tokens(std::uint64_t d, std::uint64_t offset, std::uint64_t count, std::int64_t* out) const {
+  if (d >= documents()) return Error{ErrorKind::kUsage, fmt::format("{}: document {} of {}", prefix_, d, documents())};
+  const DtypeInfo* dt = by_name(dtype_);
+  if (!dt->integer) return Error{ErrorKind::kUsage, fmt::format("{}: dtype {} holds no token ids", prefix_, dtype_)};
+  auto [first, last] = document(d);
+  for (std::uint64_t q = first; q < last && count > 0; ++q) {
+    const std::uint64_t len = length(q);
+    if (offset >= len) {
+      offset -= len;
+      continue;
+    }
+    const std::uint64_t n = std::min(count, len - offset);
+    const void* p = data(q);
+    if (dt->code == 5) {
+      std::memcpy(out, static_cast<const unsigned char*>(p) + 8 * offset, 8 * n);
+    } else {
+      for (std::uint64_t i = 0; i < n; ++i) out[i] = element(p, offset + i, dt->code);
+    }
+    out += n;
+    count -= n;
+    offset = 0;
+  }
+  if (count > 0) return Error{ErrorKind::kUsage, fmt::format("{}: document {} ends {} tokens short of the range asked for", prefix_, d, count)};
+  return {};
+}
+
+Expected<PackPlan> plan_packing(const TokenDataset& ds, const std::vector<std::uint64_t>& order, std::uint64_t seq_len,
+                                std::uint64_t window) {
   if (seq_len == 0) return Error{ErrorKind::kUsage, "seq_len must be positive"};
-  if (seq_len > static_cast<std::uint64_t>(std::numeric_limits<std::int32_t>::max()))
-    return Error{ErrorKind::kUsage, "seq_len too large"};
+  if (seq_len > static_cast<std::uint64_t>(std::numeric_limits<std::int32_t>::max())) return Error{ErrorKind::kUsage, "seq_len too large"};
   if (window == 0) window = 1;
-  struct Piece {
-    std::uint64_t doc;
-    std::vector<std::int64_t> tokens;
-    std::size_t rank;  // position in the window, for a stable order among equal lengths
-  };
-  std::vector<PackedSequence> out;
-  PackStats st;
+  PackPlan plan;
+  plan.seq_len = seq_len;
+  std::vector<PackPiece> pieces;
+  std::vector<std::vector<PackPiece>> rows;
+  // Open rows of the window by remaining room, then row number: the
+  // smallest room that fits, ties to the earliest row (best fit).
+  std::set<std::pair<std::uint64_t, std::size_t>> room;
   for (std::size_t w = 0; w < order.size(); w += window) {
-    std::vector<Piece> pieces;
+    pieces.clear();
     for (std::size_t k = w; k < std::min<std::size_t>(order.size(), w + window); ++k) {
       const std::uint64_t d = order[k];
       if (d >= ds.documents()) return Error{ErrorKind::kUsage, fmt::format("document {} of {}", d, ds.documents())};
-      std::vector<std::int64_t> doc;
-      auto [first, last] = ds.document(d);
-      for (std::uint64_t q = first; q < last; ++q) {
-        auto toks = ds.read(q);
-        if (!toks) return toks.error();
-        doc.insert(doc.end(), toks->begin(), toks->end());
-      }
-      for (std::size_t off = 0; off < doc.size(); off += seq_len) {
-        const std::size_t end = std::min<std::size_t>(doc.size(), off + seq_len);
-        pieces.push_back({d, std::vector<std::int64_t>(doc.begin() + static_cast<long>(off), doc.begin() + static_cast<long>(end)), pieces.size()});
-      }
+      const std::uint64_t n = ds.document_tokens(d);
+      for (std::uint64_t off = 0; off < n; off += seq_len) pieces.push_back({d, off, std::min(seq_len, n - off)});
     }
-    std::stable_sort(pieces.begin(), pieces.end(), [](const Piece& a, const Piece& b) { return a.tokens.size() > b.tokens.size(); });
-    const std::size_t first_bin = out.size();
-    std::vector<std::uint64_t> free;  // remaining room of this window's sequences
-    for (auto& p : pieces) {
-      const std::uint64_t n = p.tokens.size();
-      std::size_t best = free.size();
-      for (std::size_t b = 0; b < free.size(); ++b)
-        if (free[b] >= n && (best == free.size() || free[b] < free[best])) best = b;
-      if (best == free.size()) {
-        out.emplace_back();
-        out.back().cu_seqlens.push_back(0);
-        free.push_back(seq_len);
+    // Longest first; equal lengths keep their order in the window.
+    std::stable_sort(pieces.begin(), pieces.end(), [](const PackPiece& a, const PackPiece& b) { return a.length > b.length; });
+    rows.clear();
+    room.clear();
+    for (const auto& p : pieces) {
+      auto it = room.lower_bound({p.length, 0});
+      std::size_t r;
+      std::uint64_t left;
+      if (it == room.end()) {
+        r = rows.size();
+        rows.emplace_back();
+        left = seq_len;
+      } else {
+        r = it->second;
+        left = it->first;
+        room.erase(it);
       }
-      PackedSequence& s = out[first_bin + best];
-      for (std::uint64_t i = 0; i < n; ++i) s.position_ids.push_back(static_cast<std::int32_t>(i));
-      s.tokens.insert(s.tokens.end(), p.tokens.begin(), p.tokens.end());
-      s.cu_seqlens.push_back(static_cast<std::int32_t>(s.tokens.size()));
-      s.documents.push_back(p.doc);
-      free[best] -= n;
-      st.tokens += n;
+      rows[r].push_back(p);
+      room.insert({left - p.length, r});
+      plan.stats.tokens += p.length;
+    }
+    for (const auto& row : rows) {
+      plan.pieces.insert(plan.pieces.end(), row.begin(), row.end());
+      plan.first_piece.push_back(plan.pieces.size());
+      std::uint64_t used = 0;
+      for (const auto& p : row) used += p.length;
+      plan.stats.padding += seq_len - used;
     }
   }
-  for (auto& s : out) {
-    st.padding += seq_len - s.tokens.size();
-    while (s.position_ids.size() < seq_len) s.position_ids.push_back(0);
-    s.tokens.resize(seq_len, pad_id);
+  plan.stats.sequences = plan.rows();
+  return plan;
+}
+
+Expected<std::vector<PackedSequence>> pack_documents(const TokenDataset& ds, const std::vector<std::uint64_t>& order,
+                                                     std::uint64_t seq_len, std::uint64_t window, std::int64_t pad_id,
+                                                     PackStats* stats) {
+  auto plan = plan_packing(ds, order, seq_len, window);
+  if (!plan) return plan.error();
+  std::vector<PackedSequence> out(plan->rows());
+  for (std::uint64_t r = 0; r < plan->rows(); ++r) {
+    PackedSequence& s = out[r];
+    s.tokens.assign(seq_len, pad_id);
+    s.position_ids.assign(seq_len, 0);
+    s.cu_seqlens.push_back(0);
+    std::uint64_t at = 0;
+    for (std::uint64_t k = plan->first_piece[r]; k < plan->first_piece[r + 1]; ++k) {
+      const PackPiece& p = plan->pieces[k];
+      if (Status st = ds.copy_tokens(p.document, p.offset, p.length, s.tokens.data() + at); !st) return st.error();
+      for (std::uint64_t i = 0; i < p.length; ++i) s.position_ids[at + i] = static_cast<std::int32_t>(i);
+      at += p.length;
+      s.cu_seqlens.push_back(static_cast<std::int32_t>(at));
+      s.documents.push_back(p.document);
+    }
   }
-  st.sequences = out.size();
-  if (stats) *stats = st;
+  if (stats) *stats = plan->stats;
   return out;
 }
 

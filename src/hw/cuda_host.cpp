@@ -2,6 +2,8 @@
 
 #include <dlfcn.h>
 
+#include "cuda_library.hpp"
+
 #include <cstdlib>
 #include <mutex>
 #include <string>
@@ -19,24 +21,31 @@ const CudaRuntime& runtime() {
   static CudaRuntime rt;
   static std::once_flag once;
   std::call_once(once, [] {
-    std::vector<std::string> names = {"libcudart.so", "libcudart.so.13", "libcudart.so.12"};
-    // Toolkits are often not on the loader's path.
-    std::string home = "/usr/local/cuda";
-    if (const char* h = std::getenv("CUDA_HOME"); h && *h) home = h;
-    for (const char* n : {"libcudart.so", "libcudart.so.13", "libcudart.so.12"}) names.push_back(home + "/lib64/" + n);
-    for (const auto& name : names) {
-      void* h = ::dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
-      if (!h) continue;
-      rt.host_register = reinterpret_cast<int (*)(void*, std::size_t, unsigned)>(::dlsym(h, "cudaHostRegister"));
-      rt.host_unregister = reinterpret_cast<int (*)(void*)>(::dlsym(h, "cudaHostUnregister"));
-      if (rt.host_register && rt.host_unregister) return;
-      rt = CudaRuntime{};
-    }
+    void* h = open_cuda_library({"libcudart.so", "libcudart.so.13", "libcudart.so.12"});
+    if (!h) return;
+    rt.host_register = reinterpret_cast<int (*)(void*, std::size_t, unsigned)>(::dlsym(h, "cudaHostRegister"));
+    rt.host_unregister = reinterpret_cast<int (*)(void*)>(::dlsym(h, "cudaHostUnregister"));
+    if (!rt.host_register || !rt.host_unregister) rt = CudaRuntime{};
   });
   return rt;
 }
 
 }  // namespace
+
+void* open_cuda_library(std::initializer_list<const char*> names, std::string* tried) {
+  std::string home = "/usr/local/cuda";
+  if (const char* h = std::getenv("CUDA_HOME"); h && *h) home = h;
+  std::vector<std::string> candidates(names.begin(), names.end());
+  for (const char* n : names) {
+    candidates.push_back(home + "/lib64/" + n);
+    if (home != "/usr/local/cuda") candidates.push_back(std::string("/usr/local/cuda/lib64/") + n);
+  }
+  for (const auto& c : candidates) {
+    if (void* h = ::dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL)) return h;
+    if (tried) *tried += (tried->empty() ? "" : ", ") + c;
+  }
+  return nullptr;
+}
 
 bool pin_host_memory(void* ptr, std::size_t bytes) {
   const auto& rt = runtime();

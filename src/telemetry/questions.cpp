@@ -55,19 +55,19 @@ ORDER BY slow.step_time_s DESC, slow.rank, slow.step, node, gpu
 // share their step windows, so this is one range scan per slow step rather
 // than one per rank and step.
 constexpr const char* kHot = R"sql(
-WITH timed AS MATERIALIZED (
-  SELECT run_id, rank, step, t, step_time_s,
-    row_number() OVER (PARTITION BY run_id ORDER BY step_time_s) AS pos,
+WITH timed AS (
+  SELECT run_id, step_time_s, row_number() OVER (PARTITION BY run_id ORDER BY step_time_s) AS pos,
     count(*) OVER (PARTITION BY run_id) AS n
   FROM steps WHERE step_time_s IS NOT NULL),
 median AS MATERIALIZED (
-  SELECT run_id, avg(step_time_s) AS median_s FROM timed WHERE pos IN ((n + 1) / 2, (n + 2) / 2) GROUP BY run_id),
+  SELECT timed.run_id, coalesce(r.interval_s, 1.0) AS interval_s, avg(timed.step_time_s) AS median_s
+  FROM timed JOIN runs r USING(run_id) WHERE timed.pos IN ((timed.n + 1) / 2, (timed.n + 2) / 2) GROUP BY timed.run_id),
 regressed AS MATERIALIZED (
-  SELECT timed.run_id, timed.step, min(timed.t - timed.step_time_s) AS start_t,
-    max(timed.t) + coalesce(r.interval_s, 1.0) AS end_t, avg(timed.step_time_s / median.median_s) AS slowdown
-  FROM timed JOIN median USING(run_id) JOIN runs r USING(run_id)
-  WHERE timed.step_time_s > {regression} * median.median_s
-  GROUP BY timed.run_id, timed.step)
+  SELECT st.run_id, st.step, min(st.t - st.step_time_s) AS start_t, max(st.t) + median.interval_s AS end_t,
+    avg(st.step_time_s / median.median_s) AS slowdown
+  FROM steps st JOIN median USING(run_id)
+  WHERE st.step_time_s > {regression} * median.median_s
+  GROUP BY st.run_id, st.step)
 SELECT n.hostname AS node, g.gpu_index AS gpu, max(s.value) AS temp_c_max,
   count(DISTINCT regressed.run_id || ':' || regressed.step) AS regressed_steps,
   round(avg(regressed.slowdown), 3) AS slowdown_vs_median

@@ -85,6 +85,7 @@ std::vector<ProbeSpec> cpu_probes();
 std::vector<ProbeSpec> memory_probes();
 std::vector<ProbeSpec> storage_probes();
 std::vector<ProbeSpec> gpu_probes();
+std::vector<ProbeSpec> gpu_active_probes();
 std::vector<ProbeSpec> software_probes();
 
 // Set in the probe's child process when the runner asks it to stop (SIGTERM,

@@ -31,6 +31,7 @@ TEST(ParseDuration, Units) {
   expect_duration("2s", 2);
   expect_duration("1.5m", 90);
   expect_duration("1h", 3600);
+  expect_duration("30d", 30 * 86400);
   expect_duration("12us", 12e-6);
   expect_duration("3sec", 3);
   expect_duration("2min", 120);
@@ -178,6 +179,8 @@ TEST(FormatDuration, PicksUnit) {
   EXPECT_EQ(format_duration(1.25), "1.25 s");
   EXPECT_EQ(format_duration(1), "1 s");
   EXPECT_EQ(format_duration(90), "90 s");
+  EXPECT_EQ(format_duration(5400), "1.50 h");
+  EXPECT_EQ(format_duration(3 * 86400), "3 d");
   EXPECT_EQ(format_duration(0.34), "340 ms");
   EXPECT_EQ(format_duration(0.001), "1 ms");
   EXPECT_EQ(format_duration(0.0125), "12.5 ms");

@@ -105,7 +105,8 @@ std::vector<Taken> take(Loader& l, const Data& d, std::size_t max = ~std::size_t
     Taken t;
     t.epoch = (*b)->epoch;
     t.global_batch = (*b)->global_batch;
-    for (const auto& s : (*b)->samples) {
+    for (std::size_t i = 0; i < (*b)->size(); ++i) {
+      const auto s = (*b)->sample(i);
       t.keys.push_back(s.key);
       auto it = d.expected.find(s.key);
       if (it == d.expected.end()) ADD_FAILURE() << "unknown key " << s.key;
@@ -519,7 +520,7 @@ TEST(LoaderOpen, BadOptionsAreErrors) {
     EXPECT_TRUE(contains(r.error().message, "rank")) << r.error().message;
   }
   EXPECT_FALSE(Loader::open(d.ds, opts(0, 0, 1)));
-  EXPECT_FALSE(Loader::open(nullptr, opts(1, 0, 1)));
+  EXPECT_FALSE(Loader::open(std::shared_ptr<Dataset>(), opts(1, 0, 1)));
 
   auto empty = Dataset::open(std::vector<std::string>{});
   ASSERT_TRUE(empty);
@@ -547,9 +548,9 @@ TEST(LoaderStatsTest, CountsBatchesSamplesAndBytes) {
     ASSERT_TRUE(b) << b.error().message;
     if (!*b) break;
     ++batches;
-    for (const auto& s : (*b)->samples) {
+    for (std::size_t i = 0; i < (*b)->size(); ++i) {
       ++samples;
-      for (const auto& [ext, v] : s.fields) bytes += v.size();
+      for (const auto& [ext, v] : (*b)->sample(i).fields) bytes += v.size();
     }
     const auto st = l->stats();
     EXPECT_EQ(st.batches, batches);

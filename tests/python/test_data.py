@@ -184,8 +184,9 @@ class LoaderTest(DataTestCase):
             for j, key in enumerate(b["__key__"]):
                 want = self.expected[key]
                 self.assertEqual(b["txt"][j], want["txt"])
-                self.assertIsInstance(b["json"][j], bytes)  # json stays bytes
-                self.assertEqual(json.loads(b["json"][j]), json.loads(want["json"]))
+                self.assertIsInstance(b["json"][j], memoryview)  # a view into the batch's buffer, not a copy
+                self.assertTrue(b["json"][j].readonly)
+                self.assertEqual(json.loads(bytes(b["json"][j])), json.loads(want["json"]))
                 if "npy" not in want:
                     self.assertIsNone(b["npy"][j])
 
@@ -311,12 +312,33 @@ class LoaderTest(DataTestCase):
                 seen += 1
         self.assertEqual(seen, sum(1 for i in range(N) if i % 5))
         raw = next(iter(self.loader(batch_size=9, seed=0, decode=False)))
-        self.assertTrue(all(v is None or isinstance(v, bytes) for v in raw["npy"]))
+        self.assertTrue(all(v is None or isinstance(v, memoryview) for v in raw["npy"]))
+
+    def test_copy_gives_bytes_equal_to_the_views(self):
+        views = list(self.loader(batch_size=8, seed=2, decode=False))
+        copies = list(self.loader(batch_size=8, seed=2, decode=False, copy=True))
+        self.assertEqual([b["__key__"] for b in views], [b["__key__"] for b in copies])
+        for v, c in zip(views, copies):
+            for ext in ["txt", "json", "npy"]:
+                for a, b in zip(v[ext], c[ext]):
+                    self.assertTrue(b is None or isinstance(b, bytes))
+                    self.assertEqual(a, b)
+
+    def test_views_outlive_the_loader_and_buffers_are_reused_safely(self):
+        # Views keep their batch's buffer alive: held batches stay intact while
+        # the loader (and its reader threads) go on reading into other buffers.
+        loader = self.loader(batch_size=3, seed=1, threads=2, prefetch=2, decode=False)
+        held = list(loader)
+        del loader
+        for b in held:
+            for j, key in enumerate(b["__key__"]):
+                self.assertEqual(b["txt"][j], self.expected[key]["txt"])
 
     def test_stats(self):
         loader = self.loader(batch_size=10, seed=0, threads=3, prefetch=2)
         s = loader.stats()
-        self.assertEqual(set(s), {"wait_s", "last_wait_s", "batches", "samples", "bytes", "skipped", "queue_depth", "elapsed_s"})
+        self.assertEqual(set(s), {"wait_s", "last_wait_s", "batches", "samples", "bytes", "skipped", "queue_depth", "elapsed_s",
+                                  "tokens", "padding", "truncated", "padding_fraction"})
         self.assertEqual((s["batches"], s["samples"], s["bytes"]), (0, 0, 0))
         batches = list(loader)
         s = loader.stats()
@@ -350,7 +372,7 @@ class LoaderTest(DataTestCase):
             for _ in range(30):
                 loader.set_epoch(0)  # drops the read-ahead: next() has to wait for the reads
                 a = time.perf_counter()
-                batch = loader._impl.next()
+                batch, _ = loader._impl.next()
                 intervals.append((a, time.perf_counter()))
                 self.assertEqual(len(batch["__key__"]), N)
         finally:
@@ -394,10 +416,6 @@ class LoaderTest(DataTestCase):
             keys = keys_of(loader)
             self.assertEqual(len(keys), 40 - lost)
             self.assertEqual(loader.stats()["skipped"], lost)
-
-
-if __name__ == "__main__":
-    unittest.main()
 
 
 class TokenData(unittest.TestCase):
@@ -446,3 +464,101 @@ class TokenData(unittest.TestCase):
             f.write(b"NOTANIDX")
         with self.assertRaisesRegex(pacer.Error, "MMIDIDX"):
             pacer.data.open(self.prefix)
+
+
+class TokenLoaderTest(unittest.TestCase):
+    """Megatron token data through pacer.data.Loader: packed rows with document boundaries, for torch."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory(prefix="pacer-token-loader-")
+        self.prefix = os.path.join(self.tmp.name, "docs")
+        # Token t of document d is 1000*d + t + 1: every token names its document and place.
+        self.docs = [[1000 * d + t + 1 for t in range(1 + (d * 37 + 11) % 50)] for d in range(120)]
+        pacer.data.write_tokens(self.prefix, self.docs, dtype="int32")
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def check_batch(self, b, seq_len):
+        tokens, pos, cu, docs = b["tokens"], b["position_ids"], b["cu_seqlens"], b["documents"]
+        self.assertEqual((tokens.dtype, pos.dtype, cu.dtype, docs.dtype), (np.int64, np.int32, np.int32, np.int64))
+        self.assertEqual(tokens.shape[1], seq_len)
+        self.assertEqual(tokens.shape, pos.shape)
+        self.assertEqual((cu[0], cu[-1], len(cu)), (0, tokens.size, len(docs) + 1))
+        flat, flat_pos = tokens.reshape(-1), pos.reshape(-1)
+        real = []
+        for k, d in enumerate(docs):
+            seg = flat[cu[k]:cu[k + 1]]
+            np.testing.assert_array_equal(flat_pos[cu[k]:cu[k + 1]], np.arange(len(seg)))
+            if d < 0:
+                self.assertTrue((seg == 0).all())
+            else:
+                self.assertTrue(((seg - 1) // 1000 == d).all())
+                np.testing.assert_array_equal(np.diff(seg), np.ones(len(seg) - 1))
+                real.extend(seg.tolist())
+        self.assertEqual(int(b["lengths"].sum()), len(real))
+        return real
+
+    def test_packed_epoch_covers_every_token_once_on_two_ranks(self):
+        ds = pacer.data.open(self.prefix)
+        got = []
+        for rank in range(2):
+            loader = pacer.data.Loader(ds, batch_size=4, seed=3, rank=rank, world_size=2, seq_len=64, pack=True)
+            for b in loader:
+                got.extend(self.check_batch(b, 64))
+            s = loader.stats()
+            self.assertLess(s["padding_fraction"], 0.2)
+        self.assertEqual(sorted(got), sorted(t for d in self.docs for t in d))
+
+    def test_resume_and_torch(self):
+        import torch
+
+        ds = pacer.data.open(self.prefix)
+        whole = [b["tokens"].copy() for b in pacer.data.Loader(ds, batch_size=3, seed=1, seq_len=48, pack=True)]
+        loader = pacer.data.Loader(ds, batch_size=3, seed=1, seq_len=48, pack=True)
+        it = iter(loader)
+        head = [next(it)["tokens"].copy() for _ in range(5)]
+        state = loader.state_dict()
+        self.assertTrue(state["order"].startswith("packed seq_len=48"))
+        again = pacer.data.Loader(ds, batch_size=3, seed=1, seq_len=48, pack=True)
+        again.load_state_dict(state)
+        rest = [b["tokens"].copy() for b in again]
+        self.assertEqual(len(head) + len(rest), len(whole))
+        for a, b in zip(head + rest, whole):
+            np.testing.assert_array_equal(a, b)
+        # device= hands back torch tensors (here on the CPU; CUDA copies are asynchronous from pinned buffers).
+        b = next(iter(pacer.data.Loader(ds, batch_size=2, seed=1, seq_len=48, pack=True, device="cpu")))
+        self.assertEqual(b["tokens"].dtype, torch.int64)
+        self.assertEqual(tuple(b["tokens"].shape), (2, 48))
+        emb = torch.nn.Embedding(200000, 4)(b["tokens"])
+        self.assertEqual(tuple(emb.shape), (2, 48, 4))
+
+    def test_bucketing_reports_less_padding(self):
+        ds = pacer.data.open(self.prefix)
+        plain = pacer.data.Loader(ds, batch_size=8, seed=0)
+        bucketed = pacer.data.Loader(ds, batch_size=8, seed=0, bucket_window=4)
+        for loader in (plain, bucketed):
+            got = []
+            for b in loader:
+                self.assertEqual(b["tokens"].shape[0], len(b["lengths"]))
+                got.extend(t for row, n in zip(b["tokens"], b["lengths"]) for t in row[:n].tolist())
+            self.assertEqual(sorted(got), sorted(t for d in self.docs for t in d))
+        self.assertLess(bucketed.stats()["padding_fraction"], plain.stats()["padding_fraction"])
+
+    def test_bad_options(self):
+        ds = pacer.data.open(self.prefix)
+        with self.assertRaisesRegex(pacer.Error, "seq_len"):
+            pacer.data.Loader(ds, pack=True)
+        tar = os.path.join(self.tmp.name, "one.tar")
+        with tarfile.open(tar, "w") as t:
+            info = tarfile.TarInfo("a.txt")
+            info.size = 1
+            t.addfile(info, io.BytesIO(b"x"))
+        with self.assertRaisesRegex(ValueError, "token datasets"):
+            pacer.data.Loader(tar, seq_len=8)
+        with self.assertRaisesRegex(ValueError, "device"):
+            pacer.data.Loader(tar, device="cpu")
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,451 @@
+// `pacer plan`: the arithmetic of a training run (Amdahl, scaling fits, pipeline partitions, memory,
+// communication, checkpoint intervals, step time), from the user's figures or a `pacer vet --json` report.
+#include "pacer/plan.hpp"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <memory>
+
+#include "commands.hpp"
+#include "output.hpp"
+#include "pacer/core/table.hpp"
+#include "pacer/core/units.hpp"
+
+namespace pacer::cli {
+namespace {
+
+using nlohmann::json;
+using plan::Recompute;
+using plan::Schedule;
+
+struct PlanArgs {
+  bool json = false;
+  // amdahl
+  std::optional<double> serial_fraction, speedup;
+  double gpus = 0;
+  // scaling, pipeline
+  std::string file;
+  std::string mode = "strong";
+  std::vector<double> predict;
+  int stages = 0, microbatches = 0, chunks = 1;
+  std::string schedule = "1f1b";
+  // transformer
+  plan::Model model;
+  plan::Parallel par;
+  std::string recompute = "none";
+  bool distributed_optimizer = false;
+  std::string precision = "bf16", grad_precision = "fp32";
+  std::string gpu_memory;
+  // hardware
+  plan::Hardware hw;
+  double tp_latency_us = 5, dp_latency_us = 10;
+  std::string vet;
+  // ckpt
+  std::string save_cost, restart_cost = "0s", mtbf, node_mtbf, campaign, interval, ckpt_size;
+  int nodes = 0;
+  double write_mbps = 0;
+};
+
+std::string pct(double f) { return std::isfinite(f) ? fmt::format("{:.1f}%", 100 * f) : "-"; }
+std::string num(double v) { return std::isfinite(v) ? format_number(v) : "inf"; }
+// JSON has no infinity or NaN: such figures are null.
+json jnum(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
+
+int bytes_of(const std::string& precision, const char* option) {
+  if (precision == "bf16" || precision == "fp16") return 2;
+  if (precision == "fp32") return 4;
+  if (precision == "fp8") return 1;
+  usage_error(fmt::format("{} '{}': expected bf16, fp16, fp32 or fp8", option, precision));
+}
+
+double duration(const std::string& text, const char* option) {
+  auto d = parse_duration(text);
+  if (!d) usage_error(fmt::format("{} '{}': {}", option, text, d.error().message));
+  return *d;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+int amdahl(const PlanArgs& a) {
+  const auto r = unwrap(plan::amdahl(a.serial_fraction, a.speedup, a.gpus));
+  json j = {{"schema", "pacer.plan.amdahl/1"},   {"serial_fraction", r.serial_fraction},
+            {"gpus", r.n},                       {"speedup", r.speedup},
+            {"efficiency", r.efficiency},        {"max_speedup", jnum(r.max_speedup)},
+            {"gpus_at_half_efficiency", jnum(r.n_for_half_efficiency)},
+            {"serial_fraction_from", a.speedup ? "measured speedup (Karp-Flatt)" : "given"}};
+  std::string text = fmt::format("serial fraction {:.4g}{}\n", r.serial_fraction,
+                                 a.speedup ? fmt::format(" (Karp-Flatt, from a speedup of {} on {} GPUs)", num(*a.speedup), num(a.gpus)) : "");
+  text += fmt::format("on {} GPUs: speedup {}, efficiency {}\n", num(r.n), num(r.speedup), pct(r.efficiency));
+  text += fmt::format("no number of GPUs gives more than {}x; efficiency falls to 50% at {} GPUs\n", num(r.max_speedup),
+                      num(r.n_for_half_efficiency));
+  print(j, a.json, text);
+  return 0;
+}
+
+int scaling(const PlanArgs& a) {
+  if (a.mode != "strong" && a.mode != "weak") usage_error(fmt::format("--mode '{}': expected strong or weak", a.mode));
+  const auto mode = a.mode == "strong" ? plan::ScalingMode::kStrong : plan::ScalingMode::kWeak;
+  const auto r = unwrap(plan::analyse_scaling(unwrap(plan::read_scaling_csv(a.file)), mode, a.predict));
+  json j = {{"schema", "pacer.plan.scaling/1"}, {"file", a.file}, {"mode", a.mode},
+            {"serial_fraction", r.serial_fraction}, {"serial_fraction_stderr", jnum(r.serial_fraction_stderr)},
+            {"rms_residual", r.rms_residual}, {"points", json::array()}, {"predictions", json::array()},
+            {"warnings", r.warnings}};
+  Table t({{"GPUS", true}, {"THROUGHPUT", true}, {"STEP TIME", true}, {"EFFICIENCY", true}, {"KARP-FLATT", true}});
+  for (const auto& p : r.points) {
+    j["points"].push_back({{"gpus", p.gpus}, {"throughput", p.throughput > 0 ? json(p.throughput) : json(nullptr)},
+                           {"step_time_s", p.step_time_s > 0 ? json(p.step_time_s) : json(nullptr)},
+                           {"efficiency", p.efficiency}, {"karp_flatt", jnum(p.karp_flatt)}, {"line", p.line}});
+    t.add_row({num(p.gpus), p.throughput > 0 ? num(p.throughput) : "-", p.step_time_s > 0 ? format_duration(p.step_time_s) : "-",
+               pct(p.efficiency), std::isfinite(p.karp_flatt) ? fmt::format("{:.4f}", p.karp_flatt) : "-"});
+  }
+  Table pt({{"PREDICT GPUS", true}, {"EFFICIENCY", true}, {"RANGE (2 SE)", true}, {"NOTE"}});
+  for (const auto& p : r.predictions) {
+    j["predictions"].push_back({{"gpus", p.gpus}, {"efficiency", p.efficiency}, {"efficiency_low", jnum(p.efficiency_low)},
+                                {"efficiency_high", jnum(p.efficiency_high)}, {"extrapolated_far", p.extrapolated_far}});
+    pt.add_row({num(p.gpus), pct(p.efficiency),
+                std::isfinite(p.efficiency_low) ? fmt::format("{} - {}", pct(p.efficiency_low), pct(p.efficiency_high)) : "unknown",
+                p.extrapolated_far ? "far beyond the data" : ""});
+  }
+  std::string text = t.render();
+  text += fmt::format("fitted serial/communication fraction {:.4f} (standard error {}), {} model ({})\n", r.serial_fraction,
+                      std::isfinite(r.serial_fraction_stderr) ? fmt::format("{:.4f}", r.serial_fraction_stderr) : "unknown",
+                      a.mode == "strong" ? "Amdahl" : "Gustafson", a.mode == "strong" ? "fixed total work" : "fixed work per GPU");
+  text += pt.render();
+  for (const auto& w : r.warnings) text += "warning: " + w + "\n";
+  print(j, a.json, text);
+  return 0;
+}
+
+json stage_json(const plan::PipelinePlan& p) {
+  json stages = json::array();
+  for (std::size_t i = 0; i < p.stages.size(); ++i) {
+    const auto& s = p.stages[i];
+    json js = {{"stage", i}, {"first_layer", s.first_layer}, {"layers", s.layer_count}, {"time_s", s.time_s},
+               {"memory_bytes", s.memory_bytes}, {"in_flight", s.in_flight}};
+    if (!p.chunk_bounds.empty()) js["chunk_first_layers"] = p.chunk_bounds[i];
+    stages.push_back(js);
+  }
+  return {{"stages", stages}, {"step_time_s", p.step_time_s}, {"bubble_fraction", p.bubble_fraction},
+          {"max_stage_time_s", p.max_stage_time_s}};
+}
+
+int pipeline(const PlanArgs& a) {
+  Schedule s = Schedule::k1f1b;
+  if (a.schedule == "gpipe") s = Schedule::kGpipe;
+  else if (a.schedule == "interleaved") s = Schedule::kInterleaved;
+  else if (a.schedule != "1f1b") usage_error(fmt::format("--schedule '{}': expected gpipe, 1f1b or interleaved", a.schedule));
+  const auto layers = unwrap(plan::read_layers_csv(a.file));
+  const auto r = unwrap(plan::plan_pipeline(layers, a.stages, a.microbatches, s, a.chunks));
+  json j = {{"schema", "pacer.plan.pipeline/1"}, {"file", a.file}, {"schedule", a.schedule}, {"stages", r.stages},
+            {"microbatches", r.microbatches}, {"chunks", r.chunks}, {"layers", layers.size()},
+            {"optimal", stage_json(r.optimal)}, {"by_count", stage_json(r.by_count)}, {"gain", r.gain}};
+  std::vector<Table::Column> cols = {{"STAGE", true}, {"LAYERS"}, {"PER MICRO-BATCH", true}, {"BY COUNT", true}};
+  if (r.has_memory) cols.push_back({"MEMORY", true});
+  Table t(cols);
+  for (int i = 0; i < r.stages; ++i) {
+    const auto& st = r.optimal.stages[i];
+    std::string span;
+    if (r.optimal.chunk_bounds.empty()) {
+      span = st.layer_count == 1 ? layers[st.first_layer].name
+                                 : fmt::format("{}..{}", layers[st.first_layer].name, layers[st.first_layer + st.layer_count - 1].name);
+    } else {
+      span = fmt::format("{} layers in {} chunks", st.layer_count, r.chunks);
+    }
+    std::vector<std::string> row = {std::to_string(i), span, format_duration(st.time_s), format_duration(r.by_count.stages[i].time_s)};
+    if (r.has_memory) row.push_back(format_bytes(st.memory_bytes));
+    t.add_row(row);
+  }
+  std::string text = t.render();
+  text += fmt::format("step {} with a {} bubble ({} schedule, {} micro-batches); splitting by layer count: {} ({} bubble)\n",
+                      format_duration(r.optimal.step_time_s), pct(r.optimal.bubble_fraction), a.schedule, r.microbatches,
+                      format_duration(r.by_count.step_time_s), pct(r.by_count.bubble_fraction));
+  text += fmt::format("OK: the balanced partition is {} faster than splitting by layer count\n", pct(r.gain));
+  print(j, a.json, text);
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The model, parallel and hardware options are shared by memory, comm and step.
+void add_model_options(CLI::App* c, PlanArgs& a) {
+  c->add_option("--layers", a.model.layers, "Transformer layers")->required();
+  c->add_option("--hidden", a.model.hidden, "Hidden size")->required();
+  c->add_option("--heads", a.model.heads, "Attention heads")->required();
+  c->add_option("--seq", a.model.seq, "Sequence length")->required();
+  c->add_option("--vocab", a.model.vocab, "Vocabulary size")->required();
+  c->add_option("--ffn", a.model.ffn, "MLP width (default 4 x hidden)");
+  c->add_option("--tp", a.par.tp, "Tensor-parallel size")->capture_default_str();
+  c->add_option("--pp", a.par.pp, "Pipeline-parallel size")->capture_default_str();
+  c->add_option("--dp", a.par.dp, "Data-parallel size")->capture_default_str();
+  c->add_option("--micro-batch", a.par.micro_batch, "Sequences per micro-batch")->capture_default_str();
+  c->add_option("--global-batch", a.par.global_batch, "Sequences per step (default micro-batch x dp)");
+  c->add_option("--interleave", a.par.interleave, "Virtual pipeline chunks per device")->capture_default_str();
+  c->add_flag("--sequence-parallel", a.par.sequence_parallel, "Sequence parallelism in the tensor-parallel group");
+  c->add_option("--recompute", a.recompute, "Activation recomputation: none, selective or full")->capture_default_str();
+  c->add_option("--zero", a.par.zero_stage, "ZeRO stage 0-3 for the model states")->capture_default_str();
+  c->add_flag("--distributed-optimizer", a.distributed_optimizer, "Megatron's distributed optimizer (ZeRO stage 1)");
+  c->add_option("--precision", a.precision, "Activation precision: bf16, fp16, fp32, fp8")->capture_default_str();
+  c->add_option("--grad-precision", a.grad_precision, "Precision of the data-parallel gradient reduction")->capture_default_str();
+}
+
+void add_hardware_options(CLI::App* c, PlanArgs& a) {
+  c->add_option("--gemm-tflops", a.hw.gemm_tflops, "Measured GEMM throughput of one GPU, TFLOP/s");
+  c->add_option("--peak-tflops", a.hw.peak_tflops, "Datasheet dense peak of one GPU, for MFU");
+  c->add_option("--hbm-gbps", a.hw.hbm_gbps, "Device memory bandwidth, GB/s");
+  c->add_option("--tp-gbps", a.hw.tp_gbps, "Tensor-parallel link bus bandwidth per GPU, GB/s");
+  c->add_option("--dp-gbps", a.hw.dp_gbps, "Network bus bandwidth per GPU (data and pipeline parallel), GB/s");
+  c->add_option("--tp-latency-us", a.tp_latency_us, "Latency per step of a tensor-parallel collective")->capture_default_str();
+  c->add_option("--dp-latency-us", a.dp_latency_us, "Latency per step of a network collective")->capture_default_str();
+  c->add_flag("--overlap-dp", a.hw.overlap_dp, "Gradient reduction overlapped with the last backward");
+  c->add_option("--vet", a.vet, "A `pacer vet --json` report: measured figures instead of datasheet ones");
+}
+
+// Resolves the transformer options into a model and parallel layout; throws a usage error when impossible.
+void resolve_transformer(PlanArgs& a) {
+  if (a.recompute == "none") a.par.recompute = Recompute::kNone;
+  else if (a.recompute == "selective") a.par.recompute = Recompute::kSelective;
+  else if (a.recompute == "full") a.par.recompute = Recompute::kFull;
+  else usage_error(fmt::format("--recompute '{}': expected none, selective or full", a.recompute));
+  if (a.distributed_optimizer) {
+    if (a.par.zero_stage > 1) usage_error("--distributed-optimizer is ZeRO stage 1; do not combine it with --zero 2 or 3");
+    a.par.zero_stage = 1;
+  }
+  a.par.act_bytes = bytes_of(a.precision, "--precision");
+  a.par.grad_bytes = bytes_of(a.grad_precision, "--grad-precision");
+  unwrap(plan::validate(a.model, a.par));
+}
+
+// Fills hardware figures not given on the command line from the vet report; returns where each came from.
+json resolve_hardware(PlanArgs& a) {
+  a.hw.tp_latency_s = a.tp_latency_us * 1e-6;
+  a.hw.dp_latency_s = a.dp_latency_us * 1e-6;
+  json sources = json::object();
+  std::optional<plan::Calibration> cal;
+  if (!a.vet.empty()) cal = unwrap(plan::read_vet_report(a.vet));
+  auto fill = [&](double& field, const char* key, const char* check) {
+    if (field > 0) sources[key] = "command line";
+    else if (cal && plan::figure(*cal, check)) {
+      field = *plan::figure(*cal, check);
+      sources[key] = fmt::format("{} ({})", check, a.vet);
+    }
+  };
+  fill(a.hw.gemm_tflops, "gemm_tflops", "gpu.gemm_bf16");
+  fill(a.hw.hbm_gbps, "hbm_gbps", "gpu.hbm_bandwidth");
+  fill(a.hw.tp_gbps, "tp_gbps", "gpu.nccl_busbw");
+  fill(a.hw.dp_gbps, "dp_gbps", "link.network_busbw");
+  return sources;
+}
+
+json model_json(const PlanArgs& a) {
+  const auto& m = a.model;
+  const auto& p = a.par;
+  return {{"layers", m.layers}, {"hidden", m.hidden}, {"heads", m.heads}, {"seq", m.seq}, {"vocab", m.vocab},
+          {"ffn", m.ffn > 0 ? m.ffn : 4 * m.hidden}, {"parameters", plan::parameter_count(m)},
+          {"tp", p.tp}, {"pp", p.pp}, {"dp", p.dp}, {"micro_batch", p.micro_batch},
+          {"global_batch", p.global_batch > 0 ? p.global_batch : p.micro_batch * p.dp}, {"interleave", p.interleave},
+          {"sequence_parallel", p.sequence_parallel}, {"recompute", a.recompute}, {"zero_stage", p.zero_stage}};
+}
+
+int memory(PlanArgs& a) {
+  resolve_transformer(a);
+  const auto r = plan::estimate_memory(a.model, a.par);
+  json j = {{"schema", "pacer.plan.memory/1"}, {"config", model_json(a)},
+            {"per_gpu", {{"parameters", r.parameters}, {"weight_bytes", r.weight_bytes}, {"gradient_bytes", r.gradient_bytes},
+                         {"optimizer_bytes", r.optimizer_bytes}, {"activation_bytes_per_layer", r.activation_bytes_per_layer},
+                         {"in_flight_microbatches", r.in_flight_microbatches}, {"activation_bytes", r.activation_bytes},
+                         {"total_bytes", r.total_bytes}}},
+            {"layer_activations", json::array()}};
+  for (const auto& t : plan::layer_activations(a.model, a.par)) j["layer_activations"].push_back({{"name", t.name}, {"bytes", t.bytes}});
+  Table t({{"WHAT"}, {"PER GPU", true}, {"HOW"}});
+  t.add_row({"parameters", fmt::format("{:.3g}", r.parameters), "first pipeline stage, embeddings included"});
+  t.add_row({"weights", format_bytes(r.weight_bytes), a.par.zero_stage >= 3 ? "2 B/param, sharded over dp" : "2 B/param"});
+  t.add_row({"gradients", format_bytes(r.gradient_bytes),
+             fmt::format("{} B/param ({}){}", a.par.grad_bytes, a.grad_precision, a.par.zero_stage >= 2 ? ", sharded over dp" : "")});
+  t.add_row({"optimizer", format_bytes(r.optimizer_bytes), a.par.zero_stage >= 1 ? "12 B/param (Adam), sharded over dp" : "12 B/param (Adam)"});
+  t.add_row({"activations", format_bytes(r.activation_bytes),
+             fmt::format("{} per layer x {} layers x {} micro-batches in flight", format_bytes(r.activation_bytes_per_layer),
+                         a.model.layers / a.par.pp, num(r.in_flight_microbatches))});
+  t.add_row({"total", format_bytes(r.total_bytes), "before fragmentation, workspaces and the CUDA context"});
+  std::string text = t.render();
+  text += fmt::format("model: {:.3g} parameters; recomputation {}{}\n", plan::parameter_count(a.model), a.recompute,
+                      a.par.sequence_parallel ? ", sequence parallel" : "");
+  int rc = 0;
+  if (!a.gpu_memory.empty()) {
+    auto cap = parse_size(a.gpu_memory);
+    if (!cap || *cap == 0) usage_error(fmt::format("--gpu-memory '{}': expected a size such as 80GiB", a.gpu_memory));
+    const bool fits = r.total_bytes <= double(*cap);
+    j["gpu_memory_bytes"] = *cap;
+    j["fits"] = fits;
+    text += fmt::format("{}: {} needed of {} per GPU\n", fits ? "OK" : "FAILED", format_bytes(r.total_bytes), format_bytes(double(*cap)));
+    rc = fits ? 0 : 1;
+  }
+  print(j, a.json, text);
+  return rc;
+}
+
+int comm(PlanArgs& a) {
+  resolve_transformer(a);
+  json sources = resolve_hardware(a);
+  const auto r = unwrap(plan::estimate_comm(a.model, a.par, a.hw));
+  json j = {{"schema", "pacer.plan.comm/1"}, {"config", model_json(a)}, {"hardware_sources", sources},
+            {"per_gpu_per_step", {{"dp_bytes", r.dp_bytes}, {"tp_bytes", r.tp_bytes}, {"pp_bytes", r.pp_bytes},
+                                  {"dp_time_s", r.dp_time_s}, {"tp_time_s", r.tp_time_s}, {"pp_time_s", r.pp_time_s},
+                                  {"backward_flops", r.backward_flops}, {"dp_hide_flops", r.dp_hide_flops},
+                                  {"dp_hidden_fraction", r.dp_hidden_fraction}}}};
+  Table t({{"TRAFFIC"}, {"BYTES/GPU/STEP", true}, {"TIME", true}, {"OVER"}});
+  t.add_row({"data parallel", format_bytes(r.dp_bytes), format_duration(r.dp_time_s),
+             a.par.zero_stage >= 1 ? "reduce-scatter + all-gather" : "all-reduce"});
+  t.add_row({"tensor parallel", format_bytes(r.tp_bytes), format_duration(r.tp_time_s),
+             a.par.sequence_parallel ? "all-gather + reduce-scatter" : "all-reduce"});
+  t.add_row({"pipeline", format_bytes(r.pp_bytes), format_duration(r.pp_time_s), "send/recv to the next stage"});
+  std::string text = t.render();
+  if (a.hw.gemm_tflops > 0 && r.dp_time_s > 0)
+    text += fmt::format("hiding the gradient reduction takes {:.3g} FLOP of backward per GPU; the last micro-batch has {:.3g}, enough to hide {} of it at {} TFLOP/s\n",
+                        r.dp_hide_flops, r.backward_flops, pct(r.dp_hidden_fraction), num(a.hw.gemm_tflops));
+  print(j, a.json, text);
+  return 0;
+}
+
+int step(PlanArgs& a) {
+  resolve_transformer(a);
+  json sources = resolve_hardware(a);
+  const auto r = unwrap(plan::estimate_step(a.model, a.par, a.hw));
+  const auto flops = plan::step_flops(a.model, a.par);
+  json j = {{"schema", "pacer.plan.step/1"}, {"config", model_json(a)}, {"hardware_sources", sources},
+            {"hardware", {{"gemm_tflops", a.hw.gemm_tflops}, {"peak_tflops", a.hw.peak_tflops}, {"hbm_gbps", a.hw.hbm_gbps},
+                          {"tp_gbps", a.hw.tp_gbps}, {"dp_gbps", a.hw.dp_gbps}, {"overlap_dp", a.hw.overlap_dp}}},
+            {"microbatches", r.microbatches},
+            {"breakdown_s", {{"gemm", r.gemm_s}, {"elementwise", r.elementwise_s}, {"tp_comm", r.tp_comm_s},
+                             {"pp_comm", r.pp_comm_s}, {"bubble", r.bubble_s}, {"dp_comm", r.dp_comm_s},
+                             {"optimizer", r.optimizer_s}}},
+            {"step_s", r.step_s}, {"tokens_per_s", r.tokens_per_s}, {"model_flops", flops.model_flops},
+            {"hardware_flops", flops.hardware_flops}, {"model_tflops_per_gpu", r.model_tflops_per_gpu},
+            {"hardware_tflops_per_gpu", r.hardware_tflops_per_gpu},
+            {"mfu", a.hw.peak_tflops > 0 ? json(r.mfu) : json(nullptr)},
+            {"hfu", a.hw.peak_tflops > 0 ? json(r.hfu) : json(nullptr)}};
+  Table t({{"PART"}, {"TIME", true}, {"SHARE", true}});
+  for (auto [name, v] : {std::pair{"matrix compute (GEMM)", r.gemm_s}, {"memory-bound kernels", r.elementwise_s},
+                         {"tensor-parallel comm", r.tp_comm_s}, {"pipeline send/recv", r.pp_comm_s},
+                         {"pipeline bubble", r.bubble_s}, {"data-parallel comm", r.dp_comm_s}, {"optimizer", r.optimizer_s}})
+    t.add_row({name, format_duration(v), pct(v / r.step_s)});
+  std::string text = t.render();
+  text += fmt::format("step {} for {} micro-batches per pipeline: {:.3g} tokens/s, {} TFLOP/s model per GPU ({} with recomputation)",
+                      format_duration(r.step_s), r.microbatches, r.tokens_per_s, num(r.model_tflops_per_gpu),
+                      num(r.hardware_tflops_per_gpu));
+  if (a.hw.peak_tflops > 0) text += fmt::format(", MFU {}", pct(r.mfu));
+  text += "\n";
+  print(j, a.json, text);
+  return 0;
+}
+
+int ckpt(PlanArgs& a) {
+  plan::CkptInput in;
+  if (!a.save_cost.empty()) in.save_cost_s = duration(a.save_cost, "--save-cost");
+  std::string save_from = "given";
+  if (a.nodes < 0) usage_error(fmt::format("--nodes {}: expected a positive count", a.nodes));
+  if (!a.ckpt_size.empty()) {
+    if (!a.save_cost.empty()) usage_error("give --save-cost or --ckpt-size, not both");
+    auto size = parse_size(a.ckpt_size);
+    if (!size || *size == 0) usage_error(fmt::format("--ckpt-size '{}': expected a size such as 2TB", a.ckpt_size));
+    double rate = a.write_mbps;
+    if (!(rate > 0) && !a.vet.empty()) {
+      if (auto f = plan::figure(unwrap(plan::read_vet_report(a.vet)), "storage.write")) rate = *f;
+    }
+    if (!(rate > 0)) usage_error("--ckpt-size needs --write-mbps or a --vet report with storage.write");
+    // Every node writes its share in parallel at the rate one node measured.
+    in.save_cost_s = double(*size) / (rate * 1e6 * std::max(1, a.nodes));
+    save_from = fmt::format("{} at {} MB/s per node on {} node(s)", format_bytes(double(*size)), num(rate), std::max(1, a.nodes));
+  }
+  if (in.save_cost_s <= 0) usage_error("give --save-cost (or --ckpt-size with --write-mbps or --vet)");
+  in.restart_cost_s = duration(a.restart_cost, "--restart-cost");
+  if (!a.mtbf.empty() && !a.node_mtbf.empty()) usage_error("give --mtbf (of the job) or --node-mtbf with --nodes, not both");
+  if (!a.mtbf.empty()) in.mtbf_s = duration(a.mtbf, "--mtbf");
+  else if (!a.node_mtbf.empty()) {
+    if (a.nodes < 1) usage_error("--node-mtbf needs --nodes");
+    in.mtbf_s = plan::job_mtbf_s(duration(a.node_mtbf, "--node-mtbf"), a.nodes);
+  } else usage_error("give --mtbf or --node-mtbf with --nodes");
+  if (!a.campaign.empty()) in.campaign_s = duration(a.campaign, "--campaign");
+  if (!a.interval.empty()) in.current_interval_s = duration(a.interval, "--interval");
+  const auto r = unwrap(plan::plan_ckpt(in));
+  json j = {{"schema", "pacer.plan.ckpt/1"}, {"save_cost_s", in.save_cost_s}, {"save_cost_from", save_from},
+            {"restart_cost_s", in.restart_cost_s}, {"mtbf_s", in.mtbf_s}, {"young_interval_s", r.young_interval_s},
+            {"daly_interval_s", r.daly_interval_s}, {"lost_fraction", r.lost_fraction}};
+  std::string text = fmt::format("job MTBF {}, save {}, restart {}\n", format_duration(in.mtbf_s), format_duration(in.save_cost_s),
+                                 format_duration(in.restart_cost_s));
+  text += fmt::format("checkpoint every {} (Daly; Young: {}): {} of the time lost to saves, rework and restarts\n",
+                      format_duration(r.daly_interval_s), format_duration(r.young_interval_s), pct(r.lost_fraction));
+  if (in.current_interval_s > 0) {
+    j["current_interval_s"] = in.current_interval_s;
+    j["lost_fraction_current"] = r.lost_fraction_current;
+    text += fmt::format("at the current {} interval: {} lost\n", format_duration(in.current_interval_s), pct(r.lost_fraction_current));
+  }
+  if (in.campaign_s > 0) {
+    j["campaign_s"] = in.campaign_s;
+    j["expected_failures"] = r.expected_failures;
+    j["p_any_failure"] = r.p_any_failure;
+    text += fmt::format("over {}: {:.3g} failures expected, {} chance of at least one\n", format_duration(in.campaign_s),
+                        r.expected_failures, r.p_any_failure > 0.999 ? "a >99.9%" : "a " + pct(r.p_any_failure));
+  }
+  print(j, a.json, text);
+  return 0;
+}
+
+}  // namespace
+
+Handler register_plan(CLI::App& app) {
+  auto args = std::make_shared<PlanArgs>();
+  auto handler = std::make_shared<Handler>();
+  CLI::App* cmd = app.add_subcommand("plan", "Arithmetic before the allocation: scaling, pipeline, memory, comm, checkpoints, step time");
+  cmd->require_subcommand(1);
+  cmd->footer("Exit codes: 0 ok, 1 the configuration does not fit (memory --gpu-memory), 2 bad input. See docs/plan.md.");
+  auto sub = [&](const char* name, const char* help, int (*fn)(PlanArgs&)) {
+    CLI::App* s = cmd->add_subcommand(name, help);
+    s->add_flag("--json", args->json, "Machine-readable output");
+    s->callback([args, handler, fn] { *handler = [args, fn] { return fn(*args); }; });
+    return s;
+  };
+  auto* am = sub("amdahl", "Speedup limits from a serial fraction, or the fraction a measured speedup implies",
+                 [](PlanArgs& a) { return amdahl(a); });
+  am->add_option("--serial-fraction", args->serial_fraction, "Share of the work that does not parallelise, 0-1");
+  am->add_option("--speedup", args->speedup, "Measured speedup on --gpus (gives the Karp-Flatt serial fraction)");
+  am->add_option("--gpus", args->gpus, "Worker count")->required();
+
+  auto* sc = sub("scaling", "Efficiency per point, the fitted serial fraction and predictions from measured points",
+                 [](PlanArgs& a) { return scaling(a); });
+  sc->add_option("file", args->file, "CSV with columns gpus and throughput or step_time_s")->required();
+  sc->add_option("--mode", args->mode, "strong (fixed total work) or weak (fixed work per GPU)")->capture_default_str();
+  sc->add_option("--predict", args->predict, "GPU counts to predict (default 2x, 4x, 8x the largest)");
+
+  auto* pp = sub("pipeline", "Balanced pipeline stages from measured per-layer times", [](PlanArgs& a) { return pipeline(a); });
+  pp->add_option("file", args->file, "CSV with columns time_ms and optionally layer, memory_mb")->required();
+  pp->add_option("--stages", args->stages, "Pipeline stages")->required();
+  pp->add_option("--microbatches", args->microbatches, "Micro-batches per step")->required();
+  pp->add_option("--schedule", args->schedule, "gpipe, 1f1b or interleaved")->capture_default_str();
+  pp->add_option("--chunks", args->chunks, "Model chunks per device (interleaved)")->capture_default_str();
+
+  auto* me = sub("memory", "Parameters, gradients, optimizer states and activations per GPU", [](PlanArgs& a) { return memory(a); });
+  add_model_options(me, *args);
+  me->add_option("--gpu-memory", args->gpu_memory, "GPU memory, e.g. 80GiB: exit 1 when the estimate does not fit");
+
+  auto* co = sub("comm", "Bytes and time of data-, tensor- and pipeline-parallel traffic per step", [](PlanArgs& a) { return comm(a); });
+  add_model_options(co, *args);
+  add_hardware_options(co, *args);
+
+  auto* st = sub("step", "Step time of a transformer configuration, its breakdown and MFU", [](PlanArgs& a) { return step(a); });
+  add_model_options(st, *args);
+  add_hardware_options(st, *args);
+
+  auto* ck = sub("ckpt", "Optimal checkpoint interval, time lost and the odds of failure", [](PlanArgs& a) { return ckpt(a); });
+  ck->add_option("--save-cost", args->save_cost, "Time one save stalls training, e.g. 40s");
+  ck->add_option("--ckpt-size", args->ckpt_size, "Checkpoint size, e.g. 2TB (save cost from the write rate)");
+  ck->add_option("--write-mbps", args->write_mbps, "Write rate of one node, MB/s");
+  ck->add_option("--restart-cost", args->restart_cost, "From a failure to training again, e.g. 10m")->capture_default_str();
+  ck->add_option("--mtbf", args->mtbf, "Mean time between failures of the whole job, e.g. 8h");
+  ck->add_option("--node-mtbf", args->node_mtbf, "Mean time between failures of one node, e.g. 1000d");
+  ck->add_option("--nodes", args->nodes, "Nodes in the job");
+  ck->add_option("--campaign", args->campaign, "Length of the training campaign, e.g. 30d");
+  ck->add_option("--interval", args->interval, "The interval in use now, to compare");
+  ck->add_option("--vet", args->vet, "A `pacer vet --json` report (storage.write)");
+  return [handler] { return *handler ? (*handler)() : static_cast<int>(ExitCode::kUsage); };
+}
+
+}  // namespace pacer::cli

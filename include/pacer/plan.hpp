@@ -1,0 +1,282 @@
+// pacer plan: the arithmetic of a training run (scaling limits, pipeline partitions, memory, communication,
+// checkpoint intervals, step time) done before the allocation is spent.
+//
+// Everything here is pure arithmetic on the caller's figures: no I/O except the CSV and vet-report readers,
+// no global state, every function is thread-safe. Units are in the names: _s seconds, _bytes bytes,
+// _flops FLOP (not per second), _tflops TFLOP/s, _gbps GB/s (1e9 bytes per second). Formulas are in
+// docs/plan.md; functions that take user input return Expected and name the offending key or file:line.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "pacer/core/error.hpp"
+
+namespace pacer::plan {
+
+// ---------------------------------------------------------------------------------------------------------
+// CSV: a header line, then rows of comma-separated cells; '#' starts a comment line, blank lines are skipped.
+// Errors name file:line (and the column).
+struct CsvRow {
+  int line = 0;                    // 1-based line number in the file
+  std::vector<std::string> cells;  // trimmed, same count as the header
+};
+struct CsvTable {
+  std::string path;
+  std::vector<std::string> header;  // trimmed, lower-case
+  std::vector<CsvRow> rows;
+
+  // Index of `name` in the header, or -1.
+  int column(const std::string& name) const;
+  // Index of `name`, or an error "file: no 'name' column in the header".
+  Expected<int> required_column(const std::string& name) const;
+  // The cell of `row` in column `col` as a number; an error "file:line: column 'x': ..." otherwise.
+  Expected<double> number(const CsvRow& row, int col) const;
+};
+Expected<CsvTable> read_csv(const std::string& path);
+Expected<CsvTable> parse_csv(const std::string& text, const std::string& path);
+
+// ---------------------------------------------------------------------------------------------------------
+// Amdahl and Karp-Flatt.
+// Speedup on n workers of a job whose serial (non-parallelisable) share is f: 1 / (f + (1 - f) / n).
+double amdahl_speedup(double serial_fraction, double n);
+// Serial fraction implied by a measured speedup on n workers (Karp-Flatt): (1/S - 1/n) / (1 - 1/n).
+double karp_flatt(double speedup, double n);
+
+struct AmdahlReport {
+  double serial_fraction = 0;     // given, or implied by the measured speedup
+  double n = 0;                   // workers the speedup is for
+  double speedup = 0;             // at n
+  double efficiency = 0;          // speedup / n
+  double max_speedup = 0;         // 1 / f (infinite workers); +inf when f = 0
+  double n_for_half_efficiency = 0;  // workers at which efficiency drops to 50%: 1 + 1/f (+inf when f = 0)
+};
+// Either `serial_fraction` or `measured_speedup` must be given; n >= 1.
+Expected<AmdahlReport> amdahl(std::optional<double> serial_fraction, std::optional<double> measured_speedup, double n);
+
+// ---------------------------------------------------------------------------------------------------------
+// Scaling from measurements.
+enum class ScalingMode { kStrong, kWeak };
+struct ScalingPoint {
+  double gpus = 0;
+  double throughput = 0;  // work per second (higher is better); 0 when given as step time
+  double step_time_s = 0; // seconds per step; 0 when given as throughput
+  int line = 0;
+  double efficiency = 0;  // filled by analyse_scaling, against the smallest count
+  double karp_flatt = 0;  // serial fraction this point alone implies (NaN for the base point)
+};
+struct ScalingPrediction {
+  double gpus = 0;
+  double efficiency = 0;      // with the fitted fraction
+  double efficiency_low = 0;  // fraction + 2 standard errors (NaN when fewer than 3 points)
+  double efficiency_high = 0; // fraction - 2 standard errors
+  bool extrapolated_far = false;  // more than 4x the largest measured count
+};
+struct ScalingReport {
+  ScalingMode mode = ScalingMode::kStrong;
+  std::vector<ScalingPoint> points;  // sorted by gpus
+  double serial_fraction = 0;        // least-squares fit of the Amdahl (strong) or Gustafson (weak) model
+  double serial_fraction_stderr = 0; // NaN with fewer than 3 points
+  double rms_residual = 0;           // of the efficiency fit
+  std::vector<ScalingPrediction> predictions;
+  std::vector<std::string> warnings;
+};
+// Reads `gpus` and one of `throughput` / `step_time_s` per row. Needs two distinct GPU counts.
+Expected<std::vector<ScalingPoint>> read_scaling_csv(const std::string& path);
+Expected<ScalingReport> analyse_scaling(std::vector<ScalingPoint> points, ScalingMode mode,
+                                        const std::vector<double>& predict_at);
+
+// ---------------------------------------------------------------------------------------------------------
+// Pipeline partitioning of measured per-layer times.
+enum class Schedule { kGpipe, k1f1b, kInterleaved };
+struct Layer {
+  std::string name;
+  double time_s = 0;        // forward + backward of one micro-batch through this layer
+  double memory_bytes = 0;  // activation memory one micro-batch leaves on the GPU (0: not given)
+  int line = 0;
+};
+struct Stage {
+  int first_layer = 0;  // index into the layer list
+  int layer_count = 0;
+  double time_s = 0;        // per micro-batch (sum over its chunks when interleaved)
+  double memory_bytes = 0;  // activation memory of the micro-batches in flight on this stage
+  double in_flight = 0;     // micro-batches whose activations it holds at the peak
+};
+struct PipelinePlan {
+  std::vector<Stage> stages;  // one per device; with interleaving each device has `chunks` chunks
+  std::vector<std::vector<int>> chunk_bounds;  // per device: first layer of each chunk (interleaved only)
+  double step_time_s = 0;
+  double bubble_fraction = 0;  // share of the step the slowest stage waits: 1 - M * t_max / step
+  double max_stage_time_s = 0;
+};
+struct PipelineReport {
+  Schedule schedule = Schedule::k1f1b;
+  int stages = 0, microbatches = 0, chunks = 1;
+  PipelinePlan optimal;   // minimises the slowest stage (exact)
+  PipelinePlan by_count;  // equal numbers of layers per stage (the habit)
+  double gain = 0;        // by_count.step / optimal.step - 1
+  bool has_memory = false;
+};
+// CSV columns: `time_ms` (required), `layer` and `memory_mb` (optional).
+Expected<std::vector<Layer>> read_layers_csv(const std::string& path);
+// Exact contiguous partition of `times` into `parts` groups minimising the largest group sum; returns
+// the first index of each group. Dynamic programming, O(parts * n^2).
+std::vector<int> partition_min_max(const std::vector<double>& times, int parts);
+Expected<PipelineReport> plan_pipeline(const std::vector<Layer>& layers, int stages, int microbatches,
+                                       Schedule schedule, int chunks);
+
+// ---------------------------------------------------------------------------------------------------------
+// Transformers (GPT-style: attention + 4h MLP, learned position embeddings, tied output layer).
+enum class Recompute { kNone, kSelective, kFull };
+struct Model {
+  int layers = 0;
+  int hidden = 0;
+  int heads = 0;
+  int seq = 0;
+  int vocab = 0;
+  int ffn = 0;  // 0: 4 * hidden
+};
+struct Parallel {
+  int tp = 1, pp = 1, dp = 1;
+  int micro_batch = 1;
+  int global_batch = 0;      // 0: micro_batch * dp (one micro-batch per step)
+  int interleave = 1;        // virtual pipeline chunks per device
+  bool sequence_parallel = false;
+  Recompute recompute = Recompute::kNone;
+  int zero_stage = 0;        // 0-3; the distributed optimizer of Megatron is stage 1
+  int act_bytes = 2;         // activations and their gradients on the wire (bf16/fp16)
+  int grad_bytes = 4;        // data-parallel gradient reduction (Megatron reduces fp32 main grads)
+};
+// Checks that every size is positive, that tp divides heads and hidden, pp*interleave divides layers,
+// dp*micro_batch divides global_batch. The message names the option.
+Status validate(const Model& m, const Parallel& p);
+
+// Parameters of the whole model: 12 l h^2 (1 + 13/(12h) + (V + s)/(12 l h)) for ffn = 4h.
+double parameter_count(const Model& m);
+// Parameters held by the GPU of the first pipeline stage (transformer layers / (tp pp) plus the
+// embeddings / tp and the position embeddings).
+double parameters_per_gpu(const Model& m, const Parallel& p);
+
+// One stored tensor of a transformer layer's forward pass, as counted by Korthikanti et al. 2022 §4.1.
+struct ActivationTensor {
+  std::string name;
+  double bytes = 0;  // per micro-batch, per GPU
+};
+// What one layer stores for backward, tensor by tensor, under the recomputation, tp and sp settings.
+std::vector<ActivationTensor> layer_activations(const Model& m, const Parallel& p);
+double layer_activation_bytes(const Model& m, const Parallel& p);
+
+struct MemoryReport {
+  double parameters = 0;           // on the first stage's GPUs
+  double weight_bytes = 0;         // 2 bytes per parameter (bf16/fp16), / dp under ZeRO-3
+  double gradient_bytes = 0;       // Parallel::grad_bytes per parameter, / dp under ZeRO-2 and 3
+  double optimizer_bytes = 0;      // 12 bytes (fp32 master, momentum, variance), / dp under ZeRO >= 1
+  double activation_bytes_per_layer = 0;  // one micro-batch
+  double in_flight_microbatches = 0;      // on the first stage at the peak of the schedule
+  double activation_bytes = 0;     // first stage, schedule peak, with the embedding dropout mask
+  double total_bytes = 0;
+};
+MemoryReport estimate_memory(const Model& m, const Parallel& p);
+// Mixed-precision Adam model states of `params` parameters per model replica: 2 bytes of weights,
+// `grad_bytes` of gradients (2 in the ZeRO paper, 4 for Megatron's fp32 main gradients) and 12 of optimizer
+// state (Rajbhandari et al. 2020), partitioned over `dp` ranks as ZeRO stage `zero_stage` does.
+struct ModelStates {
+  double weight_bytes = 0, gradient_bytes = 0, optimizer_bytes = 0;
+};
+ModelStates model_state_bytes(double params, int dp, int zero_stage, int grad_bytes);
+
+// Matrix FLOPs of one training step for the whole job: forward, backward and what recomputation adds.
+struct FlopCount {
+  double model_flops = 0;     // 72 B s l h^2 (1 + s/(6h) + V/(12 l h)): forward + backward
+  double hardware_flops = 0;  // model_flops plus recomputed forwards
+};
+FlopCount step_flops(const Model& m, const Parallel& p);
+
+// Links and devices. Bandwidths are what a collective achieves per GPU ("bus bandwidth" in nccl-tests).
+struct Hardware {
+  double gemm_tflops = 0;   // sustained large-GEMM throughput of one GPU, bf16/fp16
+  double peak_tflops = 0;   // datasheet dense peak, for MFU (0: not reported)
+  double hbm_gbps = 0;      // device memory bandwidth achieved by streaming kernels
+  double tp_gbps = 0;       // tensor-parallel link (NVLink) bus bandwidth
+  double tp_latency_s = 5e-6;
+  double dp_gbps = 0;       // data- and pipeline-parallel link (network) bus bandwidth per GPU
+  double dp_latency_s = 10e-6;
+  bool overlap_dp = false;  // gradient reduction overlapped with backward
+};
+
+struct CommReport {
+  double dp_bytes = 0;        // per GPU per step (sent), all-reduce or reduce-scatter + all-gather
+  double tp_bytes = 0;        // per GPU per step
+  double pp_bytes = 0;        // per GPU per step (to the next stage and back)
+  double dp_time_s = 0, tp_time_s = 0, pp_time_s = 0;
+  double dp_hide_flops = 0;   // FLOPs of backward compute needed on one GPU to hide dp_time_s
+  double backward_flops = 0;  // backward FLOPs of the last micro-batch on one GPU: gradients are final only
+                              // then, so it is all an overlapped reduction can hide behind
+  double dp_hidden_fraction = 0;  // min(1, that backward's time / dp time) at gemm_tflops
+};
+// Ring collectives: all-reduce moves 2 (n-1)/n of the buffer per GPU, reduce-scatter and all-gather (n-1)/n.
+double allreduce_time_s(double bytes, int n, double gbps, double latency_s);
+double allgather_time_s(double bytes, int n, double gbps, double latency_s);
+Expected<CommReport> estimate_comm(const Model& m, const Parallel& p, const Hardware& hw);
+
+struct StepReport {
+  int microbatches = 0;          // per pipeline per step
+  double gemm_s = 0;             // matrix compute on one GPU (including recomputation)
+  double elementwise_s = 0;      // memory-bound kernels (norms, softmax, dropout, GeLU, residuals)
+  double tp_comm_s = 0;
+  double pp_comm_s = 0;
+  double bubble_s = 0;
+  double dp_comm_s = 0;          // exposed (after overlap)
+  double optimizer_s = 0;
+  double step_s = 0;
+  double tokens_per_s = 0;
+  double model_tflops_per_gpu = 0;
+  double hardware_tflops_per_gpu = 0;
+  double mfu = 0;  // model FLOP/s per GPU / peak (0 when no peak given)
+  double hfu = 0;
+};
+Expected<StepReport> estimate_step(const Model& m, const Parallel& p, const Hardware& hw);
+
+// ---------------------------------------------------------------------------------------------------------
+// Checkpoint intervals and failures.
+struct CkptInput {
+  double save_cost_s = 0;
+  double restart_cost_s = 0;   // time from a failure to training again (requeue, load, warm-up)
+  double mtbf_s = 0;           // of the whole job
+  double campaign_s = 0;       // 0: not reported
+  double current_interval_s = 0;  // 0: not reported
+};
+struct CkptReport {
+  double young_interval_s = 0;
+  double daly_interval_s = 0;
+  double lost_fraction = 0;          // at Daly's interval: save / interval + (interval / 2 + restart) / MTBF
+  double lost_fraction_current = 0;  // at the current interval (0 when none given)
+  double expected_failures = 0;      // over the campaign
+  double p_any_failure = 0;          // 1 - exp(-campaign / MTBF)
+};
+// Job MTBF from a per-node MTBF and the node count (independent exponential failures).
+double job_mtbf_s(double node_mtbf_s, int nodes);
+Expected<CkptReport> plan_ckpt(const CkptInput& in);
+
+// ---------------------------------------------------------------------------------------------------------
+// Calibration from `pacer vet --json` reports (schema pacer.vet/1). Figures are taken by check name:
+//   gpu.gemm_bf16 (TFLOP/s)       -> Hardware::gemm_tflops
+//   gpu.hbm_bandwidth (GB/s)      -> Hardware::hbm_gbps
+//   gpu.nccl_busbw (GB/s)      -> Hardware::tp_gbps
+//   link.network_busbw (GB/s)     -> Hardware::dp_gbps
+//   storage.write (MB/s)          -> checkpoint write rate per node
+//   memory.bandwidth, cpu.flops   -> reported, not used by the models
+// With several targets (GPUs, paths) the slowest figure wins: a step goes at the pace of its slowest GPU.
+// Checks whose status is skip or error, or whose value is not a number, are ignored.
+struct Calibration {
+  std::string source;  // path of the report
+  std::map<std::string, double> figures;  // check name -> value in the unit above
+};
+Expected<Calibration> read_vet_report(const std::string& path);
+// The figure for `check`, if the report had a usable one.
+std::optional<double> figure(const Calibration& c, const std::string& check);
+
+}  // namespace pacer::plan

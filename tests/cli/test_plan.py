@@ -1,0 +1,168 @@
+"""Integration tests for `pacer plan`: the real binary, its JSON, its explanations and its exit codes."""
+import json
+import math
+import os
+import tempfile
+import unittest
+
+from cli_util import pacer
+
+GPT175B = ["--layers", "96", "--hidden", "12288", "--heads", "96", "--seq", "2048", "--vocab", "51200"]
+A100 = ["--gemm-tflops", "250", "--peak-tflops", "312", "--hbm-gbps", "1631", "--tp-gbps", "230", "--dp-gbps", "22.5"]
+
+
+class PlanTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory(prefix="pacer-plan-")
+        self.addCleanup(self.tmp.cleanup)
+
+    def write(self, name, text):
+        path = os.path.join(self.tmp.name, name)
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    def run_json(self, *args):
+        r = pacer("plan", *args, "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return json.loads(r.stdout)
+
+    def assert_usage_error(self, args, needle):
+        r = pacer("plan", *args)
+        self.assertEqual(r.returncode, 2, (args, r.stdout, r.stderr))
+        self.assertIn(needle, r.stderr)
+
+    def test_amdahl(self):
+        j = self.run_json("amdahl", "--serial-fraction", "0.05", "--gpus", "16")
+        self.assertEqual(j["schema"], "pacer.plan.amdahl/1")
+        self.assertAlmostEqual(j["speedup"], 1 / (0.05 + 0.95 / 16), places=9)
+        self.assertAlmostEqual(j["max_speedup"], 20, places=9)
+        j = self.run_json("amdahl", "--speedup", "8", "--gpus", "16")
+        self.assertAlmostEqual(j["serial_fraction"], 1 / 15, places=12)
+        self.assertIsNone(self.run_json("amdahl", "--serial-fraction", "0", "--gpus", "8")["max_speedup"])
+        r = pacer("plan", "amdahl", "--serial-fraction", "0.05", "--gpus", "16")
+        self.assertEqual(r.returncode, 0)
+        self.assertIn("no number of GPUs gives more than 20x", r.stdout)
+        self.assert_usage_error(["amdahl", "--speedup", "20", "--gpus", "16"], "superlinear")
+        self.assert_usage_error(["amdahl", "--gpus", "16"], "either")
+        self.assert_usage_error(["amdahl", "--serial-fraction", "0.1"], "--gpus")
+
+    def test_scaling(self):
+        f = 0.02
+        rows = "".join(f"{n},{1000 * 1 / (f + (1 - f) / (n / 8))}\n" for n in (8, 16, 32, 64))
+        path = self.write("pts.csv", "# gpus and samples/s\ngpus,throughput\n" + rows)
+        j = self.run_json("scaling", path, "--predict", "128", "--predict", "4096")
+        self.assertEqual(j["schema"], "pacer.plan.scaling/1")
+        self.assertAlmostEqual(j["serial_fraction"], f, places=9)
+        self.assertEqual([p["gpus"] for p in j["points"]], [8, 16, 32, 64])
+        self.assertFalse(j["predictions"][0]["extrapolated_far"])
+        self.assertTrue(j["predictions"][1]["extrapolated_far"])
+        self.assertTrue(any("4096 GPUs" in w for w in j["warnings"]))
+        r = pacer("plan", "scaling", path)
+        self.assertIn("fitted serial/communication fraction 0.0200", r.stdout)
+
+    def test_malformed_csv_names_file_and_line(self):
+        path = self.write("bad.csv", "gpus,throughput\n8,100\n16,lots\n")
+        self.assert_usage_error(["scaling", path], f"{path}:3: column 'throughput'")
+        path = self.write("short.csv", "gpus,throughput\n8,100\n16\n")
+        self.assert_usage_error(["scaling", path], f"{path}:3:")
+        layers = self.write("layers.csv", "layer,time_ms\nembed,3\nblock,-1\n")
+        self.assert_usage_error(["pipeline", layers, "--stages", "2", "--microbatches", "4"], f"{layers}:3: column 'time_ms'")
+        self.assert_usage_error(["scaling", os.path.join(self.tmp.name, "missing.csv")], "missing.csv")
+
+    def test_pipeline(self):
+        text = "layer,time_ms,memory_mb\nembed,6,300\n" + "".join(f"block{i},2,120\n" for i in range(30)) + "head,9,500\n"
+        path = self.write("layers.csv", text)
+        j = self.run_json("pipeline", path, "--stages", "4", "--microbatches", "16")
+        self.assertEqual(j["schema"], "pacer.plan.pipeline/1")
+        opt, even = j["optimal"], j["by_count"]
+        self.assertEqual(sum(s["layers"] for s in opt["stages"]), 32)
+        self.assertLessEqual(opt["max_stage_time_s"], even["max_stage_time_s"])
+        self.assertAlmostEqual(j["gain"], even["step_time_s"] / opt["step_time_s"] - 1, places=12)
+        self.assertGreater(j["gain"], 0.1)
+        self.assertEqual(opt["stages"][0]["in_flight"], 4)
+        r = pacer("plan", "pipeline", path, "--stages", "4", "--microbatches", "16", "--schedule", "interleaved", "--chunks", "2")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("OK: the balanced partition", r.stdout)
+        self.assert_usage_error(["pipeline", path, "--stages", "40", "--microbatches", "16"], "at least 40 layers")
+        self.assert_usage_error(["pipeline", path, "--stages", "4", "--microbatches", "0"], "--microbatches")
+        self.assert_usage_error(["pipeline", path, "--stages", "4", "--microbatches", "8", "--schedule", "zigzag"], "zigzag")
+
+    def test_memory(self):
+        args = ["memory", *GPT175B, "--tp", "8", "--pp", "8", "--dp", "16", "--global-batch", "1536",
+                "--sequence-parallel", "--recompute", "selective", "--distributed-optimizer"]
+        j = self.run_json(*args)
+        self.assertEqual(j["schema"], "pacer.plan.memory/1")
+        g = j["per_gpu"]
+        s, b, h, t = 2048, 1, 12288, 8
+        self.assertAlmostEqual(g["activation_bytes_per_layer"], 34 * s * b * h / t, delta=1)
+        self.assertAlmostEqual(g["optimizer_bytes"], 12 * g["parameters"] / 16, delta=1)
+        self.assertAlmostEqual(g["total_bytes"], g["weight_bytes"] + g["gradient_bytes"] + g["optimizer_bytes"] + g["activation_bytes"], delta=1)
+        self.assertEqual(pacer("plan", *args, "--gpu-memory", "80GiB").returncode, 0)
+        r = pacer("plan", *args[:-4], "--gpu-memory", "40GiB")  # no recomputation, no sequence parallelism
+        self.assertEqual(r.returncode, 1, r.stdout)
+        self.assertIn("FAILED", r.stdout)
+
+    def test_impossible_configurations(self):
+        self.assert_usage_error(["memory", *GPT175B, "--tp", "7"], "--tp 7 does not divide --heads 96")
+        self.assert_usage_error(["memory", *GPT175B, "--pp", "128"], "more stages than --layers")
+        self.assert_usage_error(["memory", *GPT175B, "--pp", "7"], "does not divide --layers 96")
+        self.assert_usage_error(["memory", *GPT175B, "--dp", "3", "--global-batch", "64"], "does not divide --global-batch 64")
+        self.assert_usage_error(["memory", *GPT175B, "--micro-batch", "0"], "--micro-batch 0")
+        self.assert_usage_error(["memory", *GPT175B, "--recompute", "some"], "--recompute")
+        self.assert_usage_error(["memory", *GPT175B, "--zero", "2", "--distributed-optimizer"], "--distributed-optimizer")
+        self.assert_usage_error(["step", *GPT175B, "--tp", "8"], "--gemm-tflops")
+        self.assert_usage_error(["step", *GPT175B, "--gemm-tflops", "-5", "--hbm-gbps", "1000"], "--gemm-tflops")
+        self.assert_usage_error(["ckpt", "--save-cost", "0s", "--mtbf", "8h"], "--save-cost")
+        self.assert_usage_error(["ckpt", "--save-cost", "40s", "--node-mtbf", "100d"], "--nodes")
+
+    def test_comm(self):
+        j = self.run_json("comm", *GPT175B, "--tp", "8", "--pp", "8", "--dp", "16", "--global-batch", "1536", *A100)
+        self.assertEqual(j["schema"], "pacer.plan.comm/1")
+        c = j["per_gpu_per_step"]
+        self.assertGreater(c["tp_bytes"], c["dp_bytes"])  # tensor parallelism moves the most, over NVLink
+        self.assertAlmostEqual(c["dp_hide_flops"], c["dp_time_s"] * 250e12, delta=1e3)
+        self.assertEqual(j["hardware_sources"]["dp_gbps"], "command line")
+
+    def test_step_and_vet_calibration(self):
+        base = ["step", *GPT175B, "--tp", "8", "--pp", "8", "--global-batch", "64", "--interleave", "3",
+                "--sequence-parallel", "--recompute", "selective"]
+        j = self.run_json(*base, *A100)
+        self.assertEqual(j["schema"], "pacer.plan.step/1")
+        self.assertAlmostEqual(sum(j["breakdown_s"].values()), j["step_s"], places=9)
+        self.assertAlmostEqual(j["mfu"], j["model_flops"] / j["step_s"] / 64 / 312e12, places=9)
+        # The same figures from a vet report instead of the command line.
+        vet = self.write("vet.json", json.dumps({"schema": "pacer.vet/1", "checks": [
+            {"name": "gpu.gemm_bf16", "target": "gpu0", "value": 250, "unit": "TFLOP/s", "status": "pass"},
+            {"name": "gpu.gemm_bf16", "target": "gpu1", "value": 260, "unit": "TFLOP/s", "status": "pass"},
+            {"name": "gpu.hbm_bandwidth", "target": "gpu0", "value": 1631, "unit": "GB/s", "status": "pass"},
+            {"name": "gpu.nccl_busbw", "target": "", "value": 230, "unit": "GB/s", "status": "pass"},
+            {"name": "link.network_busbw", "target": "", "value": 22.5, "unit": "GB/s", "status": "pass"}]}))
+        k = self.run_json(*base, "--peak-tflops", "312", "--vet", vet)
+        self.assertAlmostEqual(k["step_s"], j["step_s"], places=12)
+        self.assertIn("gpu.gemm_bf16", k["hardware_sources"]["gemm_tflops"])
+        bad = self.write("bad.json", json.dumps({"schema": "something/1"}))
+        self.assert_usage_error([*base, "--vet", bad], "schema")
+
+    def test_ckpt(self):
+        j = self.run_json("ckpt", "--save-cost", "90s", "--restart-cost", "15m", "--node-mtbf", "1000d", "--nodes", "500",
+                          "--campaign", "30d", "--interval", "3h")
+        self.assertEqual(j["schema"], "pacer.plan.ckpt/1")
+        m = 1000 * 86400 / 500
+        self.assertAlmostEqual(j["mtbf_s"], m, places=6)
+        self.assertAlmostEqual(j["young_interval_s"], math.sqrt(2 * 90 * m), places=6)
+        t = j["daly_interval_s"]
+        self.assertAlmostEqual(j["lost_fraction"], 90 / t + (t / 2 + 900) / m, places=12)
+        self.assertAlmostEqual(j["expected_failures"], 30 * 86400 / m, places=9)
+        self.assertAlmostEqual(j["p_any_failure"], 1 - math.exp(-30 * 86400 / m), places=12)
+        # The save cost from a checkpoint size and the write rate vet measured.
+        vet = self.write("vet.json", json.dumps({"schema": "pacer.vet/1", "checks": [
+            {"name": "storage.write", "target": "/scratch", "value": 2000, "unit": "MB/s", "status": "pass"}]}))
+        k = self.run_json("ckpt", "--ckpt-size", "2TB", "--nodes", "10", "--vet", vet, "--mtbf", "24h")
+        self.assertAlmostEqual(k["save_cost_s"], 2e12 / (2000e6 * 10), places=9)
+        r = pacer("plan", "ckpt", "--save-cost", "90s", "--mtbf", "24h", "--campaign", "30d")
+        self.assertIn("chance of at least one", r.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main()
