@@ -13,7 +13,14 @@ packages=(
   libopenmpi-dev openmpi-bin
   mbw fio
   slurm-wlm munge
+  chromium  # headless, for the pacer report integration test
 )
+# The report's charting library is installed with npm at build time
+# (report/package-lock.json). A Node.js from NodeSource already ships npm and
+# conflicts with Debian's npm package, so Debian's are added only without one.
+if ! command -v npm >/dev/null 2>&1; then
+  packages+=(nodejs npm)
+fi
 
 missing=()
 for p in "${packages[@]}"; do

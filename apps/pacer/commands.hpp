@@ -21,5 +21,7 @@ Handler register_catalog(CLI::App& app);
 Handler register_run(CLI::App& app);
 Handler register_ports(CLI::App& app);
 Handler register_bcast(CLI::App& app);
+Handler register_score(CLI::App& app);
+Handler register_report(CLI::App& app);
 
 }  // namespace pacer::cli

@@ -25,6 +25,8 @@ int main(int argc, char** argv) {
   add(pacer::cli::register_run(app));
   add(pacer::cli::register_ports(app));
   add(pacer::cli::register_bcast(app));
+  add(pacer::cli::register_score(app));
+  add(pacer::cli::register_report(app));
 
   try {
     app.parse(argc, argv);
