@@ -150,6 +150,10 @@ Status Catalog::write(std::int64_t run_id, std::size_t records, Fn&& fn) {
   if (rc == SQLITE_OK) return {};
   Error e = sqlite_error(db_, "write");
   sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+  // Metric and GPU rows first inserted by this batch were rolled back with
+  // it; their cached ids would make later samples point at nothing.
+  metric_ids_.clear();
+  gpu_ids_.clear();
   // The batch is lost either way; only a full disk stops later writes.
   dropped_ += records;
   if (!is_space_error(rc)) return e;

@@ -190,7 +190,10 @@ TEST(Catalog, FailedBatchIsCountedAndLaterBatchesAreWritten) {
   EXPECT_EQ(f.cat->dropped_records(), 3u);
   EXPECT_EQ(scalar(*f.cat, "SELECT count(*) FROM samples"), 0);  // the transaction rolled back whole
   ASSERT_TRUE(f.cat->write_sample(f.run, f.node, sample_at(1002, 60, 0.5)));
-  EXPECT_EQ(scalar(*f.cat, "SELECT count(*) FROM samples"), 3);
+  // The failed batch had inserted the metric rows; the next one must not
+  // reuse their rolled-back ids.
+  EXPECT_EQ(scalar(*f.cat, "SELECT count(*) FROM samples_named WHERE hostname='n1'"), 3);
+  EXPECT_EQ(scalar(*f.cat, "SELECT count(*) FROM samples_named WHERE metric='gpu.temperature_c' AND gpu_index=0"), 1);
 }
 
 TEST(Catalog, MergeMapsIdsAndJoinsAJobsRuns) {
