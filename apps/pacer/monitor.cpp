@@ -52,6 +52,7 @@ int monitor(const MonitorArgs& a) {
                         {"malformed_lines", r.malformed_lines},
                         {"malformed_examples", r.malformed_examples},
                         {"dropped", r.dropped},
+                        {"nonfinite", r.nonfinite},
                         {"catalog_status", r.catalog_status},
                         {"wall_s", r.wall_s},
                         {"sampler_cpu_s", r.sampler_cpu_s},

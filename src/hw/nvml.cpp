@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <fmt/format.h>
 
+#include <cmath>
 #include <iterator>
 #include <vector>
 
@@ -130,7 +131,11 @@ struct Nvml::Api {
   std::string message(nvmlReturn_t rc) const {
     return error_string ? error_string(rc) : fmt::format("NVML error {}", rc);
   }
+  // Handles stay valid until nvmlShutdown; they are looked up once at open()
+  // so that a sampler's pass does not pay for the lookup on every GPU.
+  std::vector<nvmlDevice_t> handles;
   Expected<nvmlDevice_t> device(unsigned index) const {
+    if (index < handles.size() && handles[index]) return handles[index];
     nvmlDevice_t dev = nullptr;
     if (const nvmlReturn_t rc = device_get_handle_by_index(index, &dev); rc != kSuccess)
       return Error{ErrorKind::kIo, fmt::format("gpu {}: nvmlDeviceGetHandleByIndex: {}", index, message(rc))};
@@ -233,6 +238,11 @@ Expected<std::shared_ptr<Nvml>> Nvml::open() {
     ::dlclose(h);
     return Error{ErrorKind::kIo, fmt::format("no NVIDIA driver (nvmlInit: {})", why)};
   }
+  if (unsigned n = 0; api->device_get_count(&n) == kSuccess) {
+    api->handles.assign(n, nullptr);
+    for (unsigned i = 0; i < n; ++i)
+      if (api->device_get_handle_by_index(i, &api->handles[i]) != kSuccess) api->handles[i] = nullptr;
+  }
   return std::shared_ptr<Nvml>(new Nvml(std::move(api)));
 }
 
@@ -244,7 +254,9 @@ Expected<unsigned> Nvml::device_count() const {
 }
 
 Expected<GpuInfo> Nvml::query(unsigned index, QueryScope scope) const {
-  const bool all = scope == QueryScope::kAll;
+  const bool all = scope >= QueryScope::kAll;
+  const bool dynamic = scope >= QueryScope::kDynamic;
+  const bool per_second = scope >= QueryScope::kPerSecond;
   auto handle = api_->device(index);
   if (!handle) return handle.error();
   nvmlDevice_t dev = *handle;
@@ -255,7 +267,7 @@ Expected<GpuInfo> Nvml::query(unsigned index, QueryScope scope) const {
   if (all && a.device_get_name && a.device_get_name(dev, buf, sizeof(buf)) == kSuccess) g.name = buf;
   buf[0] = 0;
   if (all && a.device_get_uuid && a.device_get_uuid(dev, buf, sizeof(buf)) == kSuccess) g.uuid = buf;
-  g.temperature_c = get<unsigned>(a.device_get_temperature, dev, kTemperatureGpu);
+  if (per_second) g.temperature_c = get<unsigned>(a.device_get_temperature, dev, kTemperatureGpu);
   nvmlMemory_v2_t m2{};
   m2.version = kMemoryV2Version;
   if (a.device_get_memory_info_v2 && a.device_get_memory_info_v2(dev, &m2) == kSuccess) {
@@ -268,7 +280,7 @@ Expected<GpuInfo> Nvml::query(unsigned index, QueryScope scope) const {
       g.memory_used = m.used;
     }
   }
-  if (a.device_get_compute_processes) {
+  if (dynamic && a.device_get_compute_processes) {
     // Asking with no buffer returns the count (and "insufficient size" when
     // there are any), which is all vet needs.
     unsigned count = 0;
@@ -300,12 +312,13 @@ Expected<GpuInfo> Nvml::query(unsigned index, QueryScope scope) const {
   }
   g.power_mw = get<unsigned>(a.device_get_power_usage, dev);
   g.sm_clock_mhz = get<unsigned>(a.device_get_clock_info, dev, kClockSm);
-  g.mem_clock_mhz = get<unsigned>(a.device_get_clock_info, dev, kClockMem);
+  if (per_second) g.mem_clock_mhz = get<unsigned>(a.device_get_clock_info, dev, kClockMem);
   if (auto u = get<nvmlUtilization_t>(a.device_get_utilization_rates, dev)) {
     g.utilization_gpu_pct = u->gpu;
     g.utilization_memory_pct = u->memory;
   }
-  if (auto e = get<unsigned long long>(a.device_get_total_energy, dev)) g.energy_mj = *e;
+  if (dynamic)
+    if (auto e = get<unsigned long long>(a.device_get_total_energy, dev)) g.energy_mj = *e;
   return g;
 }
 
@@ -393,7 +406,9 @@ Expected<std::optional<GpmMetrics>> GpmSampler::sample() {
   constexpr double kMiB = 1024.0 * 1024.0;
   for (unsigned i = 0; i < mg.num_metrics; ++i) {
     const auto& r = mg.metrics[i];
-    if (r.nvml_return != kSuccess) continue;
+    // NVML reports a metric it could not compute over too short an interval
+    // as NaN or infinity with a success code; it is left empty instead.
+    if (r.nvml_return != kSuccess || !std::isfinite(r.value)) continue;
     switch (r.metric_id) {
       case kGpmSmUtil: m.sm_util = r.value / 100.0; break;
       case kGpmSmOccupancy: m.sm_occupancy = r.value / 100.0; break;

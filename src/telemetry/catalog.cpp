@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 
@@ -149,8 +150,13 @@ Status Catalog::write(std::int64_t run_id, std::size_t records, Fn&& fn) {
   if (rc == SQLITE_OK) return {};
   Error e = sqlite_error(db_, "write");
   sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
-  if (!is_space_error(rc)) return e;
+  // Metric and GPU rows first inserted by this batch were rolled back with
+  // it; their cached ids would make later samples point at nothing.
+  metric_ids_.clear();
+  gpu_ids_.clear();
+  // The batch is lost either way; only a full disk stops later writes.
   dropped_ += records;
+  if (!is_space_error(rc)) return e;
   stop_reason_ = fmt::format("writes stopped at {:.3f}: {}", now_s(), sqlite3_errstr(rc));
   // Updating a row in place needs no new page, so this usually still fits
   // on a full disk; if not, the monitor's summary still says it.
@@ -265,6 +271,12 @@ Status Catalog::write_sample(std::int64_t run_id, std::int64_t node_id, const Sa
     Stmt st(db_, "INSERT INTO samples(run_id, t, node_id, gpu_id, device, metric_id, value) VALUES(?,?,?,?,?,?,?)");
     if (!st.ok()) return st.prepare_rc();
     for (const auto& r : sample.readings) {
+      // SQLite binds NaN as NULL, which the NOT NULL value column rejects and
+      // which would fail the whole pass: a non-finite value is skipped alone.
+      if (!std::isfinite(r.value)) {
+        ++nonfinite_;
+        continue;
+      }
       auto mid = metric_id(*r.metric);
       if (!mid) return sqlite3_errcode(db_);
       st.reset();
@@ -283,6 +295,10 @@ Status Catalog::write_sample(std::int64_t run_id, std::int64_t node_id, const Sa
     }
     Stmt ev(db_, "INSERT INTO events(run_id, t, node_id, rank, gpu_id, kind, detail) VALUES(?,?,?,?,?,?,?)");
     for (const auto& e : sample.events) {
+      if (!std::isfinite(e.t)) {
+        ++nonfinite_;
+        continue;
+      }
       ev.reset();
       ev.bind(1, run_id);
       ev.bind(2, e.t);
@@ -309,7 +325,20 @@ Status Catalog::write_steps(std::int64_t run_id, const std::vector<StepRecord>& 
                  "VALUES(?,?,?,?,?,?,?,?,?,?,?)");
     if (!st.ok()) return st.prepare_rc();
     const std::string here = hw::hostname();
+    // Optional fields that are not finite are stored as NULL (SQL has no NaN);
+    // a step without a finite time cannot be placed and is skipped.
+    const auto finite = [&](std::optional<double> v) -> std::optional<double> {
+      if (v && !std::isfinite(*v)) {
+        ++nonfinite_;
+        return std::nullopt;
+      }
+      return v;
+    };
     for (const auto& s : steps) {
+      if (!std::isfinite(s.t)) {
+        ++nonfinite_;
+        continue;
+      }
       NodeInfo n;
       n.hostname = s.node.empty() ? here : s.node;
       auto nid = node_id(n);
@@ -334,11 +363,11 @@ Status Catalog::write_steps(std::int64_t run_id, const std::vector<StepRecord>& 
       st.bind(3, *nid);
       st.bind(4, s.step);
       st.bind(5, s.t);
-      st.bind(6, step_time);
-      st.bind(7, s.loss);
-      st.bind(8, s.tokens);
-      st.bind(9, s.data_wait_s);
-      st.bind(10, s.comm_s);
+      st.bind(6, finite(step_time));
+      st.bind(7, finite(s.loss));
+      st.bind(8, finite(s.tokens));
+      st.bind(9, finite(s.data_wait_s));
+      st.bind(10, finite(s.comm_s));
       if (!s.extra_json.empty()) st.bind(11, s.extra_json);
       if (const int rc = st.step(); rc != SQLITE_DONE) return rc;
     }

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -246,8 +247,13 @@ Expected<MonitorResult> run_monitor(const MonitorOptions& o) {
   const auto pass = [&](bool final) {
     Sample smp = sampler.sample(unix_now(), hw::process_cpu_seconds());
     ++res.samples;
-    if (!catalog.writes_stopped()) res.readings += smp.readings.size();
+    const std::uint64_t dropped_before = catalog.dropped_records();
+    const std::uint64_t nonfinite_before = catalog.nonfinite_values();
     check(catalog.write_sample(res.run_id, *node_id, smp));
+    // Values written: none of a dropped batch, and not the non-finite ones.
+    if (catalog.dropped_records() == dropped_before)
+      res.readings += smp.readings.size() - std::min<std::uint64_t>(catalog.nonfinite_values() - nonfinite_before,
+                                                                    smp.readings.size());
     if (exporter) exporter->update(render_prometheus(smp, sampler.node().hostname));
     if (steps) {
       auto recs = steps->poll(final);
@@ -322,6 +328,7 @@ Expected<MonitorResult> run_monitor(const MonitorOptions& o) {
       n && !n->rows.empty() && std::holds_alternative<std::int64_t>(n->rows[0][0]))
     res.steps = static_cast<std::uint64_t>(std::get<std::int64_t>(n->rows[0][0]));
   res.dropped = catalog.dropped_records();
+  res.nonfinite = catalog.nonfinite_values();
   res.catalog_status = catalog.writes_stopped() ? catalog.stop_reason() : "ok";
   res.notes = sampler.notes();
   return res;

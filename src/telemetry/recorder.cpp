@@ -96,7 +96,8 @@ void Recorder::close() {
 }
 
 bool Recorder::step(StepRecord record) {
-  if (record.t <= 0) record.t = now_s();
+  // Not `t <= 0`: a NaN time (from a caller's arithmetic) must become now too.
+  if (!(record.t > 0) || !std::isfinite(record.t)) record.t = now_s();
   if (record.rank < 0) record.rank = rank_;
   if (record.node.empty()) record.node = node_;
   std::lock_guard lk(mu_);

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 
 namespace pacer::telemetry {
 
@@ -60,11 +61,30 @@ void Sampler::note(const std::string& text) {
 void Sampler::counter(Sample& s, const MetricDef* d, int gpu, const std::string& device, double total) {
   const std::string key = fmt::format("{}|{}|{}", d->name, gpu, device);
   auto it = prev_totals_.find(key);
-  // A counter that went backwards was reset (driver reload, interface
-  // re-created); the interval is dropped rather than reported as negative.
-  if (it != prev_totals_.end() && s.interval_s > 0 && total >= it->second)
-    s.readings.push_back({d, gpu, device, (total - it->second) / s.interval_s, total});
-  prev_totals_[key] = total;
+  // The rate is over the time since this counter was last read, which is not
+  // the pass interval for counters read every few seconds. A counter that went
+  // backwards was reset (driver reload, interface re-created) and a clock that
+  // did not advance gives no interval: both are dropped, never reported as a
+  // negative or infinite rate.
+  if (it != prev_totals_.end()) {
+    const double dt = s.t - it->second.first;
+    if (dt > 0 && total >= it->second.second && std::isfinite(total))
+      s.readings.push_back({d, gpu, device, (total - it->second.second) / dt, total});
+  }
+  prev_totals_[key] = {s.t, total};
+}
+
+bool Sampler::due(double& last, double every, bool force) {
+  // Slack of 5% (at most 50 ms): passes `every` apart arrive a little early
+  // or late, and a read due every second must not slip to every other pass
+  // at 1 Hz. A wall clock stepped backwards must not postpone the read until
+  // it catches up.
+  const double slack = std::min(0.05 * every, 0.05);
+  if (force || now_ - last >= every - slack || now_ < last) {
+    last = now_;
+    return true;
+  }
+  return false;
 }
 
 bool Sampler::root_alive() const {
@@ -171,13 +191,22 @@ void Sampler::sample_host(Sample& s) {
 
 void Sampler::sample_gpus(Sample& s) {
   if (!opt_.nvml) return;
-  // ECC and row-remap counts change rarely and are the slowest NVML calls:
-  // they are read every kFullQueryEverySeconds, everything else every pass.
-  const bool full = now_ - last_full_query_ >= kFullQueryEverySeconds;
-  if (full) last_full_query_ = now_;
+  // The schedule (docs/telemetry.md, "Sampling schedule"): what moves within a
+  // second is read every pass, temperature and memory clock every second, the
+  // process list and the energy counter every kSlowQueryEverySeconds, ECC, row
+  // remaps and the PCIe link every kFullQueryEverySeconds. GPM is sampled at
+  // most every kGpmEverySeconds: its figures are averages between two samples,
+  // a shorter window only costs more (its metric computation is the costliest
+  // call), and over a few milliseconds NVML returns NaN for some of them.
+  using Scope = hw::Nvml::QueryScope;
+  const bool full = due(last_full_query_, kFullQueryEverySeconds);
+  const bool slow = due(last_slow_query_, kSlowQueryEverySeconds, full);
+  const bool per_second = due(last_per_second_query_, 1, slow);
+  const bool gpm = due(last_gpm_, kGpmEverySeconds);
+  const Scope scope = full ? Scope::kAll : slow ? Scope::kDynamic : per_second ? Scope::kPerSecond : Scope::kFast;
   for (std::size_t i = 0; i < gpus_.size(); ++i) {
     const int gi = static_cast<int>(i);
-    auto info = opt_.nvml->query(static_cast<unsigned>(i), full ? hw::Nvml::QueryScope::kAll : hw::Nvml::QueryScope::kDynamic);
+    auto info = opt_.nvml->query(static_cast<unsigned>(i), scope);
     if (!info) {
       note(info.error().message);
       continue;
@@ -217,7 +246,7 @@ void Sampler::sample_gpus(Sample& s) {
                           hw::clock_event_names(now_bits ? now_bits : old_bits), gi, -1});
     }
     last_reasons_[i] = info->clock_event_reasons.value_or(0);
-    if (gpm_[i]) {
+    if (gpm && gpm_[i]) {
       auto m = gpm_[i]->sample();
       if (!m) {
         note(m.error().message + "; GPM metrics skipped for this GPU");

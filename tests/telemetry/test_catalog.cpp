@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 #include <sqlite3.h>
 
+#include <limits>
+
 #include "pacer/telemetry/questions.hpp"
 #include "test_util.hpp"
 
@@ -138,6 +140,60 @@ TEST(Catalog, FullDiskStopsWritingButNotTheCaller) {
   ASSERT_TRUE(r.has_value());
   EXPECT_TRUE(contains(std::get<std::string>(r->rows.at(0).at(0)), "writes stopped"));
   EXPECT_GT(scalar(*cat, "SELECT count(*) FROM samples"), 0);
+}
+
+TEST(Catalog, NonFiniteValueIsSkippedAndTheRestOfThePassKept) {
+  Fixture f;
+  // A GPM figure over a too-short window comes back as NaN; SQLite would bind
+  // it as NULL and the NOT NULL column would fail the whole pass.
+  Sample s = sample_at(1001, std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity());
+  s.events.push_back({1001, "gpu.throttle", "hw_slowdown", 0, -1});
+  ASSERT_TRUE(f.cat->write_sample(f.run, f.node, s));
+  EXPECT_EQ(f.cat->nonfinite_values(), 2u);
+  EXPECT_EQ(f.cat->dropped_records(), 0u);
+  EXPECT_EQ(scalar(*f.cat, "SELECT count(*) FROM samples_named WHERE metric='cpu.busy'"), 1);
+  EXPECT_EQ(scalar(*f.cat, "SELECT count(*) FROM samples"), 1);
+  EXPECT_EQ(scalar(*f.cat, "SELECT count(*) FROM events WHERE kind='gpu.throttle'"), 1);
+  ASSERT_TRUE(f.cat->write_sample(f.run, f.node, sample_at(1002, 60, 0.9)));
+  EXPECT_EQ(scalar(*f.cat, "SELECT count(*) FROM samples"), 4);
+}
+
+TEST(Catalog, NonFiniteStepFieldsBecomeNullAndStepsWithoutTimeAreSkipped) {
+  Fixture f;
+  std::vector<StepRecord> steps(3);
+  for (int i = 0; i < 3; ++i) {
+    steps[i].step = i;
+    steps[i].t = 1000.0 + i;
+    steps[i].rank = 0;
+    steps[i].loss = 1.0;
+  }
+  steps[1].loss = std::numeric_limits<double>::quiet_NaN();  // a diverged loss
+  steps[2].t = std::numeric_limits<double>::quiet_NaN();
+  ASSERT_TRUE(f.cat->write_steps(f.run, steps));
+  EXPECT_EQ(f.cat->nonfinite_values(), 2u);
+  EXPECT_EQ(scalar(*f.cat, "SELECT count(*) FROM steps"), 2);
+  EXPECT_EQ(scalar(*f.cat, "SELECT count(*) FROM steps WHERE step=1 AND loss IS NULL"), 1);
+}
+
+TEST(Catalog, FailedBatchIsCountedAndLaterBatchesAreWritten) {
+  Fixture f;
+  // Any failure other than a full disk: this batch is lost, the next is not.
+  ASSERT_EQ(sqlite3_exec(f.cat->handle(),
+                         "CREATE TEMP TRIGGER refuse BEFORE INSERT ON samples WHEN NEW.value = 666 "
+                         "BEGIN SELECT RAISE(ABORT, 'refused'); END",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  const auto failed = f.cat->write_sample(f.run, f.node, sample_at(1001, 666, 0.5));
+  ASSERT_FALSE(failed);
+  EXPECT_TRUE(contains(failed.error().message, "refused"));
+  EXPECT_FALSE(f.cat->writes_stopped());
+  EXPECT_EQ(f.cat->dropped_records(), 3u);
+  EXPECT_EQ(scalar(*f.cat, "SELECT count(*) FROM samples"), 0);  // the transaction rolled back whole
+  ASSERT_TRUE(f.cat->write_sample(f.run, f.node, sample_at(1002, 60, 0.5)));
+  // The failed batch had inserted the metric rows; the next one must not
+  // reuse their rolled-back ids.
+  EXPECT_EQ(scalar(*f.cat, "SELECT count(*) FROM samples_named WHERE hostname='n1'"), 3);
+  EXPECT_EQ(scalar(*f.cat, "SELECT count(*) FROM samples_named WHERE metric='gpu.temperature_c' AND gpu_index=0"), 1);
 }
 
 TEST(Catalog, MergeMapsIdsAndJoinsAJobsRuns) {

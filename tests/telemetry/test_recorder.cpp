@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <thread>
 
 #include "pacer/telemetry.hpp"
@@ -105,6 +106,29 @@ TEST(Recorder, WritesStepsWithRankAndNode) {
   EXPECT_EQ(count(db, "SELECT count(*) FROM steps s JOIN nodes n USING(node_id) WHERE rank=5 AND hostname='gpu017'"), 100);
   EXPECT_EQ(count(db, "SELECT count(*) FROM events WHERE kind='checkpoint.saved' AND rank=5"), 1);
   EXPECT_EQ(count(db, "SELECT count(*) FROM runs"), 1);
+}
+
+TEST(Recorder, NonFiniteFieldsDoNotLoseTheBatch) {
+  TempDir dir("rec-");
+  const std::string db = dir.path() + "/r.db";
+  {
+    auto rec = std::move(Recorder::open(RecorderOptions{.db = db, .rank = 0}).value());
+    StepRecord bad;
+    bad.step = 1;
+    bad.t = std::nan("");  // placed at the time it was recorded
+    bad.loss = std::numeric_limits<double>::infinity();
+    bad.data_wait_s = std::nan("");
+    EXPECT_TRUE(rec->step(bad));
+    StepRecord good;
+    good.step = 2;
+    good.loss = 0.5;
+    EXPECT_TRUE(rec->step(good));
+    ASSERT_TRUE(rec->flush());
+    EXPECT_EQ(rec->written(), 2u);
+    EXPECT_EQ(rec->dropped(), 0u);
+  }
+  EXPECT_EQ(count(db, "SELECT count(*) FROM steps"), 2);
+  EXPECT_EQ(count(db, "SELECT count(*) FROM steps WHERE step=1 AND loss IS NULL AND data_wait_s IS NULL AND t > 0"), 1);
 }
 
 TEST(Recorder, FullQueueDropsAndCountsInsteadOfBlocking) {

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <map>
 #include <set>
 
@@ -65,6 +67,23 @@ TEST(Sampler, CounterThatGoesBackwardsIsSkippedNotNegative) {
   (void)sampler.sample(1.0);
   root.write(1);  // interface re-created, counters reset
   for (const auto& r : sampler.sample(2.0).readings) EXPECT_GE(r.value, 0) << r.metric->name << " " << r.device;
+}
+
+TEST(Sampler, ClockThatDoesNotAdvanceGivesNoRateNorNaN) {
+  FakeRoot root;
+  Sampler sampler(SamplerOptions{.root = root.path(), .pid = 100, .gpus = false, .per_core = true});
+  (void)sampler.sample(10.0);
+  root.write(2);
+  // The final pass can land on the same clock reading as the last one, and a
+  // stepped wall clock can go backwards: no rate over zero or negative time.
+  for (double t : {10.0, 9.0})
+    for (const auto& r : sampler.sample(t).readings) {
+      EXPECT_TRUE(std::isfinite(r.value)) << r.metric->name << " " << r.device;
+      EXPECT_NE(r.metric->kind, MetricKind::kCounter) << r.metric->name << " " << r.device;
+    }
+  root.write(5);  // three more steps in the 3 s since the reading at 9.0
+  const auto m = by_key(sampler.sample(12.0));
+  EXPECT_DOUBLE_EQ(m.at("net.rx_bytes|eth0"), 2000);
 }
 
 TEST(Sampler, ChildrenStartedLaterJoinTheTree) {

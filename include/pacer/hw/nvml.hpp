@@ -95,10 +95,13 @@ class Nvml {
   Nvml& operator=(const Nvml&) = delete;
 
   Expected<unsigned> device_count() const;
-  // kDynamic leaves out what changes rarely and costs most to ask (name,
-  // UUID, PCIe link, maximum clocks, ECC counts, row remaps), for samplers
-  // that poll several times a second.
-  enum class QueryScope { kAll, kDynamic };
+  // Scopes for samplers, each a superset of the one before it: kFast is
+  // utilization, memory, power, SM clock and clock event reasons (five NVML
+  // calls); kPerSecond adds temperature and memory clock; kDynamic adds the
+  // compute process count and the energy counter; kAll adds what changes
+  // rarely and costs most to ask (name, UUID, PCIe link, maximum clocks, ECC
+  // counts, row remaps).
+  enum class QueryScope { kFast, kPerSecond, kDynamic, kAll };
   Expected<GpuInfo> query(unsigned index, QueryScope scope = QueryScope::kAll) const;
   Expected<std::vector<GpuProcess>> compute_processes(unsigned index) const;
   std::string driver_version() const;

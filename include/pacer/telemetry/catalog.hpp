@@ -77,7 +77,12 @@ class Catalog {
 
   bool writes_stopped() const { return !stop_reason_.empty(); }
   const std::string& stop_reason() const { return stop_reason_; }
+  // Records of batches that were not written (disk full, or a failed
+  // transaction: the batch is lost, later batches are still written).
   std::uint64_t dropped_records() const { return dropped_; }
+  // Values skipped (or stored as NULL where the column allows) because they
+  // were NaN or infinite; the rest of their batch is written.
+  std::uint64_t nonfinite_values() const { return nonfinite_; }
 
   sqlite3* handle() { return db_; }
 
@@ -96,6 +101,7 @@ class Catalog {
   int schema_version_ = 0;
   std::string stop_reason_;
   std::uint64_t dropped_ = 0;
+  std::uint64_t nonfinite_ = 0;
   std::vector<std::pair<const MetricDef*, std::int64_t>> metric_ids_;
   std::vector<std::pair<std::pair<std::int64_t, int>, std::int64_t>> gpu_ids_;
   std::vector<std::pair<std::string, std::int64_t>> node_ids_;

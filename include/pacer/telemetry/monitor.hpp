@@ -35,7 +35,8 @@ struct MonitorResult {
   std::uint64_t steps = 0;     // step records in the run (steps_file and pacer.telemetry)
   std::uint64_t malformed_lines = 0;
   std::vector<std::string> malformed_examples;  // "FILE:LINE: why"
-  std::uint64_t dropped = 0;   // records not written (catalog stopped)
+  std::uint64_t dropped = 0;   // records not written (catalog stopped, or a failed write)
+  std::uint64_t nonfinite = 0;  // NaN or infinite values skipped (the rest of their pass is written)
   std::string catalog_status;  // "ok" or why writing stopped
   double wall_s = 0;
   double sampler_cpu_s = 0;    // CPU time of the monitor process over the run

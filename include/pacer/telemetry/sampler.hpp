@@ -53,6 +53,9 @@ class Sampler {
   void sample_host(Sample& s);
   void sample_gpus(Sample& s);
   bool root_alive() const;
+  // True (and `last` set to now) when `every` seconds have passed since
+  // `last`, or when `force`d by a longer period's read that includes this one.
+  bool due(double& last, double every, bool force = false);
 
   SamplerOptions opt_;
   NodeInfo node_;
@@ -60,13 +63,18 @@ class Sampler {
   std::vector<std::string> notes_;
   std::vector<std::unique_ptr<hw::GpmSampler>> gpm_;  // by GPU; null where unsupported
   std::vector<std::uint64_t> last_reasons_;
-  std::map<std::string, double> prev_totals_;  // counter key -> last total
+  std::map<std::string, std::pair<double, double>> prev_totals_;  // counter key -> (time, total) last read
   double prev_t_ = 0;
   static constexpr double kFullQueryEverySeconds = 10;
+  static constexpr double kSlowQueryEverySeconds = 5;
+  static constexpr double kGpmEverySeconds = 1;
   static constexpr double kTreeScanEverySeconds = 1;
   std::vector<int> tree_pids_;
   double last_tree_scan_ = 0;
   double last_full_query_ = -1e300;
+  double last_slow_query_ = -1e300;
+  double last_per_second_query_ = -1e300;
+  double last_gpm_ = -1e300;
   double now_ = 0;
   hw::CpuStat prev_cpu_;
   bool have_prev_cpu_ = false;
