@@ -100,7 +100,11 @@ int run(const RunArgs& a) {
   telemetry::Recorder* rec = events.get();
   o.on_event = [quiet, rec](const nlohmann::json& e) {
     if (!quiet) std::fprintf(stderr, "%s\n", run::format_event(e).c_str());
-    if (rec) rec->event("run." + e.value("event", std::string("decision")), e.value("message", std::string()));
+    if (!rec) return;
+    // The vet before CMD is a vet result (the report lists events whose kind
+    // starts with "vet"); every other decision is a run.* event.
+    const std::string kind = e.value("event", std::string("decision"));
+    rec->event(kind == "vet" ? "vet.quick" : "run." + kind, e.value("message", std::string()));
   };
   const auto out = unwrap(run::supervise(o));
   if (rec) rec->close();

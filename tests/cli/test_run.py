@@ -84,6 +84,16 @@ class RunTest(unittest.TestCase):
         self.assertGreaterEqual(runs, 2)  # one monitored run per attempt, plus the decisions
         self.assertGreater(samples, 0)
 
+    def test_monitor_records_the_vet_result(self):
+        import sqlite3
+        db = os.path.join(self.d, "vet.db")
+        r = self.run_pacer("--monitor", "--monitor-db", db, "--vet", "quick", "--", "true", timeout=300)
+        self.assertIn(r.returncode, (0, 1), r.stderr)  # 1: this machine failed vet, CMD not started
+        con = sqlite3.connect(db)
+        details = [d for (d,) in con.execute("SELECT detail FROM events WHERE kind = 'vet.quick'")]
+        self.assertEqual(len(details), 1, r.stderr)
+        self.assertIn("pacer vet --quick", details[0])
+
     def test_command_not_found_or_not_executable(self):
         r = self.run_pacer("--", "no-such-command-pacer")
         self.assertEqual(r.returncode, 127)
