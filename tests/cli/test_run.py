@@ -224,12 +224,14 @@ class RunTest(unittest.TestCase):
             self.assertIn("requeue-failed", self.kinds())
 
     def test_vet_quick_gates_the_start(self):
-        vet = pacer("vet", "--quick", "--json", timeout=300)
-        verdict = json.loads(vet.stdout)["verdict"]
+        # The verdict is this machine's at that moment (load from other tests
+        # can flip system checks), so the test follows the verdict pacer run
+        # logged: pass starts CMD, fail does not.
         marker = os.path.join(self.d, "started")
         r = self.run_pacer("--vet", "quick", "--", "touch", marker, timeout=300)
         vet_event = next(e for e in read_log(self.log) if e["event"] == "vet")
-        self.assertEqual(vet_event["verdict"], verdict)
+        verdict = vet_event["verdict"]
+        self.assertIn(verdict, ("pass", "fail"))
         if verdict == "pass":
             self.assertEqual(r.returncode, 0, r.stderr)
             self.assertTrue(os.path.exists(marker))
