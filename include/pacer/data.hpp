@@ -104,6 +104,9 @@ class Dataset {
  private:
   struct Located;
   Expected<Located> locate(std::uint64_t i) const;
+  // Reads sample i's span (its first field's data to the end of its last)
+  // with one pread into room(bytes); field offsets are relative to the span.
+  Expected<SampleEntry> read_span(std::uint64_t i, const std::function<unsigned char*(std::uint64_t)>& room) const;
   Dataset() = default;
   std::vector<std::string> shards_;
   std::vector<std::uint64_t> counts_;

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <list>
 #include <mutex>
 
@@ -235,17 +236,7 @@ Status pread_all(int fd, unsigned char* dst, std::uint64_t n, std::uint64_t offs
 }
 }  // namespace
 
-Expected<Dataset::Sample> Dataset::read(std::uint64_t i) const {
-  BatchBuffer buf;
-  auto e = read_into(i, buf);
-  if (!e) return e.error();
-  Sample out;
-  out.key = e->key;
-  for (const auto& f : e->fields) out.fields.emplace_back(f.ext, std::string(reinterpret_cast<const char*>(buf.data()) + f.offset, f.size));
-  return out;
-}
-
-Expected<SampleEntry> Dataset::read_into(std::uint64_t i, BatchBuffer& buf) const {
+Expected<SampleEntry> Dataset::read_span(std::uint64_t i, const std::function<unsigned char*(std::uint64_t)>& room) const {
   auto loc = locate(i);
   if (!loc) return loc.error();
   const SampleEntry& e = *loc->entry;
@@ -257,10 +248,35 @@ Expected<SampleEntry> Dataset::read_into(std::uint64_t i, BatchBuffer& buf) cons
     lo = std::min(lo, f.offset);
     hi = std::max(hi, f.offset + f.size);
   }
-  const std::size_t base = buf.append(hi - lo);
-  if (Status st = pread_all(loc->file->fd, buf.data() + base, hi - lo, lo, shards_[loc->shard], e.key); !st) return st.error();
-  for (const auto& f : e.fields) out.fields.push_back({f.ext, base + (f.offset - lo), f.size});
+  if (Status st = pread_all(loc->file->fd, room(hi - lo), hi - lo, lo, shards_[loc->shard], e.key); !st) return st.error();
+  for (const auto& f : e.fields) out.fields.push_back({f.ext, f.offset - lo, f.size});
   return out;
+}
+
+Expected<Dataset::Sample> Dataset::read(std::uint64_t i) const {
+  // One sample: a plain string holds the span (a BatchBuffer would map a
+  // megabyte for it).
+  std::string span;
+  auto e = read_span(i, [&](std::uint64_t n) {
+    span.resize(n);
+    return reinterpret_cast<unsigned char*>(span.data());
+  });
+  if (!e) return e.error();
+  Sample out;
+  out.key = std::move(e->key);
+  for (const auto& f : e->fields) out.fields.emplace_back(f.ext, span.substr(f.offset, f.size));
+  return out;
+}
+
+Expected<SampleEntry> Dataset::read_into(std::uint64_t i, BatchBuffer& buf) const {
+  std::size_t base = 0;
+  auto e = read_span(i, [&](std::uint64_t n) {
+    base = buf.append(n);
+    return buf.data() + base;
+  });
+  if (!e) return e.error();
+  for (auto& f : e->fields) f.offset += base;
+  return e;
 }
 
 // ---------------------------------------------------------------------------
