@@ -91,6 +91,20 @@ TEST(CommTune, RecommendsBucketsThatBeatOneMessageAndReportsFrameworkUnits) {
   EXPECT_FALSE(tune(input(0, 1)).has_value());
 }
 
+TEST(CommTune, KeepsTheDefaultWhenItExposesNoMore) {
+  // Backward far shorter than one message: one bucket is best, and DeepSpeed's
+  // default (5e8 elements) is that same single bucket for a 25e6-element model.
+  auto in = input(25e6, 1e-6);
+  in.all_reduce.alpha_s = 1.0;  // per-message cost dominates: fewer buckets win
+  const auto r = tune(in);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->best.buckets, 1u);
+  const auto& ds = r->settings[2];
+  EXPECT_EQ(ds.recommended, ds.default_value);
+  EXPECT_EQ(ds.at_recommended.buckets, 1u);
+  EXPECT_DOUBLE_EQ(ds.at_recommended.exposed_s, ds.at_default.exposed_s);
+}
+
 TEST(CommBf16, RoundsToNearestEven) {
   EXPECT_EQ(to_bf16(1.0f), 0x3f80);
   EXPECT_EQ(from_bf16(0x3f80), 1.0f);
