@@ -54,12 +54,17 @@ struct Api {
 const Api& api() {
   static const Api a = [] {
     Api a;
-    a.nccl = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
-    if (!a.nccl) a.nccl = dlopen("libnccl.so", RTLD_NOW | RTLD_LOCAL);
-    a.cudart = dlopen("libcudart.so", RTLD_NOW | RTLD_LOCAL);
-    if (!a.cudart) a.cudart = dlopen("libcudart.so.12", RTLD_NOW | RTLD_LOCAL);
+    // PyTorch wheels carry their own NCCL: PACER_NCCL_LIBRARY points at it,
+    // as for pacer vet's NCCL check.
+    const char* chosen = std::getenv("PACER_NCCL_LIBRARY");
+    if (chosen && *chosen) a.nccl = dlopen(chosen, RTLD_NOW | RTLD_LOCAL);
+    for (const char* name : {"libnccl.so.2", "libnccl.so"})
+      if (!a.nccl && !(chosen && *chosen)) a.nccl = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    for (const char* name : {"libcudart.so.13", "libcudart.so.12", "libcudart.so"})
+      if (!a.cudart) a.cudart = dlopen(name, RTLD_NOW | RTLD_LOCAL);
     if (!a.nccl || !a.cudart) {
-      a.error = std::string("cannot load ") + (!a.nccl ? "libnccl.so.2" : "libcudart.so") + ": " + dlerror();
+      const std::string lib = !a.nccl ? (chosen && *chosen ? std::string(chosen) + " (PACER_NCCL_LIBRARY)" : "libnccl.so.2") : "libcudart.so";
+      a.error = "cannot load " + lib + ": " + dlerror();
       return a;
     }
     bool ok = true;

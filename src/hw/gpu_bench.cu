@@ -437,12 +437,17 @@ __global__ void check_pattern(const std::uint32_t* p, std::uint64_t n, std::uint
 
 using ncclComm_t = struct ncclComm*;
 using ncclResult_t = int;
+struct ncclUniqueId {
+  char internal[128];  // NCCL_UNIQUE_ID_BYTES
+};
 constexpr int kNcclFloat32 = 7;
 constexpr int kNcclSum = 0;
 
 struct Nccl {
   ncclResult_t (*get_version)(int*) = nullptr;
   ncclResult_t (*comm_init_all)(ncclComm_t*, int, const int*) = nullptr;
+  ncclResult_t (*get_unique_id)(ncclUniqueId*) = nullptr;
+  ncclResult_t (*comm_init_rank)(ncclComm_t*, int, ncclUniqueId, int) = nullptr;
   ncclResult_t (*all_reduce)(const void*, void*, std::size_t, int, int, ncclComm_t, cudaStream_t) = nullptr;
   ncclResult_t (*group_start)() = nullptr;
   ncclResult_t (*group_end)() = nullptr;
@@ -474,6 +479,8 @@ const Nccl& nccl() {
     };
     sym(api.get_version, "ncclGetVersion");
     sym(api.comm_init_all, "ncclCommInitAll");
+    sym(api.get_unique_id, "ncclGetUniqueId");
+    sym(api.comm_init_rank, "ncclCommInitRank");
     sym(api.all_reduce, "ncclAllReduce");
     sym(api.group_start, "ncclGroupStart");
     sym(api.group_end, "ncclGroupEnd");
@@ -487,9 +494,15 @@ const Nccl& nccl() {
   return api;
 }
 
+// Rank r holds (1 + r % 3) * (1 + i % 7): sums over thousands of ranks stay
+// exact in fp32, and a rank whose data is missing or counted twice shows.
+__host__ __device__ inline float rank_value(int rank, std::uint64_t i) {
+  return static_cast<float>((1 + rank % 3) * (1 + static_cast<int>(i % 7)));
+}
+
 __global__ void fill_rank(float* p, std::uint64_t n, int rank) {
   for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x)
-    p[i] = static_cast<float>((rank + 1) * (1 + static_cast<int>(i % 7)));
+    p[i] = rank_value(rank, i);
 }
 
 }  // namespace
@@ -703,23 +716,55 @@ Expected<std::vector<PeerResult>> peer_bandwidth(std::uint64_t bytes, int passes
   return out;
 }
 
-Expected<AllReduceResult> nccl_all_reduce(std::uint64_t bytes, int passes) {
+Expected<std::string> nccl_unique_id() {
+  const Nccl& api = nccl();
+  if (!api.error.empty()) return Error{ErrorKind::kRuntime, api.error};
+  ncclUniqueId id{};
+  if (ncclResult_t e = api.get_unique_id(&id); e != 0)
+    return Error{ErrorKind::kRuntime, fmt::format("ncclGetUniqueId: {}", api.error_string(e))};
+  return std::string(id.internal, sizeof id.internal);
+}
+
+Expected<AllReduceResult> nccl_all_reduce(std::uint64_t bytes, int passes, const NcclPeers* peers) {
   const Nccl& api = nccl();
   if (!api.error.empty()) return Error{ErrorKind::kRuntime, api.error};
   auto n = device_count();
   if (!n) return n.error();
   const int devs = *n;
+  const int first = peers ? peers->node * devs : 0;
+  const int ranks = peers ? peers->nodes * devs : devs;
+  if (peers && (peers->unique_id.size() != sizeof(ncclUniqueId) || peers->node < 0 || peers->node >= peers->nodes))
+    return Error{ErrorKind::kUsage, fmt::format("NCCL peers: node {} of {} with a {}-byte unique id", peers->node, peers->nodes,
+                                                peers->unique_id.size())};
   AllReduceResult r;
-  r.devices = devs;
+  r.devices = ranks;
   r.bytes = bytes / 4 * 4;
   int version = 0;
   api.get_version(&version);
   r.nccl_version = std::to_string(version / 10000) + "." + std::to_string(version / 100 % 100) + "." + std::to_string(version % 100);
   std::vector<ncclComm_t> comms(devs);
-  std::vector<int> list(devs);
-  for (int i = 0; i < devs; ++i) list[i] = i;
-  if (ncclResult_t e = api.comm_init_all(comms.data(), devs, list.data()); e != 0)
-    return Error{ErrorKind::kRuntime, fmt::format("ncclCommInitAll: {}", api.error_string(e))};
+  if (!peers) {
+    std::vector<int> list(devs);
+    for (int i = 0; i < devs; ++i) list[i] = i;
+    if (ncclResult_t e = api.comm_init_all(comms.data(), devs, list.data()); e != 0)
+      return Error{ErrorKind::kRuntime, fmt::format("ncclCommInitAll: {}", api.error_string(e))};
+  } else {
+    // One process drives several ranks: their inits must be one group, or
+    // the first would wait for the others forever.
+    ncclUniqueId id;
+    std::memcpy(id.internal, peers->unique_id.data(), sizeof id.internal);
+    api.group_start();
+    for (int i = 0; i < devs; ++i) {
+      PACER_CUDA_TRY(cudaSetDevice(i));
+      if (ncclResult_t e = api.comm_init_rank(&comms[i], ranks, id, first + i); e != 0) {
+        api.group_end();
+        return Error{ErrorKind::kRuntime, fmt::format("ncclCommInitRank (rank {} of {}): {}", first + i, ranks, api.error_string(e))};
+      }
+    }
+    if (ncclResult_t e = api.group_end(); e != 0)
+      return Error{ErrorKind::kRuntime, fmt::format("ncclCommInitRank (ranks {}-{} of {}): {}", first, first + devs - 1, ranks,
+                                                    api.error_string(e))};
+  }
   struct Comms {
     const Nccl& api;
     std::vector<ncclComm_t>& c;
@@ -738,7 +783,7 @@ Expected<AllReduceResult> nccl_all_reduce(std::uint64_t bytes, int passes) {
   auto fill_all = [&]() -> Status {
     for (int i = 0; i < devs; ++i) {
       PACER_CUDA_TRY(cudaSetDevice(i));
-      fill_rank<<<1024, 256, 0, streams[i].s>>>(static_cast<float*>(bufs[i].p), count, i);
+      fill_rank<<<1024, 256, 0, streams[i].s>>>(static_cast<float*>(bufs[i].p), count, first + i);
     }
     return {};
   };
@@ -757,7 +802,7 @@ Expected<AllReduceResult> nccl_all_reduce(std::uint64_t bytes, int passes) {
     }
     return {};
   };
-  // Correctness first: every element is (1 + i%7) * n(n+1)/2, exact in fp32.
+  // Correctness first: every element is the sum of rank_value over all ranks, exact in fp32.
   if (Status s = fill_all(); !s) return s.error();
   if (Status s = reduce(); !s) return s.error();
   {
@@ -766,9 +811,11 @@ Expected<AllReduceResult> nccl_all_reduce(std::uint64_t bytes, int passes) {
     PACER_CUDA_TRY(cudaSetDevice(devs - 1));
     PACER_CUDA_TRY(cudaMemcpy(host.data(), bufs[devs - 1].p, check * 4, cudaMemcpyDeviceToHost));
     r.correct = true;
-    const float tri = static_cast<float>(devs * (devs + 1) / 2);
+    float want[7] = {};  // the pattern repeats every 7 elements
+    for (int k = 0; k < ranks; ++k)
+      for (int j = 0; j < 7; ++j) want[j] += rank_value(k, j);
     for (std::uint64_t i = 0; i < check; ++i)
-      if (host[i] != tri * static_cast<float>(1 + i % 7)) r.correct = false;
+      if (host[i] != want[i % 7]) r.correct = false;
   }
   std::vector<double> t;
   for (int p = 0; p < passes + 1; ++p) {
@@ -778,7 +825,7 @@ Expected<AllReduceResult> nccl_all_reduce(std::uint64_t bytes, int passes) {
   }
   r.seconds = median(t);
   r.algbw = double(r.bytes) / r.seconds / 1e9;
-  r.busbw = r.algbw * 2.0 * (devs - 1) / devs;
+  r.busbw = r.algbw * 2.0 * (ranks - 1) / ranks;
   return r;
 }
 

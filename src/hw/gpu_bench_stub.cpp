@@ -15,6 +15,7 @@ Expected<MemtestResult> memtest(int, double) { return no_cuda(); }
 Expected<TransferResult> host_transfer(int, std::uint64_t, int) { return no_cuda(); }
 Expected<std::vector<LoadTick>> sustained_gemm(int, double, double, int, const std::function<void(const LoadTick&)>&) { return no_cuda(); }
 Expected<std::vector<PeerResult>> peer_bandwidth(std::uint64_t, int) { return no_cuda(); }
-Expected<AllReduceResult> nccl_all_reduce(std::uint64_t, int) { return no_cuda(); }
+Expected<std::string> nccl_unique_id() { return no_cuda(); }
+Expected<AllReduceResult> nccl_all_reduce(std::uint64_t, int, const NcclPeers*) { return no_cuda(); }
 
 }  // namespace pacer::hw::gpu

@@ -61,7 +61,7 @@ struct Schedule {
     bisect[0] = after(plan, slot);
     bisect[1] = after(plan, 2 * slot);
     allreduce = after(bisect[1], slot);
-    nccl = after(allreduce, slot);
+    nccl = after(allreduce, 2 * slot);  // CUDA contexts and NCCL's init come first
     checks_end = after(t0, bound_s - 2.5);
     report = after(t0, bound_s - 1.0);
   }
@@ -410,10 +410,10 @@ Expected<std::optional<ClusterReport>> run_cluster_vet(comm::TimedComm& world, c
         if (l) bisect_links.push_back(*l);
       }
     allreduce = measure_allreduce(leaders, o, when.allreduce);
-    nccl = nccl_allreduce_across_nodes(leaders, o.allreduce_bytes, when.nccl);
+    nccl = nccl_allreduce_across_nodes(leaders, o.allreduce_bytes, o.node.quick ? 3 : 5, when.nccl);
   } else {
     allreduce = measure_allreduce(leaders, o, when.allreduce);
-    nccl = nccl_allreduce_across_nodes(leaders, o.allreduce_bytes, when.nccl);
+    nccl = nccl_allreduce_across_nodes(leaders, o.allreduce_bytes, o.node.quick ? 3 : 5, when.nccl);
   }
 
   // The node checks, cut to the time left before the reports are due.

@@ -8,6 +8,7 @@
 
 #include "pacer/core/units.hpp"
 #include "pacer/vet/cluster.hpp"
+#include "outliers.hpp"
 #include "probes.hpp"
 
 namespace pacer::vet {
@@ -119,13 +120,10 @@ std::vector<OutlierCheck> find_outliers(const std::vector<NodeResult>& nodes, co
     oc.unit = spec->unit;
     std::vector<double> values;
     for (const auto& [node, c] : list) values.push_back(*c->value);
-    oc.median = median_of(values);
-    std::vector<double> dev;
-    for (double v : values) dev.push_back(std::fabs(v - oc.median));
-    oc.mad = median_of(dev);
-    // 1.4826 MAD estimates the standard deviation of normal data; the floor
-    // keeps identical nodes (MAD 0) from flagging differences of a few percent.
-    const double sigma = std::max(1.4826 * oc.mad, cfg.outlier_floor * std::fabs(oc.median));
+    const RobustScale scale = robust_scale(values, cfg.outlier_floor);
+    oc.median = scale.median;
+    oc.mad = scale.mad;
+    const double sigma = scale.sigma;
     const double sign = spec->direction == Direction::kHigher ? 1.0 : -1.0;
     for (const auto& [node, c] : list) {
       OutlierEntry e;

@@ -93,6 +93,19 @@ std::vector<ProbeSpec> software_probes();
 extern volatile std::sig_atomic_t g_probe_cancelled;
 inline bool cancelled() { return g_probe_cancelled != 0; }
 
+// `body` run in a forked child in its own process group; what it returns
+// comes back through a pipe. At `timeout_s` (or on Ctrl-C in vet) the group
+// is killed. GPU work runs this way: a hung kernel or NCCL call dies with its
+// process, and the parent never initialises CUDA, which a later fork could
+// not use.
+struct ForkOutcome {
+  std::string data;
+  std::string error;  // "timed out after ...", "interrupted", "crashed: <signal>"
+  bool interrupted = false;
+  double duration_s = 0;
+};
+ForkOutcome run_forked(const std::function<std::string()>& body, double timeout_s);
+
 // Helpers for building measurements.
 Measurement measured(const std::string& check, double value, std::string detail = {}, std::string target = {});
 Measurement measured_text(const std::string& check, std::string text, std::string detail = {}, std::string target = {});

@@ -18,6 +18,7 @@
 #include "pacer/hw/system.hpp"
 #include "pacer/vet/cluster.hpp"
 #include "pacer/vet/vet.hpp"
+#include "outliers.hpp"
 #include "probes.hpp"
 
 namespace pacer::vet {
@@ -182,27 +183,7 @@ struct ChildOutcome {
   double duration_s = 0;
 };
 
-[[noreturn]] void child_main(const ProbeSpec& p, const ProbeContext& ctx, const std::vector<Injection>& injections, int fd) {
-  ::setpgid(0, 0);  // its own group, so the runner can stop it and anything it started
-  struct sigaction sa {};
-  sa.sa_handler = on_probe_term;
-  sigemptyset(&sa.sa_mask);
-  ::sigaction(SIGTERM, &sa, nullptr);
-  ::signal(SIGINT, SIG_IGN);  // the runner decides what an interrupt means
-  for (const auto& inj : injections) {
-    if (!ctx.wants(inj.check)) continue;
-    if (inj.action == Injection::Action::kHang)
-      for (;;) ::pause();
-    if (inj.action == Injection::Action::kCrash) std::abort();
-  }
-  std::string out;
-  try {
-    json j = json::array();
-    for (const auto& m : p.run(ctx)) j.push_back(m);
-    out = j.dump();
-  } catch (const std::exception& e) {
-    out = json{{"error", e.what()}}.dump();
-  }
+void write_all(int fd, const std::string& out) {
   const char* data = out.data();
   std::size_t left = out.size();
   while (left > 0) {
@@ -212,7 +193,6 @@ struct ChildOutcome {
     data += n;
     left -= static_cast<std::size_t>(n);
   }
-  ::_exit(0);
 }
 
 void stop_child(pid_t pid) {
@@ -225,9 +205,10 @@ void stop_child(pid_t pid) {
   ::waitpid(pid, nullptr, 0);
 }
 
-ChildOutcome run_in_child(const ProbeSpec& p, const ProbeContext& ctx, double timeout_s,
-                          const std::vector<Injection>& injections) {
-  ChildOutcome out;
+}  // namespace
+
+ForkOutcome run_forked(const std::function<std::string()>& body, double timeout_s) {
+  ForkOutcome out;
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) {
     out.error = fmt::format("cannot create pipe: {}", std::strerror(errno));
@@ -244,11 +225,17 @@ ChildOutcome run_in_child(const ProbeSpec& p, const ProbeContext& ctx, double ti
   }
   if (pid == 0) {
     ::close(fds[0]);
-    child_main(p, ctx, injections, fds[1]);
+    ::setpgid(0, 0);  // its own group, so the runner can stop it and anything it started
+    struct sigaction sa {};
+    sa.sa_handler = on_probe_term;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGTERM, &sa, nullptr);
+    ::signal(SIGINT, SIG_IGN);  // the runner decides what an interrupt means
+    write_all(fds[1], body());
+    ::_exit(0);
   }
   ::setpgid(pid, pid);  // also here, so kill(-pid) works even before the child ran
   ::close(fds[1]);
-  std::string data;
   bool timed_out = false;
   char buf[65536];
   for (;;) {
@@ -268,7 +255,7 @@ ChildOutcome run_in_child(const ProbeSpec& p, const ProbeContext& ctx, double ti
     if (rc > 0) {
       const ssize_t n = ::read(fds[0], buf, sizeof(buf));
       if (n > 0) {
-        data.append(buf, static_cast<std::size_t>(n));
+        out.data.append(buf, static_cast<std::size_t>(n));
         continue;
       }
       if (n == 0) break;  // child closed its end: done or dead
@@ -279,7 +266,7 @@ ChildOutcome run_in_child(const ProbeSpec& p, const ProbeContext& ctx, double ti
   int wstatus = 0;
   if (timed_out || out.interrupted) {
     if (timed_out) {
-      ::kill(-pid, SIGKILL);  // a hung probe gets no grace period
+      ::kill(-pid, SIGKILL);  // a hung child gets no grace period
       ::waitpid(pid, &wstatus, 0);
     } else {
       stop_child(pid);
@@ -289,19 +276,41 @@ ChildOutcome run_in_child(const ProbeSpec& p, const ProbeContext& ctx, double ti
     }
   }
   out.duration_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (timed_out) {
-    out.error = fmt::format("timed out after {}", format_duration(timeout_s));
+  if (timed_out) out.error = fmt::format("timed out after {}", format_duration(timeout_s));
+  else if (out.interrupted) out.error = "interrupted";
+  else if (WIFSIGNALED(wstatus)) out.error = fmt::format("crashed: {}", strsignal(WTERMSIG(wstatus)));
+  return out;
+}
+
+namespace {
+
+ChildOutcome run_in_child(const ProbeSpec& p, const ProbeContext& ctx, double timeout_s,
+                          const std::vector<Injection>& injections) {
+  const ForkOutcome f = run_forked(
+      [&]() -> std::string {
+        for (const auto& inj : injections) {
+          if (!ctx.wants(inj.check)) continue;
+          if (inj.action == Injection::Action::kHang)
+            for (;;) ::pause();
+          if (inj.action == Injection::Action::kCrash) std::abort();
+        }
+        try {
+          json j = json::array();
+          for (const auto& m : p.run(ctx)) j.push_back(m);
+          return j.dump();
+        } catch (const std::exception& e) {
+          return json{{"error", e.what()}}.dump();
+        }
+      },
+      timeout_s);
+  ChildOutcome out;
+  out.interrupted = f.interrupted;
+  out.duration_s = f.duration_s;
+  if (!f.error.empty()) {
+    out.error = f.error.starts_with("crashed") ? "probe " + f.error : f.error;
     return out;
   }
-  if (out.interrupted) {
-    out.error = "interrupted";
-    return out;
-  }
-  if (WIFSIGNALED(wstatus)) {
-    out.error = fmt::format("probe crashed: {}", strsignal(WTERMSIG(wstatus)));
-    return out;
-  }
-  json j = json::parse(data, nullptr, false);
+  json j = json::parse(f.data, nullptr, false);
   if (j.is_discarded()) {
     out.error = "probe returned no readable result";
   } else if (j.is_object() && j.contains("error")) {
@@ -453,6 +462,7 @@ Expected<VetReport> run_vet(const VetOptions& o) {
       break;
     }
   }
+  judge_gpu_outliers(report.checks, profile->cluster);
   report.duration_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // Versions are also gathered in one place, for drift checks across nodes.
   for (const auto& c : report.checks)

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "pacer/vet/cluster.hpp"
+#include "vet/outliers.hpp"
 
 namespace pacer::vet {
 namespace {
@@ -74,6 +75,53 @@ TEST(ClusterOutliers, NeedsEnoughNodesAndADirection) {
   EXPECT_TRUE(find_outliers(three, p).empty());  // no better direction: differences are not outliers
   p.cluster.outlier_min_nodes = 2;
   EXPECT_EQ(find_outliers(two, p).size(), 1u);
+}
+
+CheckResult on_gpu(const std::string& name, int gpu, double v, CheckStatus s = CheckStatus::kPass) {
+  CheckResult c = numeric(name, v, s);
+  c.target = "gpu" + std::to_string(gpu);
+  c.unit = "TFLOP/s";
+  return c;
+}
+
+TEST(GpuOutliers, FlagsTheSlowGpuOfANode) {
+  Profile p;
+  // Eight GPUs at ~700 TFLOP/s; gpu6 at 600 (z -2.8: within), gpu7 at 480 (z -6.3: fails).
+  std::vector<CheckResult> checks;
+  const double tf[] = {700, 705, 698, 702, 701, 699, 600, 480};
+  for (int g = 0; g < 8; ++g) checks.push_back(on_gpu("gpu.gemm_bf16", g, tf[g]));
+  checks.push_back(on_gpu("gpu.temperature", 7, 90));  // lower is better: never an outlier here
+  for (int g = 0; g < 7; ++g) checks.push_back(on_gpu("gpu.temperature", g, 30));
+  judge_gpu_outliers(checks, p.cluster);
+  EXPECT_EQ(checks[5].status, CheckStatus::kPass);
+  EXPECT_EQ(checks[6].status, CheckStatus::kPass);
+  EXPECT_EQ(checks[7].status, CheckStatus::kFail);
+  EXPECT_NE(checks[7].reason.find("of the median of the node's 8 GPUs"), std::string::npos) << checks[7].reason;
+  EXPECT_EQ(checks[8].status, CheckStatus::kPass);
+  // A warning keeps its own reason and gains the outlier's; a stricter setting warns on gpu6 too.
+  checks[6].status = CheckStatus::kWarn;
+  checks[6].reason = "below 680";
+  p.cluster.outlier_warn = 2;
+  judge_gpu_outliers(checks, p.cluster);
+  EXPECT_EQ(checks[6].status, CheckStatus::kWarn);
+  EXPECT_EQ(checks[6].reason.rfind("below 680; outlier:", 0), 0u) << checks[6].reason;
+}
+
+TEST(GpuOutliers, NeedsThreeGpusAndIgnoresNodeWideChecks) {
+  Profile p;
+  std::vector<CheckResult> two = {on_gpu("gpu.gemm_bf16", 0, 700), on_gpu("gpu.gemm_bf16", 1, 100)};
+  judge_gpu_outliers(two, p.cluster);  // which of two is the bad one cannot be told
+  EXPECT_EQ(two[1].status, CheckStatus::kPass);
+  p.cluster.outlier_min_nodes = 2;
+  judge_gpu_outliers(two, p.cluster);  // still three: the floor for GPUs
+  EXPECT_EQ(two[1].status, CheckStatus::kPass);
+  std::vector<CheckResult> nodewide = {numeric("gpu.nccl_busbw", 300), numeric("gpu.nccl_busbw", 300), numeric("gpu.nccl_busbw", 10)};
+  judge_gpu_outliers(nodewide, p.cluster);
+  EXPECT_EQ(nodewide[2].status, CheckStatus::kPass);
+  std::vector<CheckResult> skipped = {on_gpu("gpu.gemm_bf16", 0, 700), on_gpu("gpu.gemm_bf16", 1, 700),
+                                      on_gpu("gpu.gemm_bf16", 2, 0, CheckStatus::kSkip)};
+  judge_gpu_outliers(skipped, p.cluster);
+  EXPECT_EQ(skipped[2].status, CheckStatus::kSkip);
 }
 
 TEST(ClusterDrift, NamesTheNodesAndTheMajorityValue) {

@@ -99,8 +99,20 @@ struct AllReduceResult {
   bool correct = false;
   std::string nccl_version;
 };
+// This process's part of an all-reduce across processes, one per node: its
+// GPUs are ranks node*G .. node*G+G-1 of nodes*G (every node has G GPUs).
+struct NcclPeers {
+  std::string unique_id;  // from nccl_unique_id() on one process, passed to all
+  int node = 0;
+  int nodes = 1;
+};
+// An NCCL unique id (its 128 bytes) for NcclPeers.
+Expected<std::string> nccl_unique_id();
 // fp32 sum all-reduce of `bytes` per device over all visible devices, one
-// process driving them (ncclCommInitAll); libnccl.so.2 is loaded with dlopen.
-Expected<AllReduceResult> nccl_all_reduce(std::uint64_t bytes, int passes);
+// process driving them (ncclCommInitAll), or over every node's devices with
+// `peers` (every process must call it, or the others wait in NCCL's init).
+// `devices` in the result is the total rank count. libnccl.so.2 is loaded
+// with dlopen.
+Expected<AllReduceResult> nccl_all_reduce(std::uint64_t bytes, int passes, const NcclPeers* peers = nullptr);
 
 }  // namespace pacer::hw::gpu
