@@ -64,10 +64,11 @@ Status Request::Impl::wait(double timeout_s) {
     if (!r) return r.error();
     if (*r) return {};
     if (timeout_s > 0 && std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > timeout_s) {
-      const std::string done = abandon();
-      return Error{ErrorKind::kRuntime, what() + " did not complete within " + fmt::format("{:g}", timeout_s) + " s" +
-                                            (done.empty() ? "" : " (" + done + ")") +
-                                            ": another rank died, hangs, or called a different collective"};
+      // abandon() says what it found out (MPI: which ranks never arrived)
+      // or did (NCCL: the communicator is aborted).
+      const std::string found = abandon();
+      return Error{ErrorKind::kRuntime, what() + " did not complete within " + fmt::format("{:g}", timeout_s) + " s: " +
+                                            (found.empty() ? "another rank died, hangs, or called a different collective" : found)};
     }
     std::this_thread::yield();
   }

@@ -3,10 +3,19 @@
 #ifdef PACER_HAVE_MPI
 #include <mpi.h>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <chrono>
 #include <climits>
 #include <functional>
+#include <map>
+#include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 #endif
 
@@ -41,6 +50,70 @@ MPI_Datatype mpi_type(DType t) {
   return MPI_BYTE;
 }
 
+// After a timeout, who else is stuck? Every rank that gives up on a
+// collective tells every other rank which collective it gave up on, over a
+// communicator of its own, and listens for the others for a grace period.
+// Ranks that are stuck in the same collective time out at about the same
+// time and answer; a rank that died, hangs or is somewhere else stays silent
+// or names another collective. That turns "rank 0 timed out" into "rank 3
+// never reached all_reduce #17".
+struct Census {
+  MPI_Comm comm = MPI_COMM_NULL;
+  int rank = 0, size = 1;
+  std::uint64_t next = 0;  // collectives issued so far, in call order (the same on every rank)
+  static constexpr int kTag = 7301;
+
+  std::string ask(std::uint64_t seq, const std::string& what, double grace_s) const {
+    if (comm == MPI_COMM_NULL || size < 2) return "";
+    const std::string mine = std::to_string(seq) + " " + what;
+    for (int p = 0; p < size; ++p) {
+      if (p == rank) continue;
+      MPI_Request r;
+      // Eager and small: it completes locally even when the peer is dead.
+      if (MPI_Isend(mine.data(), int(mine.size()), MPI_CHAR, p, kTag, comm, &r) == MPI_SUCCESS) MPI_Request_free(&r);
+    }
+    std::map<int, std::pair<std::uint64_t, std::string>> heard;
+    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(grace_s);
+    while (std::chrono::steady_clock::now() < end && int(heard.size()) < size - 1) {
+      int flag = 0;
+      MPI_Status st;
+      MPI_Iprobe(MPI_ANY_SOURCE, kTag, comm, &flag, &st);
+      if (!flag) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        continue;
+      }
+      int n = 0;
+      MPI_Get_count(&st, MPI_CHAR, &n);
+      std::string msg(std::size_t(std::max(n, 0)), '\0');
+      MPI_Recv(msg.data(), n, MPI_CHAR, st.MPI_SOURCE, kTag, comm, MPI_STATUS_IGNORE);
+      std::istringstream in(msg);
+      std::uint64_t theirs = 0;
+      in >> theirs;
+      std::string op;
+      std::getline(in >> std::ws, op);
+      heard[st.MPI_SOURCE] = {theirs, op};
+    }
+    std::vector<int> silent, same;
+    std::vector<std::string> elsewhere;
+    for (int p = 0; p < size; ++p) {
+      if (p == rank) continue;
+      auto it = heard.find(p);
+      if (it == heard.end()) silent.push_back(p);
+      else if (it->second.first == seq) same.push_back(p);
+      else elsewhere.push_back(fmt::format("rank {} gave up on collective #{} ({})", p, it->second.first, it->second.second));
+    }
+    std::vector<std::string> parts;
+    if (!silent.empty())
+      parts.push_back(fmt::format("{} {} did not reach it (dead, hung, or still computing: silent for {:g} s after this rank gave up)",
+                                  silent.size() == 1 ? "rank" : "ranks", fmt::join(silent, ", "), grace_s));
+    parts.insert(parts.end(), elsewhere.begin(), elsewhere.end());
+    if (!same.empty())
+      parts.push_back(fmt::format("{} {} {} stuck in it too", same.size() == 1 ? "rank" : "ranks", fmt::join(same, ", "),
+                                  same.size() == 1 ? "is" : "are"));
+    return fmt::format("collective #{}: {}", seq, fmt::join(parts, "; "));
+  }
+};
+
 // MPI's non-blocking collectives (libnbc in Open MPI) run their own
 // schedules, measured 1.5-3x slower than the tuned blocking algorithms on
 // shared memory. So a request starts lazily: test() starts the non-blocking
@@ -51,8 +124,13 @@ class MpiRequest final : public Request::Impl {
  public:
   using Start = std::function<int(MPI_Request*)>;
   using Blocking = std::function<int()>;
-  MpiRequest(Start start, Blocking blocking, std::string what, int rank)
-      : start_(std::move(start)), blocking_(std::move(blocking)), what_(std::move(what)), rank_(rank) {}
+  MpiRequest(Start start, Blocking blocking, std::string what, int rank, std::shared_ptr<const Census> census, std::uint64_t seq)
+      : start_(std::move(start)),
+        blocking_(std::move(blocking)),
+        what_(std::move(what)),
+        rank_(rank),
+        census_(std::move(census)),
+        seq_(seq) {}
   ~MpiRequest() override {
     // Abandoned after a timeout. MPI forbids freeing a non-blocking
     // collective's request, so it is parked (and leaked) instead: the job is
@@ -72,12 +150,17 @@ class MpiRequest final : public Request::Impl {
     return done != 0;
   }
   Status wait(double timeout_s) override {
+    timeout_s_ = timeout_s;
     if (started_ || timeout_s > 0) return Request::Impl::wait(timeout_s);
     started_ = true;
     if (blocking_() != MPI_SUCCESS) return fail("failed");
     return {};
   }
   std::string what() const override { return what_ + " on rank " + std::to_string(rank_); }
+  std::string abandon() override {
+    // Long enough for the other stuck ranks' own timeouts to fire.
+    return census_ ? census_->ask(seq_, what_, std::clamp(0.25 * timeout_s_, 0.5, 5.0)) : "";
+  }
 
  private:
   Error fail(const std::string& how) { return Error{ErrorKind::kRuntime, what() + " " + how}; }
@@ -87,6 +170,9 @@ class MpiRequest final : public Request::Impl {
   bool started_ = false;
   std::string what_;
   int rank_;
+  std::shared_ptr<const Census> census_;
+  std::uint64_t seq_;
+  double timeout_s_ = 0;
 };
 
 class MpiCollectives final : public Collectives {
@@ -97,12 +183,21 @@ class MpiCollectives final : public Collectives {
     MPI_Op_create(&bf16_reduce<ReduceOp::kSum>, 1, &bf16_ops_[0]);
     MPI_Op_create(&bf16_reduce<ReduceOp::kMax>, 1, &bf16_ops_[1]);
     MPI_Op_create(&bf16_reduce<ReduceOp::kMin>, 1, &bf16_ops_[2]);
+    auto census = std::make_shared<Census>();
+    census->rank = rank_;
+    census->size = size_;
+    MPI_Comm_dup(MPI_COMM_WORLD, &census->comm);
+    census_ = census;
   }
   ~MpiCollectives() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized)
+    if (!finalized) {
       for (auto& op : bf16_ops_) MPI_Op_free(&op);
+      // Marks it for deallocation and sets the handle to MPI_COMM_NULL, which
+      // a request parked after a timeout (sharing the Census) then sees.
+      MPI_Comm_free(&census_->comm);
+    }
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -166,14 +261,15 @@ class MpiCollectives final : public Collectives {
                                           " elements: MPI counts stop at 2^31-1; split the buffer"};
     return std::nullopt;
   }
-  Request wrap(MpiRequest::Start start, MpiRequest::Blocking blocking, const char* what, std::size_t count, DType t) const {
+  Request wrap(MpiRequest::Start start, MpiRequest::Blocking blocking, const char* what, std::size_t count, DType t) {
     return Request(std::make_unique<MpiRequest>(std::move(start), std::move(blocking),
                                                 std::string(what) + " of " + std::to_string(count) + " " + dtype_name(t) + " elements",
-                                                rank_));
+                                                rank_, census_, ++census_->next));
   }
 
   int rank_ = 0, size_ = 1;
   MPI_Op bf16_ops_[3]{};
+  std::shared_ptr<Census> census_;
 };
 
 }  // namespace

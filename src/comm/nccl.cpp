@@ -125,7 +125,7 @@ class NcclRequest final : public Request::Impl {
   std::string abandon() override {
     // Without the abort the stuck kernel would hold the GPU forever.
     api().ncclCommAbort(comm_);
-    return "communicator aborted";
+    return "another rank died, hangs, or called a different collective; the NCCL communicator is aborted";
   }
 
  private:

@@ -207,16 +207,23 @@ void bench_correct(Collectives& c) {
   }
 }
 
-// A rank that never joins: the waiting rank times out with a clear error.
+// The last rank never joins in time: every other rank times out, and the
+// error names the missing rank and the ranks stuck alongside.
 void timeout(Collectives& c) {
   static float buf[4] = {1, 2, 3, 4};
-  if (c.rank() == 0) {
+  const int last = c.size() - 1;
+  if (c.rank() != last) {
     auto req = c.all_reduce(buf, buf, 4, DType::kF32, ReduceOp::kSum);
-    auto st = req.value().wait(0.5);
+    auto st = req.value().wait(1.0);
     check(!st, "a collective another rank has not joined times out");
-    if (!st) check(st.error().message.find("rank 0") != std::string::npos, "timeout names the rank: " + st.error().message);
+    if (!st) {
+      const std::string& m = st.error().message;
+      check(m.find("on rank " + std::to_string(c.rank())) != std::string::npos, "timeout names this rank: " + m);
+      check(m.find("rank " + std::to_string(last) + " did not reach it") != std::string::npos, "timeout names the missing rank: " + m);
+      if (c.size() > 2) check(m.find("stuck in it too") != std::string::npos, "timeout names the other stuck ranks: " + m);
+    }
   } else {
-    sleep(2);
+    sleep(4);
     (void)c.all_reduce(buf, buf, 4, DType::kF32, ReduceOp::kSum).value().wait(60);
   }
 }
