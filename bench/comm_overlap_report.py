@@ -17,7 +17,8 @@ def load(argv):
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
     machine = {"host": platform.node(), "cpu": cpu, "cores": os.cpu_count(),
                "date_utc": datetime.datetime.utcnow().strftime("%Y-%m-%dT%H:%M:%SZ"),
-               "note": "2 cores shared with other work; every figure is a median over rounds"}
+               "load_average_at_report": os.getloadavg()[0],
+               "note": os.environ.get("MACHINE_NOTE", "every figure is a median over rounds")}
     data = {"machine": machine, "pacer": [json.loads(l) for l in open(f"{tmp}/pacer.jsonl")],
             "ddp": [json.loads(l) for l in open(f"{tmp}/ddp.jsonl")], "bench": json.load(open(f"{tmp}/bench.json"))}
     json.dump(data, open(out + ".json", "w"), indent=1)
@@ -39,8 +40,7 @@ def main():
                     f"{pct(p4['hidden_thread'])} ({p4['finish_wait_thread_s']*1e3:.1f} ms) | {pct(p25['hidden_caller'])} | "
                     f"{d['comm_s']*1e3:.0f} / {d['compute_s']*1e3:.0f} ms | {pct(d['hidden_no_overlap'])} | {pct(d['hidden_ddp'])} |")
     md = [f"# Gradient all-reduce overlap, {m['date_utc'][:10]}", "",
-          f"Machine: {m['host']}, {m['cpu']}, {m['cores']} cores shared with other work (other builds and tests ran "
-          f"at the same time, so communication alone varies between runs). Medians over {pacer[0]['rounds']} rounds. "
+          f"Machine: {m['host']}, {m['cpu']}, {m['cores']} cores; {m.get('note', '')}. Medians over {pacer[0]['rounds']} rounds. "
           "16 layers x 4 MiB fp32 gradients (64 MiB); first bucket 1 MiB.", "",
           "hidden = 1 - (step time - compute alone) / communication alone, each from its own program's runs; "
           "negative: overlapping cost more than it hid.", "", *rows, "",

@@ -1,5 +1,8 @@
 #include "pacer/comm/reducer.hpp"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -288,6 +291,13 @@ void GradientReducer::start_worker() {
   auto& s = *s_;
   s.worker = std::thread([this] {
     auto& s = *s_;
+    if (opt_.progress_nice > 0) {
+      // MPI's progress polls a core while a bucket is in flight. At a lower
+      // priority it yields that core at once to the training thread waking
+      // up (to launch the next kernels, or to compute), instead of delaying
+      // it by a scheduler slice; an idle core still runs it at full speed.
+      ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), opt_.progress_nice);
+    }
     for (;;) {
       std::size_t b;
       {

@@ -30,6 +30,9 @@ struct ReducerOptions {
   double top_k_ratio = 0.01;                 // kTopK: fraction of each bucket's elements sent
   bool average = true;                       // divide by the world size in finish()
   ProgressMode progress = ProgressMode::kThread;
+  // kThread: the reducer thread's nice value (Linux threads have their own);
+  // above 0 it gives way to the training thread whenever both want a core.
+  int progress_nice = 10;
   // Per collective. 0 waits forever and lets the MPI backend run the blocking
   // (faster) collective on the reducer thread; > 0 takes MPI's non-blocking
   // path, which can give up and name this rank (see docs/comm.md).
