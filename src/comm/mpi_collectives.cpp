@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -65,11 +66,20 @@ struct Census {
 
   std::string ask(std::uint64_t seq, const std::string& what, double grace_s) const {
     if (comm == MPI_COMM_NULL || size < 2) return "";
-    const std::string mine = std::to_string(seq) + " " + what;
+    // Small enough to go eagerly, completing even when the peer is dead; the
+    // request is freed unwaited, so the buffer lives as long as the process.
+    static auto* sent = new std::vector<std::unique_ptr<const std::string>>();
+    static std::mutex sent_mu;
+    const std::string* buffer;
+    {
+      std::lock_guard lk(sent_mu);
+      sent->push_back(std::make_unique<const std::string>(std::to_string(seq) + " " + what));
+      buffer = sent->back().get();
+    }
+    const std::string& mine = *buffer;
     for (int p = 0; p < size; ++p) {
       if (p == rank) continue;
       MPI_Request r;
-      // Eager and small: it completes locally even when the peer is dead.
       if (MPI_Isend(mine.data(), int(mine.size()), MPI_CHAR, p, kTag, comm, &r) == MPI_SUCCESS) MPI_Request_free(&r);
     }
     std::map<int, std::pair<std::uint64_t, std::string>> heard;
