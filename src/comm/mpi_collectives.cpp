@@ -120,6 +120,8 @@ struct Census {
     if (!same.empty())
       parts.push_back(fmt::format("{} {} {} stuck in it too", same.size() == 1 ? "rank" : "ranks", fmt::join(same, ", "),
                                   same.size() == 1 ? "is" : "are"));
+    if (silent.empty() && elsewhere.empty())
+      parts.push_back("every rank reached it: a rank passed different counts or types, or the network failed");
     return fmt::format("collective #{}: {}", seq, fmt::join(parts, "; "));
   }
 };
@@ -196,7 +198,10 @@ class MpiCollectives final : public Collectives {
     auto census = std::make_shared<Census>();
     census->rank = rank_;
     census->size = size_;
+    // Collective: every rank opens its Collectives together, as with MPI_Init.
     MPI_Comm_dup(MPI_COMM_WORLD, &census->comm);
+    // A send to a dead peer must come back as an error code, not abort this rank.
+    MPI_Comm_set_errhandler(census->comm, MPI_ERRORS_RETURN);
     census_ = census;
   }
   ~MpiCollectives() override {

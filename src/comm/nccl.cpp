@@ -56,15 +56,30 @@ const Api& api() {
     Api a;
     // PyTorch wheels carry their own NCCL: PACER_NCCL_LIBRARY points at it,
     // as for pacer vet's NCCL check.
+    // dlerror() is read right after each failure: a later successful
+    // dlopen clears it.
+    std::string why;
+    auto open = [&](const char* name) {
+      void* h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+      if (!h) {
+        const char* e = dlerror();
+        why = e ? e : name;
+      }
+      return h;
+    };
     const char* chosen = std::getenv("PACER_NCCL_LIBRARY");
-    if (chosen && *chosen) a.nccl = dlopen(chosen, RTLD_NOW | RTLD_LOCAL);
-    for (const char* name : {"libnccl.so.2", "libnccl.so"})
-      if (!a.nccl && !(chosen && *chosen)) a.nccl = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    if (chosen && *chosen) a.nccl = open(chosen);
+    else
+      for (const char* name : {"libnccl.so.2", "libnccl.so"})
+        if (!a.nccl) a.nccl = open(name);
+    if (!a.nccl) {
+      a.error = "cannot load " + (chosen && *chosen ? std::string(chosen) + " (PACER_NCCL_LIBRARY)" : std::string("libnccl.so.2")) + ": " + why;
+      return a;
+    }
     for (const char* name : {"libcudart.so.13", "libcudart.so.12", "libcudart.so"})
-      if (!a.cudart) a.cudart = dlopen(name, RTLD_NOW | RTLD_LOCAL);
-    if (!a.nccl || !a.cudart) {
-      const std::string lib = !a.nccl ? (chosen && *chosen ? std::string(chosen) + " (PACER_NCCL_LIBRARY)" : "libnccl.so.2") : "libcudart.so";
-      a.error = "cannot load " + lib + ": " + dlerror();
+      if (!a.cudart) a.cudart = open(name);
+    if (!a.cudart) {
+      a.error = "cannot load libcudart.so: " + why;
       return a;
     }
     bool ok = true;

@@ -45,36 +45,25 @@ AllReduceResult nccl_allreduce_across_nodes(comm::TimedComm& leaders, std::size_
   }
   // CUDA is touched only in children: the node checks that follow fork
   // their own, which could not use CUDA once this process had.
+  const double window = std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
   int gpus = 0;
-  std::string id;
-  std::string id_error;
+  std::string count_error;
   {
-    const bool first = leaders.rank() == 0;
     const ForkOutcome f = run_forked(
-        [first]() -> std::string {
-          nlohmann::json j;
+        []() -> std::string {
           auto n = hw::gpu::device_count();
-          j["gpus"] = n ? *n : 0;
-          if (first && n && *n > 0) {
-            if (auto u = hw::gpu::nccl_unique_id()) j["id"] = to_hex(*u);
-            else j["id_error"] = u.error().message;
-          }
-          return j.dump();
+          return n ? nlohmann::json{{"gpus", *n}}.dump() : nlohmann::json{{"error", n.error().message}}.dump();
         },
-        std::max(0.1, std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count()));
+        std::max(0.1, window / 3));
     const auto j = nlohmann::json::parse(f.data, nullptr, false);
-    if (!f.error.empty() || j.is_discarded()) {
-      id_error = "looking for GPUs: " + (f.error.empty() ? std::string("no readable answer") : f.error);
-    } else {
-      gpus = j.value("gpus", 0);
-      id = from_hex(j.value("id", ""));
-      id_error = j.value("id_error", "");
-    }
+    if (!f.error.empty()) count_error = "counting GPUs " + f.error;
+    else if (j.is_discarded()) count_error = "counting GPUs returned no readable result";
+    else gpus = j.value("gpus", 0);  // a CUDA error (no driver, no device) counts as no GPU
   }
   // Every leader learns whether all nodes can take part before any enters
   // NCCL's init, which would otherwise wait for the missing ones.
   auto agree = std::make_shared<std::vector<float>>(std::vector<float>{
-      gpus > 0 ? 1.0f : 0.0f, float(gpus), float(gpus) * float(gpus), leaders.rank() == 0 && id.empty() ? 1.0f : 0.0f});
+      gpus > 0 ? 1.0f : 0.0f, float(gpus), float(gpus) * float(gpus), count_error.empty() ? 0.0f : 1.0f});
   if (!leaders.all_reduce_sum(agree, deadline)) {
     r.status = CheckStatus::kError;
     r.reason = "a node did not take part by the deadline";
@@ -82,6 +71,11 @@ AllReduceResult nccl_allreduce_across_nodes(comm::TimedComm& leaders, std::size_
   }
   const auto& a = *agree;
   const int n = leaders.size();
+  if (a[3] > 0) {
+    r.status = CheckStatus::kError;
+    r.reason = fmt::format("{} of {} nodes could not count their GPUs{}", int(a[3]), n, count_error.empty() ? "" : ": " + count_error);
+    return r;
+  }
   if (a[0] == 0) {
     r.reason = "no node has a GPU";
     return r;
@@ -97,33 +91,51 @@ AllReduceResult nccl_allreduce_across_nodes(comm::TimedComm& leaders, std::size_
     r.reason = fmt::format("nodes have different GPU counts ({} GPUs on {} nodes); NCCL across nodes needs the same count on each", a[1], n);
     return r;
   }
-  if (a[3] > 0) {
-    r.status = CheckStatus::kError;
-    r.reason = leaders.rank() == 0 ? id_error : "the first node could not create an NCCL id";
-    return r;
-  }
-  if (leaders.rank() == 0) {
-    auto shared = std::make_shared<const std::string>(id);
-    for (int p = 1; p < n; ++p) leaders.send(p, kNcclIdTag, shared, deadline);
-  } else if (auto got = leaders.recv(0, kNcclIdTag, deadline)) {
-    id = *got;
-  } else {
-    r.status = CheckStatus::kError;
-    r.reason = "the NCCL id from the first node did not arrive by the deadline";
-    return r;
-  }
 
-  const hw::gpu::NcclPeers peers{id, leaders.rank(), n};
+  // ncclGetUniqueId starts NCCL's bootstrap root in the process that calls
+  // it, so leader 0's measuring child makes the id, hands it up the pipe at
+  // once, and goes on to its own init; the parent forwards it over MPI.
+  const bool first = leaders.rank() == 0;
+  std::string id;
+  if (!first) {
+    auto got = leaders.recv(0, kNcclIdTag, deadline);
+    if (!got || got->empty()) {
+      r.status = CheckStatus::kError;
+      r.reason = got ? "the first node could not create an NCCL id" : "the NCCL id from the first node did not arrive by the deadline";
+      return r;
+    }
+    id = from_hex(*got);
+  }
+  bool forwarded = false;
+  auto forward = [&](const std::string& hex) {
+    forwarded = true;
+    auto shared = std::make_shared<const std::string>(hex);
+    for (int p = 1; p < n; ++p) leaders.send(p, kNcclIdTag, shared, deadline);
+  };
   const ForkOutcome f = run_forked(
       [&]() -> std::string {
+        hw::gpu::NcclPeers peers{id, leaders.rank(), n};
+        if (first) {
+          auto u = hw::gpu::nccl_unique_id();
+          fork_emit((u ? to_hex(*u) : std::string()) + "\n");
+          if (!u) return nlohmann::json{{"error", u.error().message}}.dump();
+          peers.unique_id = *u;
+        }
         auto res = hw::gpu::nccl_all_reduce(r.bytes, passes, &peers);
         if (!res) return nlohmann::json{{"error", res.error().message}}.dump();
         return nlohmann::json{{"algbw", res->algbw}, {"busbw", res->busbw}, {"correct", res->correct},
                               {"devices", res->devices}, {"nccl", res->nccl_version}}
             .dump();
       },
-      std::max(0.1, std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count()));
-  const auto res = nlohmann::json::parse(f.data, nullptr, false);
+      std::max(0.1, std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count()),
+      [&](const std::string& so_far) {
+        if (first && !forwarded)
+          if (auto nl = so_far.find('\n'); nl != std::string::npos) forward(so_far.substr(0, nl));
+      });
+  // An empty id tells the others not to wait for one.
+  if (first && !forwarded) forward("");
+  const std::string tail = f.data.substr(f.data.find('\n') == std::string::npos ? 0 : f.data.rfind('\n') + 1);
+  const auto res = nlohmann::json::parse(tail, nullptr, false);
   if (!f.error.empty() || res.is_discarded() || res.contains("error")) {
     r.status = CheckStatus::kError;
     r.reason = !f.error.empty() ? "NCCL " + f.error + " (a node's NCCL init or transfer hung, or another node failed)"

@@ -44,8 +44,10 @@ void judge_gpu_outliers(std::vector<CheckResult>& checks, const ClusterConfig& c
   for (auto& c : checks) {
     if (!c.value || !is_gpu_target(c.target) || c.status == CheckStatus::kSkip || c.status == CheckStatus::kError) continue;
     const CheckSpec* spec = find_check(c.name);
-    // Only throughput: a warmer or busier GPU is not a slower one.
-    if (spec && spec->direction == Direction::kHigher) by_check[c.name].push_back(&c);
+    // Only throughput: a warmer or busier GPU is not a slower one. The
+    // sustained clock is the lowest of many samples, which dips briefly on
+    // healthy GPUs: too noisy to compare GPUs by.
+    if (spec && spec->direction == Direction::kHigher && c.name != "gpu.sustained_clock") by_check[c.name].push_back(&c);
   }
   for (auto& [name, list] : by_check) {
     if (list.size() < std::max(3u, cfg.outlier_min_nodes)) continue;

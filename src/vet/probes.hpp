@@ -100,11 +100,17 @@ inline bool cancelled() { return g_probe_cancelled != 0; }
 // not use.
 struct ForkOutcome {
   std::string data;
-  std::string error;  // "timed out after ...", "interrupted", "crashed: <signal>"
+  std::string error;  // "timed out after ...", "interrupted", "crashed: <signal>", "threw: <what>"
   bool interrupted = false;
   double duration_s = 0;
 };
-ForkOutcome run_forked(const std::function<std::string()>& body, double timeout_s);
+// `on_data`, in the parent, sees everything the child has sent so far each
+// time more arrives; the child sends early with fork_emit (an NCCL unique id
+// must reach the other nodes while the process that made it lives on).
+ForkOutcome run_forked(const std::function<std::string()>& body, double timeout_s,
+                       const std::function<void(const std::string&)>& on_data = {});
+// In a run_forked child: sends `data` to the parent now, ahead of what body returns.
+void fork_emit(const std::string& data);
 
 // Helpers for building measurements.
 Measurement measured(const std::string& check, double value, std::string detail = {}, std::string target = {});

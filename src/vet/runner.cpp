@@ -2,6 +2,7 @@
 #include <fmt/chrono.h>
 #include <fmt/format.h>
 #include <poll.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -207,8 +208,19 @@ void stop_child(pid_t pid) {
 
 }  // namespace
 
-ForkOutcome run_forked(const std::function<std::string()>& body, double timeout_s) {
+namespace {
+int g_fork_fd = -1;  // the pipe to the parent, in a run_forked child
+constexpr int kThrewStatus = 70;
+}  // namespace
+
+void fork_emit(const std::string& data) {
+  if (g_fork_fd >= 0) write_all(g_fork_fd, data);
+}
+
+ForkOutcome run_forked(const std::function<std::string()>& body, double timeout_s,
+                       const std::function<void(const std::string&)>& on_data) {
   ForkOutcome out;
+  const pid_t parent = ::getpid();
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) {
     out.error = fmt::format("cannot create pipe: {}", std::strerror(errno));
@@ -231,7 +243,19 @@ ForkOutcome run_forked(const std::function<std::string()>& body, double timeout_
     sigemptyset(&sa.sa_mask);
     ::sigaction(SIGTERM, &sa, nullptr);
     ::signal(SIGINT, SIG_IGN);  // the runner decides what an interrupt means
-    write_all(fds[1], body());
+    // A child blocked in a GPU call must not outlive a parent that was killed.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(1);
+    g_fork_fd = fds[1];
+    try {
+      write_all(fds[1], body());
+    } catch (const std::exception& e) {
+      // Unwinding further would run the parent's code in this copy of it.
+      write_all(fds[1], e.what());
+      ::_exit(kThrewStatus);
+    } catch (...) {
+      ::_exit(kThrewStatus);
+    }
     ::_exit(0);
   }
   ::setpgid(pid, pid);  // also here, so kill(-pid) works even before the child ran
@@ -256,6 +280,7 @@ ForkOutcome run_forked(const std::function<std::string()>& body, double timeout_
       const ssize_t n = ::read(fds[0], buf, sizeof(buf));
       if (n > 0) {
         out.data.append(buf, static_cast<std::size_t>(n));
+        if (on_data) on_data(out.data);
         continue;
       }
       if (n == 0) break;  // child closed its end: done or dead
@@ -279,6 +304,7 @@ ForkOutcome run_forked(const std::function<std::string()>& body, double timeout_
   if (timed_out) out.error = fmt::format("timed out after {}", format_duration(timeout_s));
   else if (out.interrupted) out.error = "interrupted";
   else if (WIFSIGNALED(wstatus)) out.error = fmt::format("crashed: {}", strsignal(WTERMSIG(wstatus)));
+  else if (WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == kThrewStatus) out.error = "threw: " + out.data;
   return out;
 }
 

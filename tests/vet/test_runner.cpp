@@ -9,6 +9,7 @@
 #include "pacer/core/atomic_file.hpp"
 #include "pacer/vet/vet.hpp"
 #include "test_util.hpp"
+#include "vet/probes.hpp"
 
 namespace fs = std::filesystem;
 using pacer::ErrorKind;
@@ -246,4 +247,36 @@ TEST(Runner, QuickRunOfEveryCheckFinishesWithAVerdict) {
     }
   }
   EXPECT_EQ(target.entries(), std::set<std::string>{});
+}
+
+// The forked child that GPU work runs in: early data reaches the parent
+// while the child still runs (how an NCCL unique id leaves the process that
+// must keep living), an exception stays in the child, and a deadline kills it.
+TEST(RunForked, EarlyDataReachesTheParentBeforeTheChildEnds) {
+  std::vector<std::string> seen;
+  const auto f = pacer::vet::run_forked(
+      [] {
+        pacer::vet::fork_emit("id\n");
+        ::usleep(300'000);
+        return std::string("result");
+      },
+      10, [&](const std::string& so_far) { seen.push_back(so_far); });
+  EXPECT_TRUE(f.error.empty()) << f.error;
+  EXPECT_EQ(f.data, "id\nresult");
+  ASSERT_GE(seen.size(), 2u);
+  EXPECT_EQ(seen.front(), "id\n");  // the 300 ms pause separates the two writes
+  EXPECT_EQ(seen.back(), "id\nresult");
+}
+
+TEST(RunForked, ExceptionsAndDeadlinesAreErrors) {
+  const auto threw = pacer::vet::run_forked([]() -> std::string { throw std::runtime_error("no NCCL here"); }, 10);
+  EXPECT_EQ(threw.error, "threw: no NCCL here");
+  const auto hung = pacer::vet::run_forked(
+      [] {
+        ::sleep(30);
+        return std::string("late");
+      },
+      0.3);
+  EXPECT_EQ(hung.error.rfind("timed out after", 0), 0u) << hung.error;
+  EXPECT_LT(hung.duration_s, 5);
 }
