@@ -107,7 +107,9 @@ Status all_reduce_host(Collectives& comm, std::vector<double>& values, ReduceOp 
 // A world of one rank: collectives copy send to recv and complete at once.
 std::unique_ptr<Collectives> single_rank_collectives();
 
-// Over MPI_COMM_WORLD (initialising MPI like mpi_world()). Non-blocking
+// Over MPI_COMM_WORLD (initialising MPI like mpi_world()). Collective: every
+// rank opens it, in the same order as its other collectives (it duplicates
+// the world communicator for the timeout census, docs/comm.md). Non-blocking
 // collectives progress when the Request is tested or waited for; see
 // docs/comm.md for why callers test from time to time.
 Expected<std::unique_ptr<Collectives>> mpi_collectives();
