@@ -5,6 +5,7 @@
 #include <ctime>
 
 #include "pacer/comm/bench.hpp"
+#include "pacer/core/stats.hpp"
 #include "pacer/hw/system.hpp"
 
 namespace pacer::comm {
@@ -261,7 +262,7 @@ Expected<BenchReport> run_bench(Collectives& comm, const BenchOptions& o,
       if (auto st = all_reduce_host(comm, flags, ReduceOp::kMin, o.timeout_s); !st) return st.error();
       std::sort(worst.begin(), worst.end());
       const std::size_t k = worst.size();
-      pt.median_s = k % 2 ? worst[k / 2] : 0.5 * (worst[k / 2 - 1] + worst[k / 2]);
+      pt.median_s = median(worst);
       pt.p99_s = worst[static_cast<std::size_t>(std::ceil(0.99 * k)) - 1];
       pt.min_s = worst.front();
       pt.algbw_gbps = pt.median_s > 0 ? double(pt.bytes) / pt.median_s / 1e9 : 0;

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "cluster_nccl.hpp"
+#include "pacer/core/stats.hpp"
 #include "pacer/core/units.hpp"
 #include "pacer/hw/system.hpp"
 
@@ -39,11 +40,6 @@ std::optional<json> recv_json(comm::TimedComm& c, int peer, int tag, Deadline d)
   json j = json::parse(*s, nullptr, false);
   if (j.is_discarded()) return std::nullopt;
   return j;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : (v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
 }
 
 // Every phase has a fixed end counted from this rank's start, so a phase that

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <set>
 
+#include "pacer/core/stats.hpp"
 #include "pacer/core/units.hpp"
 #include "pacer/vet/cluster.hpp"
 #include "outliers.hpp"
@@ -14,12 +15,6 @@
 namespace pacer::vet {
 
 namespace {
-
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 bool is_slow(const LinkResult& l) { return l.status == CheckStatus::kWarn || l.status == CheckStatus::kFail || l.status == CheckStatus::kError; }
 
@@ -147,7 +142,7 @@ void judge_links(std::vector<LinkResult>& links, const Profile& profile) {
   for (const auto& l : links)
     if (l.bandwidth_gbps && l.kind != "bisect") bw.push_back(*l.bandwidth_gbps);
   if (bw.empty()) return;
-  const double med = median_of(bw);
+  const double med = median(bw);
   for (auto& l : links) {
     if (!l.bandwidth_gbps || med <= 0) continue;
     const double ratio = *l.bandwidth_gbps / med;

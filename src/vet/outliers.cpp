@@ -7,19 +7,13 @@
 #include <cmath>
 #include <map>
 
+#include "pacer/core/stats.hpp"
 #include "pacer/core/units.hpp"
 #include "probes.hpp"
 
 namespace pacer::vet {
 
 namespace {
-
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  if (n == 0) return 0;
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 bool is_gpu_target(const std::string& t) {
   return t.size() > 3 && t.starts_with("gpu") && std::all_of(t.begin() + 3, t.end(), [](char c) { return c >= '0' && c <= '9'; });
@@ -29,10 +23,10 @@ bool is_gpu_target(const std::string& t) {
 
 RobustScale robust_scale(const std::vector<double>& values, double floor) {
   RobustScale s;
-  s.median = median_of(values);
+  s.median = median(values);
   std::vector<double> dev;
   for (double v : values) dev.push_back(std::fabs(v - s.median));
-  s.mad = median_of(dev);
+  s.mad = median(dev);
   // 1.4826 MAD estimates the standard deviation of normal data; the floor
   // keeps identical peers (MAD 0) from flagging differences of a few percent.
   s.sigma = std::max(1.4826 * s.mad, floor * std::fabs(s.median));

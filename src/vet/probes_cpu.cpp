@@ -7,6 +7,7 @@
 #include <chrono>
 #include <thread>
 
+#include "pacer/core/stats.hpp"
 #include "pacer/hw/system.hpp"
 #include "probes.hpp"
 
@@ -53,12 +54,6 @@ Kernel pick_kernel() {
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma")) return {flops_avx512, 12 * 8 * 2, "avx512"};
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return {flops_avx2, 10 * 4 * 2, "avx2"};
   return {flops_sse2, 8 * 2 * 2, "sse2"};
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n == 0 ? 0 : (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
 }
 
 std::vector<Measurement> run_cpu(const ProbeContext& ctx) {

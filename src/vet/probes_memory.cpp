@@ -9,6 +9,7 @@
 #include <cstring>
 #include <thread>
 
+#include "pacer/core/stats.hpp"
 #include "pacer/core/units.hpp"
 #include "pacer/hw/system.hpp"
 #include "probes.hpp"
@@ -41,12 +42,6 @@ class Mapping {
 __attribute__((target_clones("avx512f", "avx2", "default")))
 void triad(double* __restrict a, const double* __restrict b, const double* __restrict c, double s, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) a[i] = b[i] + s * c[i];
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n == 0 ? 0 : (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
 }
 
 std::size_t thread_count(const ProbeContext& ctx, const std::vector<int>& cpus) {
