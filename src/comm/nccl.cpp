@@ -7,6 +7,8 @@
 
 #include <cstdlib>
 #include <cstring>
+
+#include "pacer/hw/libraries.hpp"
 #endif
 
 namespace pacer::comm {
@@ -54,32 +56,18 @@ struct Api {
 const Api& api() {
   static const Api a = [] {
     Api a;
-    // PyTorch wheels carry their own NCCL: PACER_NCCL_LIBRARY points at it,
-    // as for pacer vet's NCCL check.
-    // dlerror() is read right after each failure: a later successful
-    // dlopen clears it.
-    std::string why;
-    auto open = [&](const char* name) {
-      void* h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
-      if (!h) {
-        const char* e = dlerror();
-        why = e ? e : name;
-      }
-      return h;
-    };
-    const char* chosen = std::getenv("PACER_NCCL_LIBRARY");
-    if (chosen && *chosen) a.nccl = open(chosen);
-    else
-      for (const char* name : {"libnccl.so.2", "libnccl.so"})
-        if (!a.nccl) a.nccl = open(name);
+    std::string tried;
+    a.nccl = hw::open_nccl_library(&tried);
     if (!a.nccl) {
-      a.error = "cannot load " + (chosen && *chosen ? std::string(chosen) + " (PACER_NCCL_LIBRARY)" : std::string("libnccl.so.2")) + ": " + why;
+      a.error = "cannot load NCCL (tried " + tried + "; set PACER_NCCL_LIBRARY to libnccl.so.2)";
       return a;
     }
     for (const char* name : {"libcudart.so.13", "libcudart.so.12", "libcudart.so"})
-      if (!a.cudart) a.cudart = open(name);
+      if (!a.cudart) a.cudart = dlopen(name, RTLD_NOW | RTLD_LOCAL);
     if (!a.cudart) {
-      a.error = "cannot load libcudart.so: " + why;
+      // Read at once: a later successful dlopen would clear it.
+      const char* why = dlerror();
+      a.error = std::string("cannot load libcudart.so: ") + (why ? why : "not found");
       return a;
     }
     bool ok = true;

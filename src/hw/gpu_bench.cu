@@ -17,6 +17,7 @@
 
 #include "cuda_library.hpp"
 #include "pacer/hw/gpu_bench.hpp"
+#include "pacer/hw/libraries.hpp"
 
 namespace pacer::hw::gpu {
 namespace {
@@ -461,13 +462,7 @@ const Nccl& nccl() {
   static std::once_flag once;
   std::call_once(once, [] {
     std::string tried;
-    void* h = nullptr;
-    // PyTorch wheels carry their own NCCL: PACER_NCCL_LIBRARY points at it.
-    if (const char* p = std::getenv("PACER_NCCL_LIBRARY"); p && *p) {
-      h = ::dlopen(p, RTLD_NOW | RTLD_LOCAL);
-      tried = p;
-    }
-    if (!h) h = open_cuda_library({"libnccl.so.2", "libnccl.so"}, &tried);
+    void* h = open_nccl_library(&tried);
     if (!h) {
       api.error = fmt::format("NCCL not found (tried {}; set PACER_NCCL_LIBRARY to libnccl.so.2)", tried);
       return;
@@ -741,7 +736,7 @@ Expected<AllReduceResult> nccl_all_reduce(std::uint64_t bytes, int passes, const
   r.bytes = bytes / 4 * 4;
   int version = 0;
   api.get_version(&version);
-  r.nccl_version = std::to_string(version / 10000) + "." + std::to_string(version / 100 % 100) + "." + std::to_string(version % 100);
+  r.nccl_version = nccl_version_text(version);
   std::vector<ncclComm_t> comms(devs);
   if (!peers) {
     std::vector<int> list(devs);

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 
+#include "cuda_library.hpp"
 #include "pacer/hw/system.hpp"
 
 namespace pacer::hw {
@@ -21,18 +22,32 @@ void* open_first(std::initializer_list<const char*> names) {
 
 }  // namespace
 
+void* open_nccl_library(std::string* tried) {
+  if (const char* p = std::getenv("PACER_NCCL_LIBRARY"); p && *p) {
+    if (void* h = ::dlopen(p, RTLD_NOW | RTLD_LOCAL)) return h;
+    if (tried) {
+      const char* why = ::dlerror();
+      *tried = fmt::format("{} (PACER_NCCL_LIBRARY): {}", p, why ? why : "does not load");
+    }
+    return nullptr;
+  }
+  return open_cuda_library({"libnccl.so.2", "libnccl.so"}, tried);
+}
+
+std::string nccl_version_text(int code) {
+  // NCCL encodes 2.19.3 as 21903; releases before 2.9 used 1000s.
+  if (code >= 10000) return fmt::format("{}.{}.{}", code / 10000, (code % 10000) / 100, code % 100);
+  return fmt::format("{}.{}.{}", code / 1000, (code % 1000) / 100, code % 100);
+}
+
 std::string nccl_version() {
-  void* h = open_first({"libnccl.so.2", "libnccl.so"});
+  void* h = open_nccl_library();
   if (!h) return "";
   std::string out;
   using Fn = int (*)(int*);
   if (auto fn = reinterpret_cast<Fn>(::dlsym(h, "ncclGetVersion"))) {
     int v = 0;
-    if (fn(&v) == 0 && v > 0) {
-      // NCCL encodes 2.19.3 as 21903; releases before 2.9 used 1000s.
-      if (v >= 10000) out = fmt::format("{}.{}.{}", v / 10000, (v % 10000) / 100, v % 100);
-      else out = fmt::format("{}.{}.{}", v / 1000, (v % 1000) / 100, v % 100);
-    }
+    if (fn(&v) == 0 && v > 0) out = nccl_version_text(v);
   }
   ::dlclose(h);
   return out;
