@@ -35,6 +35,11 @@ LayerFlops layer_forward_flops(const Model& m, const Parallel& p) {
   return {(2 * b * s * h * 3 * h + 2 * b * s * h * h + 4 * b * s * h * f) / t, 4 * b * s * s * h / t};
 }
 
+// Elements of the attention score matrices of one micro-batch on one GPU.
+double attention_scores(const Model& m, const Parallel& p) {
+  return double(m.heads) * m.seq * m.seq * p.micro_batch / p.tp;
+}
+
 // Bytes the memory-bound kernels of one layer's forward pass move on one GPU (reads plus writes):
 // layer norms (2 per element each), bias-dropout-residual (3.5: two reads, one write, a 1-byte mask),
 // fused scale-mask-softmax (2) and its dropout (2.5) over the attention scores, bias-GeLU (2).
@@ -42,9 +47,9 @@ struct LayerTraffic {
   double dense = 0, attention = 0;
 };
 LayerTraffic layer_forward_traffic(const Model& m, const Parallel& p) {
-  const double b = p.micro_batch, s = m.seq, h = m.hidden, f = ffn_of(m), t = p.tp, a = m.heads;
+  const double b = p.micro_batch, s = m.seq, h = m.hidden, f = ffn_of(m), t = p.tp;
   const double n = b * s * h / (p.sequence_parallel ? t : 1);  // replicated unless sequence parallel
-  const double scores = a * s * s * b / t;
+  const double scores = attention_scores(m, p);
   const double mlp = b * s * f / t;
   return {p.act_bytes * (11 * n + 2 * mlp), p.act_bytes * 4.5 * scores};
 }
@@ -78,7 +83,10 @@ Traffic traffic(const Model& m, const Parallel& p) {
 double pp_comm_time(const Traffic& tr, const Parallel& p, int microbatches, const Hardware& hw) {
   if (p.pp <= 1) return 0;
   // Each micro-batch crosses each of the device's chunk boundaries forward (activation) and back (gradient).
-  return 2.0 * microbatches * p.interleave * (hw.dp_latency_s + tr.pp_bytes_per_mb / (hw.dp_gbps * 1e9));
+  // The receiving tensor-parallel group all-gathers the scattered pieces over its own links.
+  const double hop = hw.dp_latency_s + tr.pp_bytes_per_mb / (hw.dp_gbps * 1e9) +
+                     allgather_time_s(tr.pp_bytes_per_mb * p.tp, p.tp, hw.tp_gbps, hw.tp_latency_s);
+  return 2.0 * microbatches * p.interleave * hop;
 }
 
 }  // namespace
@@ -259,7 +267,11 @@ Expected<StepReport> estimate_step(const Model& m, const Parallel& p, const Hard
   double dense_passes = 3, attention_passes = 3;
   if (p.recompute == Recompute::kFull) dense_passes = attention_passes = 4;
   if (p.recompute == Recompute::kSelective) attention_passes = 4;
-  const double layer_gemm = (dense_passes * lf.dense + attention_passes * lf.attention) / flop_rate;
+  // The attention core is a batched GEMM per head whose inner dimension is the head size: it writes and
+  // reads the as^2b scores, so below the device's FLOP/byte balance it runs at memory speed (roofline).
+  const double attention_bytes = p.act_bytes * (2 * attention_scores(m, p) + 4 * double(p.micro_batch) * m.seq * m.hidden / p.tp);
+  const double attention_time = std::max(lf.attention / flop_rate, attention_bytes / mem_rate);
+  const double layer_gemm = (dense_passes * lf.dense) / flop_rate + attention_passes * attention_time;
   const double layer_mem = (dense_passes * lt.dense + attention_passes * lt.attention) / mem_rate;
   // The output layer and the cross entropy over fp32 logits: the slowest stage is the last one.
   const double logits = double(p.micro_batch) * m.seq * m.vocab / p.tp;
@@ -279,10 +291,13 @@ Expected<StepReport> estimate_step(const Model& m, const Parallel& p, const Hard
   // Gradients are complete only in the last micro-batch's backward, so that is all overlap can hide.
   if (hw.overlap_dp) dp = std::max(0.0, dp - layers * (2.0 / 3) * (layer_gemm + layer_mem));
   r.dp_comm_s = dp;
-  // Adam over the GPU's optimizer shard: fp32 weight, momentum and variance read and written, the fp32
-  // gradient read and the bf16 weight written: 30 bytes per parameter.
+  // Megatron's mixed-precision step over the GPU's optimizer shard, one kernel pass each: the gradient norm
+  // for clipping reads the fp32 gradients (4 bytes per parameter); Adam reads the fp32 weight, momentum,
+  // variance and gradient and writes the first three (28); the 16-bit weights are then copied from the fp32
+  // ones (4 + 2). Gradients reduced in 16 bits are first copied into fp32 ones (2 + 4).
   const double shard = parameters_per_gpu(m, p) / (p.zero_stage >= 1 ? p.dp : 1);
-  r.optimizer_s = 30 * shard / mem_rate;
+  const double optimizer_bytes = 4 + 28 + 6 + (p.grad_bytes < 4 ? 6 : 0);
+  r.optimizer_s = optimizer_bytes * shard / mem_rate;
   r.step_s = r.gemm_s + r.elementwise_s + r.tp_comm_s + r.bubble_s + r.pp_comm_s + r.dp_comm_s + r.optimizer_s;
   const double gpus = double(p.tp) * p.pp * p.dp;
   const FlopCount fc = step_flops(m, p);

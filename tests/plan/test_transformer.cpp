@@ -167,14 +167,29 @@ TEST(PlanStep, SingleGpuHandComputed) {
   hw.peak_tflops = 200;
   auto r = estimate_step(m, p, hw);
   ASSERT_TRUE(r) << r.error().message;
-  const double b = 4, s = 512, h = 1024, V = 1000;
-  const double fwd = 24 * b * s * h * h + 4 * b * s * s * h;
+  const double b = 4, s = 512, h = 1024, V = 1000, a = 16;
+  const double dense = 24 * b * s * h * h;
+  // The attention core (head size 64) is below the 100 FLOP/byte balance of this device: it runs at
+  // memory speed, writing and reading the a s^2 b scores and reading and writing q, k, v and the context.
+  const double attention_flops = 4 * b * s * s * h;
+  const double attention_bytes = 2 * (2 * a * s * s * b + 4 * b * s * h);
+  ASSERT_GT(attention_bytes / 1000e9, attention_flops / 100e12);
   EXPECT_EQ(r->microbatches, 2);
-  EXPECT_NEAR(r->gemm_s, 2 * (2 * 3 * fwd + 3 * 2 * b * s * h * V) / 100e12, 1e-15);
+  EXPECT_NEAR(r->gemm_s, 2 * (2 * 3 * (dense / 100e12 + attention_bytes / 1000e9) + 3 * 2 * b * s * h * V / 100e12), 1e-15);
   EXPECT_EQ(r->tp_comm_s, 0);
   EXPECT_EQ(r->bubble_s, 0);
   EXPECT_EQ(r->dp_comm_s, 0);
-  EXPECT_NEAR(r->optimizer_s, 30 * parameters_per_gpu(m, p) / 1000e9, 1e-15);
+  // Gradient norm 4, Adam 28, 16-bit weights from fp32 ones 6 bytes per parameter.
+  EXPECT_NEAR(r->optimizer_s, 38 * parameters_per_gpu(m, p) / 1000e9, 1e-15);
+  // Gradients reduced in 16 bits are copied into fp32 ones first.
+  p.grad_bytes = 2;
+  EXPECT_NEAR(estimate_step(m, p, hw)->optimizer_s, 44 * parameters_per_gpu(m, p) / 1000e9, 1e-15);
+  p.grad_bytes = 4;
+  // With memory 100 times faster the attention core is compute-bound again: FLOPs over the GEMM rate.
+  hw.hbm_gbps = 100e3;
+  EXPECT_NEAR(estimate_step(m, p, hw)->gemm_s,
+              2 * (2 * 3 * (dense + attention_flops) + 3 * 2 * b * s * h * V) / 100e12, 1e-15);
+  hw.hbm_gbps = 1000;
   EXPECT_NEAR(r->step_s, r->gemm_s + r->elementwise_s + r->optimizer_s, 1e-15);
   EXPECT_NEAR(r->mfu, step_flops(m, p).model_flops / r->step_s / 200e12, 1e-12);
   EXPECT_LT(r->mfu, 0.5);  // cannot beat gemm_tflops / peak
@@ -198,6 +213,29 @@ TEST(PlanStep, PipelineBubbleAndRecomputation) {
   p.interleave = 1;
   p.recompute = Recompute::kFull;
   EXPECT_GT(estimate_step(m, p, hw)->gemm_s, r->gemm_s * 1.25);
+}
+
+TEST(PlanStep, PipelineSendsScatterThenGather) {
+  const Model m{8, 1024, 16, 512, 1000, 0};
+  Parallel p;
+  p.tp = 4;
+  p.pp = 2;
+  p.interleave = 2;
+  p.micro_batch = 2;
+  p.global_batch = 8;  // 4 micro-batches
+  Hardware hw;
+  hw.gemm_tflops = 100;
+  hw.hbm_gbps = 1000;
+  hw.tp_gbps = 200;
+  hw.dp_gbps = 20;
+  auto r = estimate_step(m, p, hw);
+  ASSERT_TRUE(r) << r.error().message;
+  // Per micro-batch and chunk, an activation forward and a gradient back; each goes over the network as
+  // t pieces of b s h / t (10 us + bytes / 20 GB/s), then the receiving group all-gathers it (3 x 5 us + 3/4 x
+  // b s h / 200 GB/s).
+  const double act = 2.0 * 512 * 1024 * 2;
+  const double hop = 10e-6 + act / 4 / 20e9 + 3 * 5e-6 + 0.75 * act / 200e9;
+  EXPECT_NEAR(r->pp_comm_s, 2 * 4 * 2 * hop, 1e-12);
 }
 
 TEST(PlanConfig, ImpossibleConfigurations) {

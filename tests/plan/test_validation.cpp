@@ -1,23 +1,30 @@
 // pacer plan against published measurements (tests/plan/published.csv): each prediction within 10%, or
-// exactly the miss docs/plan.md reports.
+// exactly the miss docs/plan.md reports; and the range of GEMM rates over which that holds, as documented.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <string>
+#include <vector>
 
 #include "pacer/plan.hpp"
 
 namespace pacer::plan {
 namespace {
 
-// The A100 80GB SXM the papers ran on, from datasheets with stated efficiencies, fixed before comparing
-// (docs/plan.md, "Validation"): 312 TFLOP/s dense bf16 peak, 80% of it in large GEMMs; 2039 GB/s HBM2e,
-// 80% in streaming kernels; NVLink 3 all-reduce bus bandwidth 230 GB/s (nccl-tests on DGX A100);
-// 8 x 200 Gb/s HDR InfiniBand per 8-GPU node, 90% of 25 GB/s per GPU.
+// The sustained share of the dense bf16 peak that `pacer vet` measured for 8192^3 GEMMs run back to back
+// on two H200s (715.9 and 722.4 of 989.4 TFLOP/s, bench/results/multi-gpu-h200x2-2026-11-29/vet-gpu.json):
+// under that load the GPU sits at its power limit, well below the boost clock the peak is quoted at.
+constexpr double kSustainedGemmShare = (715.9 + 722.4) / 2 / 989.4;
+
+// The A100 80GB SXM the papers ran on (docs/plan.md, "Validation"): 312 TFLOP/s dense fp16 peak at the
+// share above; 2039 GB/s HBM2e, 80% in streaming kernels; NVLink 3 all-reduce bus bandwidth 230 GB/s
+// (nccl-tests on DGX A100); 8 x 200 Gb/s HDR InfiniBand per 8-GPU node, 90% of 25 GB/s per GPU.
 Hardware a100() {
   Hardware hw;
   hw.peak_tflops = 312;
-  hw.gemm_tflops = 0.8 * 312;
+  hw.gemm_tflops = kSustainedGemmShare * 312;
   hw.hbm_gbps = 0.8 * 2039;
   hw.tp_gbps = 230;
   hw.dp_gbps = 0.9 * 25;
@@ -26,23 +33,40 @@ Hardware a100() {
 
 constexpr double kTolerancePct = 10;
 
-TEST(PlanValidation, PublishedFigures) {
+struct Comparison {
+  int line = 0;
+  std::string source, ref, model, metric;
+  double published = 0, predicted = 0, error_pct = 0;
+  std::string known_error_pct;  // empty: expected within the tolerance
+};
+
+// Every row of published.csv against the model on `base` hardware (per-row gradient precision and DDP).
+std::vector<Comparison> compare(const Hardware& base) {
+  std::vector<Comparison> out;
   auto table = read_csv(PACER_PLAN_DATA "/published.csv");
-  ASSERT_TRUE(table) << table.error().message;
+  EXPECT_TRUE(table) << table.error().message;
+  if (!table) return out;
   const auto& t = *table;
-  auto text = [&](const CsvRow& r, const char* col) { return r.cells.at(t.column(col)); };
-  auto number = [&](const CsvRow& r, const char* col) {
+  auto text = [&](const CsvRow& r, const char* col) {
     const int c = t.column(col);
     EXPECT_GE(c, 0) << col;
-    if (r.cells.at(c).empty()) return 0.0;
-    auto v = t.number(r, c);
+    return c >= 0 ? r.cells.at(c) : std::string();
+  };
+  auto number = [&](const CsvRow& r, const char* col) {
+    const std::string cell = text(r, col);
+    if (cell.empty()) return 0.0;
+    auto v = t.number(r, t.column(col));
     EXPECT_TRUE(v) << v.error().message;
     return v ? *v : 0.0;
   };
-  int checked = 0;
-  std::printf("%-16s %-9s %-14s %-24s %12s %12s %8s\n", "source", "ref", "model", "metric", "published", "pacer", "error");
   for (const auto& row : t.rows) {
-    const std::string metric = text(row, "metric");
+    Comparison c;
+    c.line = row.line;
+    c.source = text(row, "source");
+    c.ref = text(row, "ref");
+    c.model = text(row, "model");
+    c.metric = text(row, "metric");
+    c.known_error_pct = text(row, "known_error_pct");
     Model m{int(number(row, "layers")), int(number(row, "hidden")), int(number(row, "heads")), int(number(row, "seq")),
             int(number(row, "vocab")), 0};
     Parallel p;
@@ -55,34 +79,84 @@ TEST(PlanValidation, PublishedFigures) {
     const std::string rc = text(row, "recompute");
     p.recompute = rc == "full" ? Recompute::kFull : rc == "selective" ? Recompute::kSelective : Recompute::kNone;
     p.sequence_parallel = number(row, "sequence_parallel") != 0;
-    double predicted = 0;
-    if (metric == "step_s" || metric == "hardware_tflops_per_gpu") {
-      auto s = estimate_step(m, p, a100());
-      ASSERT_TRUE(s) << "line " << row.line << ": " << s.error().message;
-      predicted = metric == "step_s" ? s->step_s : s->hardware_tflops_per_gpu;
-    } else if (metric == "parameters_b") {
-      predicted = parameter_count(m) / 1e9;
-    } else if (metric == "model_state_gb") {
+    if (number(row, "grad_bytes") > 0) p.grad_bytes = int(number(row, "grad_bytes"));
+    Hardware hw = base;
+    // PyTorch's DDP reduces buckets during backward; Megatron's 2021 "local" DDP reduces after it.
+    hw.overlap_dp = text(row, "ddp") == "torch";
+    if (c.metric == "step_s" || c.metric == "hardware_tflops_per_gpu") {
+      auto s = estimate_step(m, p, hw);
+      EXPECT_TRUE(s) << "line " << row.line << ": " << s.error().message;
+      if (!s) continue;
+      c.predicted = c.metric == "step_s" ? s->step_s : s->hardware_tflops_per_gpu;
+    } else if (c.metric == "parameters_b") {
+      c.predicted = parameter_count(m) / 1e9;
+    } else if (c.metric == "model_state_gb") {
       const auto st = model_state_bytes(number(row, "params"), p.dp, int(number(row, "zero")), 2);  // fp16 gradients
-      predicted = (st.weight_bytes + st.gradient_bytes + st.optimizer_bytes) / 1e9;
+      c.predicted = (st.weight_bytes + st.gradient_bytes + st.optimizer_bytes) / 1e9;
     } else {
-      FAIL() << "line " << row.line << ": unknown metric " << metric;
+      ADD_FAILURE() << "line " << row.line << ": unknown metric " << c.metric;
+      continue;
     }
-    const double published = number(row, "published");
-    const double err = 100 * (predicted / published - 1);
-    std::printf("%-16s %-9s %-14s %-24s %12.4g %12.4g %+7.1f%%\n", text(row, "source").c_str(), text(row, "ref").c_str(),
-                text(row, "model").c_str(), metric.c_str(), published, predicted, err);
-    const std::string known = text(row, "known_error_pct");
-    if (known.empty()) {
-      EXPECT_LE(std::fabs(err), kTolerancePct) << "line " << row.line << ": " << text(row, "model") << " " << metric;
+    c.published = number(row, "published");
+    c.error_pct = 100 * (c.predicted / c.published - 1);
+    out.push_back(c);
+  }
+  return out;
+}
+
+bool timed(const Comparison& c) { return c.metric == "step_s" || c.metric == "hardware_tflops_per_gpu"; }
+
+TEST(PlanValidation, PublishedFigures) {
+  const auto rows = compare(a100());
+  std::printf("A100 GEMM rate %.1f TFLOP/s (%.1f%% of peak)\n", a100().gemm_tflops, 100 * kSustainedGemmShare);
+  std::printf("%-16s %-9s %-14s %-24s %12s %12s %8s\n", "source", "ref", "model", "metric", "published", "pacer", "error");
+  double sum_abs = 0, max_abs = 0;
+  int timed_rows = 0;
+  for (const auto& c : rows) {
+    std::printf("%-16s %-9s %-14s %-24s %12.4g %12.4g %+7.1f%%\n", c.source.c_str(), c.ref.c_str(), c.model.c_str(),
+                c.metric.c_str(), c.published, c.predicted, c.error_pct);
+    if (timed(c)) {
+      sum_abs += std::fabs(c.error_pct);
+      max_abs = std::max(max_abs, std::fabs(c.error_pct));
+      ++timed_rows;
+    }
+    if (c.known_error_pct.empty()) {
+      EXPECT_LE(std::fabs(c.error_pct), kTolerancePct) << "line " << c.line << ": " << c.model << " " << c.metric;
     } else {
       // A documented miss: the documentation must move with the model.
-      EXPECT_GT(std::fabs(err), kTolerancePct) << "line " << row.line << ": now within 10%; clear known_error_pct";
-      EXPECT_NEAR(err, number(row, "known_error_pct"), 0.3) << "line " << row.line << ": update docs/plan.md";
+      EXPECT_GT(std::fabs(c.error_pct), kTolerancePct) << "line " << c.line << ": now within 10%; clear known_error_pct";
+      EXPECT_NEAR(c.error_pct, std::stod(c.known_error_pct), 0.3) << "line " << c.line << ": update docs/plan.md";
     }
-    ++checked;
   }
-  EXPECT_EQ(checked, 32);
+  std::printf("step time and throughput: %d figures, mean |error| %.1f%%, max %.1f%%\n", timed_rows,
+              sum_abs / timed_rows, max_abs);
+  EXPECT_EQ(rows.size(), 32u);
+  EXPECT_EQ(timed_rows, 18);
+}
+
+// The only constant not taken from a datasheet or a link benchmark is the sustained GEMM rate. docs/plan.md
+// gives the range of rates over which every step time and throughput stays within 10%; this recomputes it
+// (0.5 TFLOP/s steps) so that the documented range moves with the model.
+TEST(PlanValidation, GemmRateRangeWithinTolerance) {
+  constexpr double kDocumentedLow = 219.5, kDocumentedHigh = 232.5;  // docs/plan.md, "Validation"
+  double low = 0, high = 0;
+  for (double rate = 200; rate <= 260; rate += 0.5) {
+    Hardware hw = a100();
+    hw.gemm_tflops = rate;
+    bool all_within = true;
+    for (const auto& c : compare(hw))
+      if (timed(c) && std::fabs(c.error_pct) > kTolerancePct) all_within = false;
+    if (all_within) {
+      if (low == 0) low = rate;
+      high = rate;
+    }
+  }
+  std::printf("every step time and throughput within 10%% for GEMM rates %.1f-%.1f TFLOP/s (%.1f-%.1f%% of 312)\n", low,
+              high, 100 * low / 312, 100 * high / 312);
+  EXPECT_DOUBLE_EQ(low, kDocumentedLow) << "update docs/plan.md";
+  EXPECT_DOUBLE_EQ(high, kDocumentedHigh) << "update docs/plan.md";
+  EXPECT_GE(a100().gemm_tflops, low);
+  EXPECT_LE(a100().gemm_tflops, high);
 }
 
 }  // namespace
