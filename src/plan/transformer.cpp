@@ -73,7 +73,8 @@ Traffic traffic(const Model& m, const Parallel& p) {
   if (p.sequence_parallel && p.recompute != Recompute::kFull) per_layer += 1;
   tr.tp_collectives_per_mb = p.tp > 1 ? per_layer * layers : 0;
   tr.tp_buffer_bytes = double(p.micro_batch) * m.seq * m.hidden * p.act_bytes;
-  // Megatron scatters the boundary activation over the tensor-parallel ranks before sending it.
+  // Megatron scatters the boundary activation over the tensor-parallel ranks before sending it (with
+  // sequence parallelism it is already split).
   tr.pp_bytes_per_mb = p.pp > 1 ? double(p.micro_batch) * m.seq * m.hidden * p.act_bytes / p.tp : 0;
   tr.dp_buffer_bytes = p.dp > 1 ? parameters_per_gpu(m, p) * p.grad_bytes : 0;
   tr.dp_factor = p.zero_stage >= 3 ? 1.5 : 1.0;
@@ -83,9 +84,11 @@ Traffic traffic(const Model& m, const Parallel& p) {
 double pp_comm_time(const Traffic& tr, const Parallel& p, int microbatches, const Hardware& hw) {
   if (p.pp <= 1) return 0;
   // Each micro-batch crosses each of the device's chunk boundaries forward (activation) and back (gradient).
-  // The receiving tensor-parallel group all-gathers the scattered pieces over its own links.
-  const double hop = hw.dp_latency_s + tr.pp_bytes_per_mb / (hw.dp_gbps * 1e9) +
-                     allgather_time_s(tr.pp_bytes_per_mb * p.tp, p.tp, hw.tp_gbps, hw.tp_latency_s);
+  // Without sequence parallelism every tensor-parallel rank holds the whole tensor: each sends a 1/t piece
+  // and the receiving group all-gathers them over its own links. With it the tensor is already split by
+  // sequence, and each rank sends and keeps its own part.
+  double hop = hw.dp_latency_s + tr.pp_bytes_per_mb / (hw.dp_gbps * 1e9);
+  if (!p.sequence_parallel) hop += allgather_time_s(tr.pp_bytes_per_mb * p.tp, p.tp, hw.tp_gbps, hw.tp_latency_s);
   return 2.0 * microbatches * p.interleave * hop;
 }
 
@@ -294,9 +297,9 @@ Expected<StepReport> estimate_step(const Model& m, const Parallel& p, const Hard
   // Megatron's mixed-precision step over the GPU's optimizer shard, one kernel pass each: the gradient norm
   // for clipping reads the fp32 gradients (4 bytes per parameter); Adam reads the fp32 weight, momentum,
   // variance and gradient and writes the first three (28); the 16-bit weights are then copied from the fp32
-  // ones (4 + 2). Gradients reduced in 16 bits are first copied into fp32 ones (2 + 4).
+  // ones (4 + 2). Gradients reduced in fewer than 32 bits are first copied into fp32 ones (read, then 4).
   const double shard = parameters_per_gpu(m, p) / (p.zero_stage >= 1 ? p.dp : 1);
-  const double optimizer_bytes = 4 + 28 + 6 + (p.grad_bytes < 4 ? 6 : 0);
+  const double optimizer_bytes = 4 + 28 + 6 + (p.grad_bytes < 4 ? p.grad_bytes + 4 : 0);
   r.optimizer_s = optimizer_bytes * shard / mem_rate;
   r.step_s = r.gemm_s + r.elementwise_s + r.tp_comm_s + r.bubble_s + r.pp_comm_s + r.dp_comm_s + r.optimizer_s;
   const double gpus = double(p.tp) * p.pp * p.dp;

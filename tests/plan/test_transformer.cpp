@@ -236,6 +236,29 @@ TEST(PlanStep, PipelineSendsScatterThenGather) {
   const double act = 2.0 * 512 * 1024 * 2;
   const double hop = 10e-6 + act / 4 / 20e9 + 3 * 5e-6 + 0.75 * act / 200e9;
   EXPECT_NEAR(r->pp_comm_s, 2 * 4 * 2 * hop, 1e-12);
+  // Sequence parallelism: each rank already holds its 1/t of the sequence; nothing to gather.
+  p.sequence_parallel = true;
+  EXPECT_NEAR(estimate_step(m, p, hw)->pp_comm_s, 2 * 4 * 2 * (10e-6 + act / 4 / 20e9), 1e-12);
+}
+
+TEST(PlanStep, AttentionCoreBytesAreSplitByTensorParallelism) {
+  // Head size 64, memory-bound: the attention core's time is its bytes over HBM bandwidth, and every term
+  // (scores and q, k, v, context) is divided by t. Sixteen heads over t = 4: four per GPU.
+  const Model m{1, 1024, 16, 512, 1000, 0};
+  Parallel p;
+  p.tp = 4;
+  p.micro_batch = 2;
+  Hardware hw;
+  hw.gemm_tflops = 100;
+  hw.hbm_gbps = 1000;
+  hw.tp_gbps = 200;
+  auto r = estimate_step(m, p, hw);
+  ASSERT_TRUE(r) << r.error().message;
+  const double b = 2, s = 512, h = 1024, V = 1000, a = 16, t = 4;
+  const double dense = 24 * b * s * h * h / t;
+  const double attention_bytes = 2 * (2 * a * s * s * b / t + 4 * b * s * h / t);
+  ASSERT_GT(attention_bytes / 1000e9, 4 * b * s * s * h / t / 100e12);
+  EXPECT_NEAR(r->gemm_s, 3 * (dense / 100e12 + attention_bytes / 1000e9) + 3 * 2 * b * s * h * V / t / 100e12, 1e-15);
 }
 
 TEST(PlanConfig, ImpossibleConfigurations) {

@@ -1,0 +1,159 @@
+"""The attention core against pacer plan's roofline, measured on one GPU.
+
+Usage (GPU machine): python3 bench/attention_roofline.py [--rounds 3] [--out DIR]
+
+`pacer plan step` times the attention core (QK^T and attention over V, one batched
+GEMM per head, inner dimension the head size d) as the larger of its FLOPs over the
+GEMM rate and its bytes over the memory bandwidth: each GEMM moves the s x s scores
+once (written by QK^T, read by the other) plus q, k or v and the output, 2 (s^2 + 2 s d)
+bytes per head in bf16, for 2 s^2 d FLOPs. This script measures, in one run:
+
+- the GEMM rate: 8192^3 bf16 matmuls back to back (0.3 s warm-up, then 1 s in 50 ms
+  batches, median batch), as `pacer vet`'s gpu.gemm_bf16 does;
+- the memory bandwidth: 4 GiB device-to-device copies (read + write bytes), median;
+- both attention GEMMs at s = 2048 for head sizes 64 to 256 on 64 (batch x head)
+  matrices, timed the same way as the large GEMM,
+
+and prints the measured time over the roofline time and over the FLOP-only time (what
+the model used before the roofline). Inputs are random normal bf16, never zeros.
+Rounds repeat everything; the table gives medians over rounds.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import time
+
+import torch
+
+
+def sustained(fn, warmup_s=0.3, seconds=1.0, batch_s=0.05):
+    """Median seconds per call over batches of back-to-back calls, after a warm-up."""
+    end = time.perf_counter() + warmup_s
+    while time.perf_counter() < end:
+        fn()
+    torch.cuda.synchronize()
+    # Calls per batch from one timed call.
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    fn()
+    b.record()
+    torch.cuda.synchronize()
+    per_call = max(a.elapsed_time(b) / 1e3, 1e-6)
+    calls = max(1, int(batch_s / per_call))
+    samples = []
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end or len(samples) < 3:
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(calls):
+            fn()
+        b.record()
+        torch.cuda.synchronize()
+        samples.append(a.elapsed_time(b) / 1e3 / calls)
+    return statistics.median(samples)
+
+
+def gemm_rate():
+    n = 8192
+    x = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    y = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
+    t = sustained(lambda: torch.matmul(x, y, out=out))
+    return 2 * n**3 / t
+
+
+def copy_bandwidth():
+    n = 4 << 30
+    src = torch.randint(0, 255, (n,), device="cuda", dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    times = []
+    for i in range(22):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        dst.copy_(src)
+        b.record()
+        torch.cuda.synchronize()
+        if i >= 2:
+            times.append(a.elapsed_time(b) / 1e3)
+    return 2 * n / statistics.median(times)
+
+
+def attention(d, s=2048, bh=64):
+    q = torch.randn(bh, s, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(bh, s, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(bh, s, d, device="cuda", dtype=torch.bfloat16)
+    p = torch.softmax(torch.randn(bh, s, s, device="cuda", dtype=torch.bfloat16), dim=-1)
+    scores = torch.empty(bh, s, s, device="cuda", dtype=torch.bfloat16)
+    context = torch.empty(bh, s, d, device="cuda", dtype=torch.bfloat16)
+    qk = sustained(lambda: torch.bmm(q, k.transpose(1, 2), out=scores))
+    pv = sustained(lambda: torch.bmm(p, v, out=context))
+    flops = 2 * s * s * d * bh
+    bytes_moved = 2 * (s * s + 2 * s * d) * bh
+    return qk, pv, flops, bytes_moved
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--heads", default="64,80,96,128,160,256")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = ap.parse_args()
+    heads = [int(x) for x in args.heads.split(",")]
+    rounds = []
+    for r in range(args.rounds):
+        rate = gemm_rate()
+        bw = copy_bandwidth()
+        rows = []
+        for d in heads:
+            qk, pv, flops, nbytes = attention(d)
+            roof = max(flops / rate, nbytes / bw)
+            rows.append({"head_size": d, "qk_s": qk, "pv_s": pv, "flops": flops, "bytes": nbytes,
+                         "flop_only_s": flops / rate, "roofline_s": roof})
+        rounds.append({"gemm_flops_per_s": rate, "copy_bytes_per_s": bw, "rows": rows})
+        print(f"round {r}: GEMM {rate / 1e12:.0f} TFLOP/s, copy {bw / 1e9:.0f} GB/s", flush=True)
+
+    med = statistics.median
+    table = []
+    for i, d in enumerate(heads):
+        get = lambda key: med(rd["rows"][i][key] for rd in rounds)
+        row = {"head_size": d, "balance_flop_per_byte": None}
+        for g in ("qk", "pv"):
+            meas = get(f"{g}_s")
+            row[f"{g}_measured_s"] = meas
+            row[f"{g}_over_roofline"] = med(rd["rows"][i][f"{g}_s"] / rd["rows"][i]["roofline_s"] for rd in rounds)
+            row[f"{g}_over_flop_only"] = med(rd["rows"][i][f"{g}_s"] / rd["rows"][i]["flop_only_s"] for rd in rounds)
+        row["flop_per_byte"] = rounds[0]["rows"][i]["flops"] / rounds[0]["rows"][i]["bytes"]
+        table.append(row)
+    rate = med(rd["gemm_flops_per_s"] for rd in rounds)
+    bw = med(rd["copy_bytes_per_s"] for rd in rounds)
+    balance = rate / bw
+    for row in table:
+        row["balance_flop_per_byte"] = balance
+    print(f"GEMM {rate / 1e12:.0f} TFLOP/s, copy {bw / 1e9:.0f} GB/s: balance {balance:.0f} FLOP/byte")
+    print(f"{'d':>4} {'FLOP/B':>7} {'QK^T/roof':>10} {'PV/roof':>8} {'QK^T/FLOP-only':>15} {'PV/FLOP-only':>13}")
+    for row in table:
+        print(f"{row['head_size']:>4} {row['flop_per_byte']:>7.1f} {row['qk_over_roofline']:>10.2f} {row['pv_over_roofline']:>8.2f}"
+              f" {row['qk_over_flop_only']:>15.2f} {row['pv_over_flop_only']:>13.2f}")
+    result = {
+        "date": datetime.date.today().isoformat(),
+        "host": platform.node(),
+        "gpu": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "seq": 2048,
+        "matrices": 64,
+        "gemm_tflops": rate / 1e12,
+        "copy_gbps": bw / 1e9,
+        "table": table,
+        "rounds": rounds,
+    }
+    path = os.path.join(args.out, "attention_roofline.json")
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+    print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()
