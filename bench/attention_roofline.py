@@ -24,61 +24,10 @@ import json
 import os
 import platform
 import statistics
-import time
 
 import torch
 
-
-def sustained(fn, warmup_s=0.3, seconds=1.0, batch_s=0.05):
-    """Median seconds per call over batches of back-to-back calls, after a warm-up."""
-    end = time.perf_counter() + warmup_s
-    while time.perf_counter() < end:
-        fn()
-    torch.cuda.synchronize()
-    # Calls per batch from one timed call.
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    fn()
-    b.record()
-    torch.cuda.synchronize()
-    per_call = max(a.elapsed_time(b) / 1e3, 1e-6)
-    calls = max(1, int(batch_s / per_call))
-    samples = []
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end or len(samples) < 3:
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(calls):
-            fn()
-        b.record()
-        torch.cuda.synchronize()
-        samples.append(a.elapsed_time(b) / 1e3 / calls)
-    return statistics.median(samples)
-
-
-def gemm_rate():
-    n = 8192
-    x = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    y = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    out = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
-    t = sustained(lambda: torch.matmul(x, y, out=out))
-    return 2 * n**3 / t
-
-
-def copy_bandwidth():
-    n = 4 << 30
-    src = torch.randint(0, 255, (n,), device="cuda", dtype=torch.uint8)
-    dst = torch.empty_like(src)
-    times = []
-    for i in range(22):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        dst.copy_(src)
-        b.record()
-        torch.cuda.synchronize()
-        if i >= 2:
-            times.append(a.elapsed_time(b) / 1e3)
-    return 2 * n / statistics.median(times)
+from gpu_rates import copy_gbps, gemm_tflops, sustained
 
 
 def attention(d, s=2048, bh=64):
@@ -104,8 +53,8 @@ def main():
     heads = [int(x) for x in args.heads.split(",")]
     rounds = []
     for r in range(args.rounds):
-        rate = gemm_rate()
-        bw = copy_bandwidth()
+        rate = gemm_tflops() * 1e12
+        bw = copy_gbps() * 1e9
         rows = []
         for d in heads:
             qk, pv, flops, nbytes = attention(d)

@@ -180,6 +180,8 @@ void add_model_options(CLI::App* c, PlanArgs& a) {
   c->add_option("--global-batch", a.par.global_batch, "Sequences per step (default micro-batch x dp)");
   c->add_option("--interleave", a.par.interleave, "Virtual pipeline chunks per device")->capture_default_str();
   c->add_flag("--sequence-parallel", a.par.sequence_parallel, "Sequence parallelism in the tensor-parallel group");
+  c->add_flag("--flash-attention", a.par.flash_attention,
+              "Fused attention (FlashAttention, cuDNN): no scores in memory, causal half skipped");
   c->add_option("--recompute", a.recompute, "Activation recomputation: none, selective or full")->capture_default_str();
   c->add_option("--zero", a.par.zero_stage, "ZeRO stage 0-3 for the model states")->capture_default_str();
   c->add_flag("--distributed-optimizer", a.distributed_optimizer, "Megatron's distributed optimizer (ZeRO stage 1)");
@@ -242,7 +244,8 @@ json model_json(const PlanArgs& a) {
           {"ffn", m.ffn > 0 ? m.ffn : 4 * m.hidden}, {"parameters", plan::parameter_count(m)},
           {"tp", p.tp}, {"pp", p.pp}, {"dp", p.dp}, {"micro_batch", p.micro_batch},
           {"global_batch", p.global_batch > 0 ? p.global_batch : p.micro_batch * p.dp}, {"interleave", p.interleave},
-          {"sequence_parallel", p.sequence_parallel}, {"recompute", a.recompute}, {"zero_stage", p.zero_stage}};
+          {"sequence_parallel", p.sequence_parallel}, {"flash_attention", p.flash_attention}, {"recompute", a.recompute},
+          {"zero_stage", p.zero_stage}};
 }
 
 int memory(PlanArgs& a) {
@@ -266,8 +269,8 @@ int memory(PlanArgs& a) {
                          a.model.layers / a.par.pp, num(r.in_flight_microbatches))});
   t.add_row({"total", format_bytes(r.total_bytes), "before fragmentation, workspaces and the CUDA context"});
   std::string text = t.render();
-  text += fmt::format("model: {:.3g} parameters; recomputation {}{}\n", plan::parameter_count(a.model), a.recompute,
-                      a.par.sequence_parallel ? ", sequence parallel" : "");
+  text += fmt::format("model: {:.3g} parameters; recomputation {}{}{}\n", plan::parameter_count(a.model), a.recompute,
+                      a.par.sequence_parallel ? ", sequence parallel" : "", a.par.flash_attention ? ", fused attention" : "");
   int rc = 0;
   if (!a.gpu_memory.empty()) {
     auto cap = parse_size(a.gpu_memory);

@@ -145,6 +145,9 @@ struct Parallel {
   int global_batch = 0;      // 0: micro_batch * dp (one micro-batch per step)
   int interleave = 1;        // virtual pipeline chunks per device
   bool sequence_parallel = false;
+  // A fused attention kernel (FlashAttention, cuDNN): the scores never reach memory, the causal half of them
+  // is skipped, and backward recomputes them. Without it, Megatron's unfused core (materialised scores).
+  bool flash_attention = false;
   Recompute recompute = Recompute::kNone;
   int zero_stage = 0;        // 0-3; the distributed optimizer of Megatron is stage 1
   int act_bytes = 2;         // activations and their gradients on the wire (bf16/fp16)

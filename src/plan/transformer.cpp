@@ -153,7 +153,10 @@ std::vector<ActivationTensor> layer_activations(const Model& m, const Parallel& 
       {"mlp.fc2_input", 2 * s * b * f / t},
       {"mlp.dropout_mask", sbh / rep},
   };
-  if (p.recompute == Recompute::kNone) {
+  if (p.flash_attention) {
+    // The fused kernel keeps one fp32 log-sum-exp per row of scores for its backward, nothing of size s^2.
+    v.push_back({"attn.softmax_lse", 4 * a * s * b / t});
+  } else if (p.recompute == Recompute::kNone) {
     // The attention core: what selective recomputation gives back.
     v.push_back({"attn.softmax_output", 2 * a * s * s * b / t});
     v.push_back({"attn.softmax_dropout_mask", a * s * s * b / t});
@@ -206,6 +209,9 @@ FlopCount step_flops(const Model& m, const Parallel& p) {
   double extra = 0;
   if (p.recompute == Recompute::kFull) extra = B * l * (dense + attention);
   if (p.recompute == Recompute::kSelective) extra = B * l * attention;
+  // A fused attention backward recomputes the scores (QK^T, half the core's forward); selective
+  // recomputation has nothing more to repeat.
+  if (p.flash_attention && p.recompute != Recompute::kFull) extra = B * l * attention / 2;
   c.hardware_flops = c.model_flops + extra;
   return c;
 }
@@ -264,16 +270,27 @@ Expected<StepReport> estimate_step(const Model& m, const Parallel& p, const Hard
   const double layers = double(m.layers) / p.pp;
   const double flop_rate = hw.gemm_tflops * 1e12, mem_rate = hw.hbm_gbps * 1e9;
   const LayerFlops lf = layer_forward_flops(m, p);
-  const LayerTraffic lt = layer_forward_traffic(m, p);
+  LayerTraffic lt = layer_forward_traffic(m, p);
   // Passes over the layer per micro-batch: forward 1, backward 2 (input and weight gradients), plus
   // what recomputation repeats of the forward.
   double dense_passes = 3, attention_passes = 3;
   if (p.recompute == Recompute::kFull) dense_passes = attention_passes = 4;
   if (p.recompute == Recompute::kSelective) attention_passes = 4;
-  // The attention core is a batched GEMM per head whose inner dimension is the head size: it writes and
-  // reads the as^2b scores, so below the device's FLOP/byte balance it runs at memory speed (roofline).
-  const double attention_bytes = p.act_bytes * (2 * attention_scores(m, p) + 4 * double(p.micro_batch) * m.seq * m.hidden / p.tp);
-  const double attention_time = std::max(lf.attention / flop_rate, attention_bytes / mem_rate);
+  double attention_time = 0;
+  if (p.flash_attention) {
+    // Fused: compute-bound, the causal half of the score blocks skipped, softmax and dropout inside the
+    // kernel. Backward runs five GEMMs of the forward's two (the scores again, then dV, dP, dQ, dK), which
+    // is also all selective recomputation would repeat.
+    attention_time = 0.5 * lf.attention / flop_rate;
+    attention_passes = p.recompute == Recompute::kFull ? 4.5 : 3.5;
+    lt.attention = 0;
+  } else {
+    // Megatron's core is a batched GEMM per head whose inner dimension is the head size: it writes and
+    // reads the as^2b scores, so below the device's FLOP/byte balance it runs at memory speed (roofline).
+    const double attention_bytes =
+        p.act_bytes * (2 * attention_scores(m, p) + 4 * double(p.micro_batch) * m.seq * m.hidden / p.tp);
+    attention_time = std::max(lf.attention / flop_rate, attention_bytes / mem_rate);
+  }
   const double layer_gemm = (dense_passes * lf.dense) / flop_rate + attention_passes * attention_time;
   const double layer_mem = (dense_passes * lt.dense + attention_passes * lt.attention) / mem_rate;
   // The output layer and the cross entropy over fp32 logits: the slowest stage is the last one.

@@ -102,6 +102,15 @@ class PlanTest(unittest.TestCase):
         r = pacer("plan", *args[:-4], "--gpu-memory", "40GiB")  # no recomputation, no sequence parallelism
         self.assertEqual(r.returncode, 1, r.stdout)
         self.assertIn("FAILED", r.stdout)
+        # A fused attention kernel stores no scores, whatever the recomputation: selective's figure plus one
+        # fp32 log-sum-exp per row of scores.
+        f = self.run_json(*args[:-3], "--distributed-optimizer", "--flash-attention")
+        self.assertTrue(f["config"]["flash_attention"])
+        names = {t["name"]: t["bytes"] for t in f["layer_activations"]}
+        self.assertNotIn("attn.softmax_output", names)
+        self.assertAlmostEqual(names["attn.softmax_lse"], 4 * 96 * s * b / t, delta=1)
+        self.assertAlmostEqual(f["per_gpu"]["activation_bytes_per_layer"], 34 * s * b * h / t + 4 * 96 * s * b / t, delta=1)
+        self.assertIn("fused attention", pacer("plan", *args[:-3], "--flash-attention").stdout)
 
     def test_impossible_configurations(self):
         self.assert_usage_error(["memory", *GPT175B, "--tp", "7"], "--tp 7 does not divide --heads 96")
@@ -142,6 +151,11 @@ class PlanTest(unittest.TestCase):
         vet = self.write("vet.json", json.dumps({"schema": "pacer.vet.cluster/1", "nodes": [node(250), node(255)],
                                                  "network": {"allreduce": {"status": "pass", "busbw_gbps": 9.0},
                                                              "nccl": {"status": "pass", "busbw_gbps": 22.5}}}))
+        # Fused attention: the causal half of the core, at the GEMM rate, no softmax traffic.
+        f = self.run_json(*base, *A100, "--flash-attention")
+        self.assertLess(f["breakdown_s"]["gemm"], j["breakdown_s"]["gemm"])
+        self.assertLess(f["breakdown_s"]["elementwise"], j["breakdown_s"]["elementwise"])
+        self.assertEqual(f["model_flops"], j["model_flops"])
         k = self.run_json(*base, "--peak-tflops", "312", "--vet", vet)
         self.assertAlmostEqual(k["step_s"], j["step_s"], places=12)
         self.assertIn("gpu.gemm_bf16", k["hardware_sources"]["gemm_tflops"])

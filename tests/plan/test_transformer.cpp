@@ -156,14 +156,24 @@ TEST(PlanComm, RingCollectivesAndVolumes) {
   EXPECT_NEAR(estimate_comm(m, p, hw)->tp_bytes, 1.5 * r->tp_bytes, 1e-3);  // the recomputed forward
 }
 
-TEST(PlanStep, SingleGpuHandComputed) {
-  const Model m{2, 1024, 16, 512, 1000, 0};
+// One GPU, two layers, two micro-batches of 4 sequences; 100 TFLOP/s and 1000 GB/s (a 100 FLOP/byte balance).
+struct SingleGpu {
+  Model m{2, 1024, 16, 512, 1000, 0};
   Parallel p;
-  p.micro_batch = 4;
-  p.global_batch = 8;  // two micro-batches
   Hardware hw;
-  hw.gemm_tflops = 100;
-  hw.hbm_gbps = 1000;
+  SingleGpu() {
+    p.micro_batch = 4;
+    p.global_batch = 8;
+    hw.gemm_tflops = 100;
+    hw.hbm_gbps = 1000;
+  }
+};
+
+TEST(PlanStep, SingleGpuHandComputed) {
+  SingleGpu g;
+  const Model& m = g.m;
+  Parallel& p = g.p;
+  Hardware& hw = g.hw;
   hw.peak_tflops = 200;
   auto r = estimate_step(m, p, hw);
   ASSERT_TRUE(r) << r.error().message;
@@ -259,6 +269,56 @@ TEST(PlanStep, AttentionCoreBytesAreSplitByTensorParallelism) {
   const double attention_bytes = 2 * (2 * a * s * s * b / t + 4 * b * s * h / t);
   ASSERT_GT(attention_bytes / 1000e9, 4 * b * s * s * h / t / 100e12);
   EXPECT_NEAR(r->gemm_s, 3 * (dense / 100e12 + attention_bytes / 1000e9) + 3 * 2 * b * s * h * V / t / 100e12, 1e-15);
+}
+
+TEST(PlanStep, FusedAttention) {
+  SingleGpu g;
+  const Model& m = g.m;
+  Parallel& p = g.p;
+  Hardware& hw = g.hw;
+  auto unfused = estimate_step(m, p, hw);
+  p.flash_attention = true;
+  auto fused = estimate_step(m, p, hw);
+  ASSERT_TRUE(unfused && fused);
+  const double b = 4, s = 512, h = 1024, V = 1000, a = 16;
+  const double dense = 24 * b * s * h * h, head = 3 * 2 * b * s * h * V;
+  // Causal: half of 4 b s^2 h; forward 1 pass, backward 2.5 (five GEMMs against the forward's two).
+  const double attention = 0.5 * 4 * b * s * s * h;
+  EXPECT_NEAR(fused->gemm_s, 2 * (2 * (3 * dense + 3.5 * attention) + head) / 100e12, 1e-15);
+  // Softmax and dropout over the scores run inside the kernel: 4.5 two-byte passes per score, 3 passes.
+  EXPECT_NEAR(unfused->elementwise_s - fused->elementwise_s, 2 * 2 * 3 * (2 * 4.5 * a * s * s * b) / 1000e9, 1e-15);
+  // Compute-bound whatever the memory: a slower HBM changes only the memory-bound kernels.
+  hw.hbm_gbps = 10;
+  EXPECT_NEAR(estimate_step(m, p, hw)->gemm_s, fused->gemm_s, 1e-15);
+  hw.hbm_gbps = 1000;
+  // Selective recomputation has nothing to add; full recomputation repeats the forward.
+  p.recompute = Recompute::kSelective;
+  EXPECT_NEAR(estimate_step(m, p, hw)->gemm_s, fused->gemm_s, 1e-15);
+  p.recompute = Recompute::kFull;
+  EXPECT_NEAR(estimate_step(m, p, hw)->gemm_s, 2 * (2 * (4 * dense + 4.5 * attention) + head) / 100e12, 1e-15);
+  // Hardware FLOPs count the scores the backward recomputes (QK^T: half the core's 4 b s^2 h forward).
+  p.recompute = Recompute::kNone;
+  const FlopCount f = step_flops(m, p);
+  EXPECT_NEAR(f.hardware_flops - f.model_flops, 8 * 2 * 4 * s * s * h / 2, 1e3);  // 8 sequences, 2 layers
+}
+
+TEST(PlanMemory, FusedAttentionStoresNoScores) {
+  const Model m = gpt22b();
+  Parallel p = tp8();
+  p.flash_attention = true;
+  double lse = 0, scores = 0;
+  for (const auto& t : layer_activations(m, p)) {
+    if (t.name == "attn.softmax_lse") lse = t.bytes;
+    if (t.name.rfind("attn.softmax_", 0) == 0 && t.name != "attn.softmax_lse") scores += t.bytes;
+  }
+  EXPECT_EQ(scores, 0);
+  EXPECT_DOUBLE_EQ(lse, 4.0 * 64 * 2048 * p.micro_batch / 8);  // fp32 per row of scores
+  // Otherwise what selective recomputation keeps.
+  Parallel sel = tp8();
+  sel.recompute = Recompute::kSelective;
+  EXPECT_DOUBLE_EQ(layer_activation_bytes(m, p), layer_activation_bytes(m, sel) + lse);
+  p.recompute = Recompute::kFull;
+  EXPECT_DOUBLE_EQ(layer_activation_bytes(m, p), 2.0 * 2048 * p.micro_batch * 6144);  // the layer input only
 }
 
 TEST(PlanConfig, ImpossibleConfigurations) {
