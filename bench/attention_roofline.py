@@ -15,7 +15,10 @@ bytes per head in bf16, for 2 s^2 d FLOPs. This script measures, in one run:
   matrices, timed the same way as the large GEMM,
 
 and prints the measured time over the roofline time and over the FLOP-only time (what
-the model used before the roofline). Inputs are random normal bf16, never zeros.
+the model used before the roofline). It also times torch's causal
+scaled_dot_product_attention on each fused backend (forward, and forward + backward)
+against what `pacer plan --flash-attention` charges: the causal blocks at the GEMM rate,
+five backward GEMMs against the forward's two. Inputs are random normal bf16, never zeros.
 Rounds repeat everything; the table gives medians over rounds.
 """
 import argparse
@@ -44,13 +47,39 @@ def attention(d, s=2048, bh=64):
     return qk, pv, flops, bytes_moved
 
 
+def fused_attention(d, backend, s=2048, b=4, heads=16):
+    """Causal scaled_dot_product_attention on one backend: forward, and forward + backward, seconds."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    q, k, v = (torch.randn(b, heads, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    grad = torch.randn(b, heads, s, d, device="cuda", dtype=torch.bfloat16)
+    kernel = getattr(SDPBackend, backend)
+
+    def forward():
+        with torch.no_grad(), sdpa_kernel([kernel]):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def forward_backward():
+        with sdpa_kernel([kernel]):
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        q.grad = k.grad = v.grad = None
+        out.backward(grad)
+
+    try:
+        forward_backward()
+    except RuntimeError as e:  # backend not available for this shape or build
+        return None, None, str(e).splitlines()[0]
+    return sustained(forward), sustained(forward_backward), None
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--heads", default="64,80,96,128,160,256")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--backends", default="FLASH_ATTENTION,CUDNN_ATTENTION,EFFICIENT_ATTENTION")
     args = ap.parse_args()
     heads = [int(x) for x in args.heads.split(",")]
+    backends = args.backends.split(",")
     rounds = []
     for r in range(args.rounds):
         rate = gemm_tflops() * 1e12
@@ -61,7 +90,17 @@ def main():
             roof = max(flops / rate, nbytes / bw)
             rows.append({"head_size": d, "qk_s": qk, "pv_s": pv, "flops": flops, "bytes": nbytes,
                          "flop_only_s": flops / rate, "roofline_s": roof})
-        rounds.append({"gemm_flops_per_s": rate, "copy_bytes_per_s": bw, "rows": rows})
+        fused = []
+        for d in heads:
+            for backend in backends:
+                fwd, fwd_bwd, error = fused_attention(d, backend)
+                # pacer plan's --flash-attention: the causal blocks (of s/128 block rows, n(n+1)/2 of n^2) at
+                # the GEMM rate; forward 2 GEMMs of 2 s^2 d per (batch, head), backward 5.
+                n = 2048 / 128
+                flops = (n + 1) / (2 * n) * 4 * 2048 * 2048 * d * 4 * 16
+                fused.append({"head_size": d, "backend": backend, "forward_s": fwd, "forward_backward_s": fwd_bwd,
+                              "error": error, "model_forward_s": flops / rate, "model_forward_backward_s": 3.5 * flops / rate})
+        rounds.append({"gemm_flops_per_s": rate, "copy_bytes_per_s": bw, "rows": rows, "fused": fused})
         print(f"round {r}: GEMM {rate / 1e12:.0f} TFLOP/s, copy {bw / 1e9:.0f} GB/s", flush=True)
 
     med = statistics.median
@@ -86,6 +125,24 @@ def main():
     for row in table:
         print(f"{row['head_size']:>4} {row['flop_per_byte']:>7.1f} {row['qk_over_roofline']:>10.2f} {row['pv_over_roofline']:>8.2f}"
               f" {row['qk_over_flop_only']:>15.2f} {row['pv_over_flop_only']:>13.2f}")
+    fused_table = []
+    for i, f in enumerate(rounds[0]["fused"]):
+        runs = [rd["fused"][i] for rd in rounds]
+        if f["forward_s"] is None:
+            fused_table.append({"head_size": f["head_size"], "backend": f["backend"], "error": f["error"]})
+            continue
+        fused_table.append({"head_size": f["head_size"], "backend": f["backend"],
+                            "forward_s": med(r["forward_s"] for r in runs),
+                            "forward_backward_s": med(r["forward_backward_s"] for r in runs),
+                            "forward_over_model": med(r["forward_s"] / r["model_forward_s"] for r in runs),
+                            "forward_backward_over_model": med(r["forward_backward_s"] / r["model_forward_backward_s"] for r in runs)})
+    print("fused causal attention (b 4, 16 heads, s 2048): measured time over pacer plan's --flash-attention")
+    print(f"{'d':>4} {'backend':<20} {'forward':>8} {'fwd+bwd':>8}")
+    for f in fused_table:
+        if "error" in f:
+            print(f"{f['head_size']:>4} {f['backend']:<20} unavailable: {f['error']}")
+        else:
+            print(f"{f['head_size']:>4} {f['backend']:<20} {f['forward_over_model']:>8.2f} {f['forward_backward_over_model']:>8.2f}")
     result = {
         "date": datetime.date.today().isoformat(),
         "host": platform.node(),
@@ -96,6 +153,7 @@ def main():
         "gemm_tflops": rate / 1e12,
         "copy_gbps": bw / 1e9,
         "table": table,
+        "fused_table": fused_table,
         "rounds": rounds,
     }
     path = os.path.join(args.out, "attention_roofline.json")

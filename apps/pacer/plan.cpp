@@ -191,6 +191,8 @@ void add_model_options(CLI::App* c, PlanArgs& a) {
 
 void add_hardware_options(CLI::App* c, PlanArgs& a) {
   c->add_option("--gemm-tflops", a.hw.gemm_tflops, "Measured GEMM throughput of one GPU, TFLOP/s");
+  c->add_option("--attention-tflops", a.hw.attention_tflops,
+                "Measured rate of the fused attention kernel on the blocks it runs (default: --gemm-tflops)");
   c->add_option("--peak-tflops", a.hw.peak_tflops, "Datasheet dense peak of one GPU, for MFU");
   c->add_option("--hbm-gbps", a.hw.hbm_gbps, "Device memory bandwidth, GB/s");
   c->add_option("--tp-gbps", a.hw.tp_gbps, "Tensor-parallel link bus bandwidth per GPU, GB/s");
@@ -314,8 +316,9 @@ int step(PlanArgs& a) {
   const auto r = unwrap(plan::estimate_step(a.model, a.par, a.hw));
   const auto flops = plan::step_flops(a.model, a.par);
   json j = {{"schema", "pacer.plan.step/1"}, {"config", model_json(a)}, {"hardware_sources", sources},
-            {"hardware", {{"gemm_tflops", a.hw.gemm_tflops}, {"peak_tflops", a.hw.peak_tflops}, {"hbm_gbps", a.hw.hbm_gbps},
-                          {"tp_gbps", a.hw.tp_gbps}, {"dp_gbps", a.hw.dp_gbps}, {"overlap_dp", a.hw.overlap_dp}}},
+            {"hardware", {{"gemm_tflops", a.hw.gemm_tflops}, {"attention_tflops", a.hw.attention_tflops},
+                          {"peak_tflops", a.hw.peak_tflops}, {"hbm_gbps", a.hw.hbm_gbps}, {"tp_gbps", a.hw.tp_gbps},
+                          {"dp_gbps", a.hw.dp_gbps}, {"overlap_dp", a.hw.overlap_dp}}},
             {"microbatches", r.microbatches},
             {"breakdown_s", {{"gemm", r.gemm_s}, {"elementwise", r.elementwise_s}, {"tp_comm", r.tp_comm_s},
                              {"pp_comm", r.pp_comm_s}, {"bubble", r.bubble_s}, {"dp_comm", r.dp_comm_s},

@@ -201,6 +201,7 @@ FlopCount step_flops(const Model& m, const Parallel& p);
 // Links and devices. Bandwidths are what a collective achieves per GPU ("bus bandwidth" in nccl-tests).
 struct Hardware {
   double gemm_tflops = 0;   // sustained large-GEMM throughput of one GPU, bf16/fp16
+  double attention_tflops = 0;  // a fused attention kernel's rate on the blocks it runs (0: gemm_tflops)
   double peak_tflops = 0;   // datasheet dense peak, for MFU (0: not reported)
   double hbm_gbps = 0;      // device memory bandwidth achieved by streaming kernels
   double tp_gbps = 0;       // tensor-parallel link (NVLink) bus bandwidth

@@ -40,6 +40,30 @@ double attention_scores(const Model& m, const Parallel& p) {
   return double(m.heads) * m.seq * m.seq * p.micro_batch / p.tp;
 }
 
+// Forward-pass equivalents each part of a layer runs per micro-batch: forward 1, backward 2 (input and
+// weight gradients), plus what recomputation repeats of the forward. A fused attention kernel's backward
+// runs five GEMMs against the forward's two (the scores again, then dV, dP, dQ, dK): 2.5; Megatron-Core's
+// selective recomputation checkpoints the core whatever its kernel, so it runs the fused forward once more.
+// The fused kernel also skips the score blocks above the causal diagonal: of n = s/128 block rows it runs
+// n(n+1)/2 of n^2 blocks.
+struct Passes {
+  double dense = 3, attention = 3;
+  double attention_share = 1;  // of the 4bs^2h/t core FLOPs actually run
+};
+Passes passes_of(const Model& m, const Parallel& p) {
+  Passes ps;
+  const bool full = p.recompute == Recompute::kFull, selective = p.recompute == Recompute::kSelective;
+  if (full) ps.dense = 4;
+  if (p.flash_attention) {
+    ps.attention = 3.5 + (full || selective ? 1 : 0);
+    constexpr double kBlock = 128;
+    ps.attention_share = std::min(1.0, 0.5 * (1 + kBlock / m.seq));
+  } else {
+    ps.attention = 3 + (full || selective ? 1 : 0);
+  }
+  return ps;
+}
+
 // Bytes the memory-bound kernels of one layer's forward pass move on one GPU (reads plus writes):
 // layer norms (2 per element each), bias-dropout-residual (3.5: two reads, one write, a 1-byte mask),
 // fused scale-mask-softmax (2) and its dropout (2.5) over the attention scores, bias-GeLU (2).
@@ -120,6 +144,8 @@ Status validate(const Model& m, const Parallel& p) {
   if (p.interleave > 1 && microbatches_of(p) % p.pp)
     return usage(fmt::format("the interleaved schedule needs micro-batches per step ({}) to be a multiple of --pp {}",
                              microbatches_of(p), p.pp));
+  if (p.flash_attention && p.act_bytes > 2)
+    return usage("--flash-attention needs 16- or 8-bit activations (--precision bf16, fp16 or fp8)");
   if (p.zero_stage < 0 || p.zero_stage > 3) return usage(fmt::format("--zero {}: expected 0, 1, 2 or 3", p.zero_stage));
   if (p.act_bytes < 1 || p.grad_bytes < 1) return usage("precisions must be positive byte counts");
   return {};
@@ -154,8 +180,9 @@ std::vector<ActivationTensor> layer_activations(const Model& m, const Parallel& 
       {"mlp.dropout_mask", sbh / rep},
   };
   if (p.flash_attention) {
-    // The fused kernel keeps one fp32 log-sum-exp per row of scores for its backward, nothing of size s^2.
-    v.push_back({"attn.softmax_lse", 4 * a * s * b / t});
+    // The fused kernel keeps one fp32 log-sum-exp per row of scores for its backward, nothing of size s^2;
+    // under selective recomputation the core is re-run in backward and keeps not even that.
+    if (p.recompute == Recompute::kNone) v.push_back({"attn.softmax_lse", 4 * a * s * b / t});
   } else if (p.recompute == Recompute::kNone) {
     // The attention core: what selective recomputation gives back.
     v.push_back({"attn.softmax_output", 2 * a * s * s * b / t});
@@ -205,14 +232,12 @@ FlopCount step_flops(const Model& m, const Parallel& p) {
   const double attention = 4 * s * s * h;
   const double logits = 2 * s * h * V;
   FlopCount c;
+  // The papers' convention: the attention core counted whole, even where a causal mask makes half of it
+  // unnecessary.
   c.model_flops = 3 * B * (l * (dense + attention) + logits);
-  double extra = 0;
-  if (p.recompute == Recompute::kFull) extra = B * l * (dense + attention);
-  if (p.recompute == Recompute::kSelective) extra = B * l * attention;
-  // A fused attention backward recomputes the scores (QK^T, half the core's forward); selective
-  // recomputation has nothing more to repeat.
-  if (p.flash_attention && p.recompute != Recompute::kFull) extra = B * l * attention / 2;
-  c.hardware_flops = c.model_flops + extra;
+  // What the GPUs execute: recomputation included, and only the blocks a fused kernel runs.
+  const Passes ps = passes_of(m, p);
+  c.hardware_flops = B * (l * (ps.dense * dense + ps.attention * ps.attention_share * attention) + 3 * logits);
   return c;
 }
 
@@ -236,6 +261,8 @@ Status check_hardware(const Model& m, const Parallel& p, const Hardware& hw, boo
   if ((p.pp > 1 || p.dp > 1) && !(hw.dp_gbps > 0))
     return usage("--dp-gbps: give the network bandwidth per GPU (or --vet with network.busbw_gbps)");
   if (hw.peak_tflops < 0 || hw.tp_latency_s < 0 || hw.dp_latency_s < 0) return usage("peaks and latencies cannot be negative");
+  if (hw.attention_tflops < 0) return usage("--attention-tflops cannot be negative");
+  if (hw.attention_tflops > 0 && !p.flash_attention) return usage("--attention-tflops is the rate of --flash-attention's kernel");
   return {};
 }
 
@@ -254,7 +281,10 @@ Expected<CommReport> estimate_comm(const Model& m, const Parallel& p, const Hard
   r.dp_time_s = tr.dp_factor * allreduce_time_s(tr.dp_buffer_bytes, p.dp, hw.dp_gbps, hw.dp_latency_s);
   const LayerFlops lf = layer_forward_flops(m, p);
   // Gradients are final only in the last micro-batch's backward: that is all the reduction can hide behind.
-  r.backward_flops = 2.0 * (lf.dense + lf.attention) * m.layers / p.pp;
+  // Backward with what recomputation repeats during it: everything but the forward pass.
+  const Passes ps = passes_of(m, p);
+  r.backward_flops =
+      ((ps.dense - 1) * lf.dense + (ps.attention - 1) * ps.attention_share * lf.attention) * m.layers / p.pp;
   if (hw.gemm_tflops > 0) {
     r.dp_hide_flops = r.dp_time_s * hw.gemm_tflops * 1e12;
     const double backward_s = r.backward_flops / (hw.gemm_tflops * 1e12);
@@ -271,18 +301,13 @@ Expected<StepReport> estimate_step(const Model& m, const Parallel& p, const Hard
   const double flop_rate = hw.gemm_tflops * 1e12, mem_rate = hw.hbm_gbps * 1e9;
   const LayerFlops lf = layer_forward_flops(m, p);
   LayerTraffic lt = layer_forward_traffic(m, p);
-  // Passes over the layer per micro-batch: forward 1, backward 2 (input and weight gradients), plus
-  // what recomputation repeats of the forward.
-  double dense_passes = 3, attention_passes = 3;
-  if (p.recompute == Recompute::kFull) dense_passes = attention_passes = 4;
-  if (p.recompute == Recompute::kSelective) attention_passes = 4;
+  const Passes ps = passes_of(m, p);
+  const double dense_passes = ps.dense, attention_passes = ps.attention;
   double attention_time = 0;
   if (p.flash_attention) {
-    // Fused: compute-bound, the causal half of the score blocks skipped, softmax and dropout inside the
-    // kernel. Backward runs five GEMMs of the forward's two (the scores again, then dV, dP, dQ, dK), which
-    // is also all selective recomputation would repeat.
-    attention_time = 0.5 * lf.attention / flop_rate;
-    attention_passes = p.recompute == Recompute::kFull ? 4.5 : 3.5;
+    // Fused: compute-bound on the blocks it runs; softmax and dropout happen inside the kernel.
+    const double attention_rate = hw.attention_tflops > 0 ? hw.attention_tflops * 1e12 : flop_rate;
+    attention_time = ps.attention_share * lf.attention / attention_rate;
     lt.attention = 0;
   } else {
     // Megatron's core is a batched GEMM per head whose inner dimension is the head size: it writes and
@@ -309,7 +334,10 @@ Expected<StepReport> estimate_step(const Model& m, const Parallel& p, const Hard
   r.pp_comm_s = pp_comm_time(tr, p, mbs, hw);
   double dp = tr.dp_factor * allreduce_time_s(tr.dp_buffer_bytes, p.dp, hw.dp_gbps, hw.dp_latency_s);
   // Gradients are complete only in the last micro-batch's backward, so that is all overlap can hide.
-  if (hw.overlap_dp) dp = std::max(0.0, dp - layers * (2.0 / 3) * (layer_gemm + layer_mem));
+  if (hw.overlap_dp) {
+    const double forward = lf.dense / flop_rate + attention_time + (lt.dense + lt.attention) / mem_rate;
+    dp = std::max(0.0, dp - layers * (layer_gemm + layer_mem - forward));
+  }
   r.dp_comm_s = dp;
   // Megatron's mixed-precision step over the GPU's optimizer shard, one kernel pass each: the gradient norm
   // for clipping reads the fp32 gradients (4 bytes per parameter); Adam reads the fp32 weight, momentum,

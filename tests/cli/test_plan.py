@@ -156,6 +156,12 @@ class PlanTest(unittest.TestCase):
         self.assertLess(f["breakdown_s"]["gemm"], j["breakdown_s"]["gemm"])
         self.assertLess(f["breakdown_s"]["elementwise"], j["breakdown_s"]["elementwise"])
         self.assertEqual(f["model_flops"], j["model_flops"])
+        # The kernel's measured rate slows only the core; it needs the fused kernel.
+        slow = self.run_json(*base, *A100, "--flash-attention", "--attention-tflops", "100")
+        self.assertGreater(slow["breakdown_s"]["gemm"], f["breakdown_s"]["gemm"])
+        self.assertEqual(slow["breakdown_s"]["elementwise"], f["breakdown_s"]["elementwise"])
+        self.assertEqual(slow["hardware"]["attention_tflops"], 100)
+        self.assert_usage_error([*base, *A100, "--attention-tflops", "100"], "--flash-attention")
         k = self.run_json(*base, "--peak-tflops", "312", "--vet", vet)
         self.assertAlmostEqual(k["step_s"], j["step_s"], places=12)
         self.assertIn("gpu.gemm_bf16", k["hardware_sources"]["gemm_tflops"])

@@ -282,8 +282,9 @@ TEST(PlanStep, FusedAttention) {
   ASSERT_TRUE(unfused && fused);
   const double b = 4, s = 512, h = 1024, V = 1000, a = 16;
   const double dense = 24 * b * s * h * h, head = 3 * 2 * b * s * h * V;
-  // Causal: half of 4 b s^2 h; forward 1 pass, backward 2.5 (five GEMMs against the forward's two).
-  const double attention = 0.5 * 4 * b * s * s * h;
+  // Causal: of the 4 s/128 = 4 block rows the kernel runs 4 x 5 / 2 = 10 of 16 blocks. Forward 1 pass,
+  // backward 2.5 (five GEMMs against the forward's two).
+  const double attention = 10.0 / 16 * 4 * b * s * s * h;
   EXPECT_NEAR(fused->gemm_s, 2 * (2 * (3 * dense + 3.5 * attention) + head) / 100e12, 1e-15);
   // Softmax and dropout over the scores run inside the kernel: 4.5 two-byte passes per score, 3 passes.
   EXPECT_NEAR(unfused->elementwise_s - fused->elementwise_s, 2 * 2 * 3 * (2 * 4.5 * a * s * s * b) / 1000e9, 1e-15);
@@ -291,15 +292,25 @@ TEST(PlanStep, FusedAttention) {
   hw.hbm_gbps = 10;
   EXPECT_NEAR(estimate_step(m, p, hw)->gemm_s, fused->gemm_s, 1e-15);
   hw.hbm_gbps = 1000;
-  // Selective recomputation has nothing to add; full recomputation repeats the forward.
+  // A measured kernel rate replaces the GEMM rate for the core alone.
+  hw.attention_tflops = 40;
+  EXPECT_NEAR(estimate_step(m, p, hw)->gemm_s, 2 * (2 * (3 * dense / 100e12 + 3.5 * attention / 40e12) + head / 100e12), 1e-15);
+  hw.attention_tflops = 0;
+  // Selective recomputation (Megatron-Core checkpoints the core whatever its kernel) runs the fused forward
+  // once more; full recomputation repeats the whole forward.
   p.recompute = Recompute::kSelective;
-  EXPECT_NEAR(estimate_step(m, p, hw)->gemm_s, fused->gemm_s, 1e-15);
+  EXPECT_NEAR(estimate_step(m, p, hw)->gemm_s, 2 * (2 * (3 * dense + 4.5 * attention) + head) / 100e12, 1e-15);
   p.recompute = Recompute::kFull;
   EXPECT_NEAR(estimate_step(m, p, hw)->gemm_s, 2 * (2 * (4 * dense + 4.5 * attention) + head) / 100e12, 1e-15);
-  // Hardware FLOPs count the scores the backward recomputes (QK^T: half the core's 4 b s^2 h forward).
-  p.recompute = Recompute::kNone;
+  // Model FLOPs keep the papers' convention (the whole core, forward and backward); hardware FLOPs are what
+  // runs: for 8 sequences and 2 layers, full recomputation's extra dense forward and 4.5 passes over 10/16
+  // of the core.
   const FlopCount f = step_flops(m, p);
-  EXPECT_NEAR(f.hardware_flops - f.model_flops, 8 * 2 * 4 * s * s * h / 2, 1e3);  // 8 sequences, 2 layers
+  const double core = 4.0 * s * s * h, dense_seq = 24.0 * s * h * h;
+  EXPECT_NEAR(f.model_flops, 8 * (2 * 3 * (dense_seq + core) + 3 * 2 * s * h * V), 1e3);
+  EXPECT_NEAR(f.hardware_flops, 8 * (2 * (4 * dense_seq + 4.5 * 10.0 / 16 * core) + 3 * 2 * s * h * V), 1e3);
+  p.recompute = Recompute::kNone;
+  EXPECT_NEAR(step_flops(m, p).hardware_flops, 8 * (2 * (3 * dense_seq + 3.5 * 10.0 / 16 * core) + 3 * 2 * s * h * V), 1e3);
 }
 
 TEST(PlanMemory, FusedAttentionStoresNoScores) {
@@ -313,10 +324,12 @@ TEST(PlanMemory, FusedAttentionStoresNoScores) {
   }
   EXPECT_EQ(scores, 0);
   EXPECT_DOUBLE_EQ(lse, 4.0 * 64 * 2048 * p.micro_batch / 8);  // fp32 per row of scores
-  // Otherwise what selective recomputation keeps.
+  // Otherwise what selective recomputation keeps; with it, the re-run core keeps not even the log-sum-exp.
   Parallel sel = tp8();
   sel.recompute = Recompute::kSelective;
   EXPECT_DOUBLE_EQ(layer_activation_bytes(m, p), layer_activation_bytes(m, sel) + lse);
+  sel.flash_attention = true;
+  EXPECT_DOUBLE_EQ(layer_activation_bytes(m, sel), layer_activation_bytes(m, p) - lse);
   p.recompute = Recompute::kFull;
   EXPECT_DOUBLE_EQ(layer_activation_bytes(m, p), 2.0 * 2048 * p.micro_batch * 6144);  // the layer input only
 }
@@ -355,6 +368,10 @@ TEST(PlanConfig, ImpossibleConfigurations) {
   p.interleave = 2;
   p.global_batch = 12;  // 3 micro-batches: not a multiple of pp for the interleaved schedule
   EXPECT_TRUE(contains(msg(p, m), "multiple of --pp"));
+  p = tp8();
+  p.flash_attention = true;
+  p.act_bytes = 4;
+  EXPECT_TRUE(contains(msg(p, m), "--flash-attention needs 16- or 8-bit activations"));
   Hardware none;
   auto step = estimate_step(m, tp8(), none);
   ASSERT_FALSE(step);
@@ -363,6 +380,11 @@ TEST(PlanConfig, ImpossibleConfigurations) {
   Hardware compute;
   compute.gemm_tflops = 100;
   compute.hbm_gbps = 1000;
+  compute.attention_tflops = 50;
+  auto unfused = estimate_step(m, Parallel{}, compute);
+  ASSERT_FALSE(unfused);
+  EXPECT_TRUE(contains(unfused.error().message, "--attention-tflops is the rate of --flash-attention's kernel"));
+  compute.attention_tflops = 0;
   EXPECT_TRUE(contains(estimate_step(m, tp8(), compute).error().message, "--tp-gbps"));
 }
 
