@@ -54,19 +54,18 @@ Passes passes_of(const Model& m, const Parallel& p) {
   Passes ps;
   const bool full = p.recompute == Recompute::kFull, selective = p.recompute == Recompute::kSelective;
   if (full) ps.dense = 4;
+  ps.attention = (p.flash_attention ? 3.5 : 3) + (full || selective ? 1 : 0);
   if (p.flash_attention) {
-    ps.attention = 3.5 + (full || selective ? 1 : 0);
     constexpr double kBlock = 128;
     ps.attention_share = std::min(1.0, 0.5 * (1 + kBlock / m.seq));
-  } else {
-    ps.attention = 3 + (full || selective ? 1 : 0);
   }
   return ps;
 }
 
 // Bytes the memory-bound kernels of one layer's forward pass move on one GPU (reads plus writes):
 // layer norms (2 per element each), bias-dropout-residual (3.5: two reads, one write, a 1-byte mask),
-// fused scale-mask-softmax (2) and its dropout (2.5) over the attention scores, bias-GeLU (2).
+// fused scale-mask-softmax (2) and its dropout (2.5) over the attention scores, bias-GeLU (2). A fused
+// attention kernel does its softmax and dropout inside, on scores that never reach memory.
 struct LayerTraffic {
   double dense = 0, attention = 0;
 };
@@ -75,7 +74,7 @@ LayerTraffic layer_forward_traffic(const Model& m, const Parallel& p) {
   const double n = b * s * h / (p.sequence_parallel ? t : 1);  // replicated unless sequence parallel
   const double scores = attention_scores(m, p);
   const double mlp = b * s * f / t;
-  return {p.act_bytes * (11 * n + 2 * mlp), p.act_bytes * 4.5 * scores};
+  return {p.act_bytes * (11 * n + 2 * mlp), p.flash_attention ? 0 : p.act_bytes * 4.5 * scores};
 }
 
 // Everything the step and comm reports share, per GPU of the slowest pipeline stage.
@@ -300,15 +299,13 @@ Expected<StepReport> estimate_step(const Model& m, const Parallel& p, const Hard
   const double layers = double(m.layers) / p.pp;
   const double flop_rate = hw.gemm_tflops * 1e12, mem_rate = hw.hbm_gbps * 1e9;
   const LayerFlops lf = layer_forward_flops(m, p);
-  LayerTraffic lt = layer_forward_traffic(m, p);
+  const LayerTraffic lt = layer_forward_traffic(m, p);
   const Passes ps = passes_of(m, p);
-  const double dense_passes = ps.dense, attention_passes = ps.attention;
   double attention_time = 0;
   if (p.flash_attention) {
-    // Fused: compute-bound on the blocks it runs; softmax and dropout happen inside the kernel.
+    // Fused: compute-bound on the blocks it runs.
     const double attention_rate = hw.attention_tflops > 0 ? hw.attention_tflops * 1e12 : flop_rate;
     attention_time = ps.attention_share * lf.attention / attention_rate;
-    lt.attention = 0;
   } else {
     // Megatron's core is a batched GEMM per head whose inner dimension is the head size: it writes and
     // reads the as^2b scores, so below the device's FLOP/byte balance it runs at memory speed (roofline).
@@ -316,8 +313,8 @@ Expected<StepReport> estimate_step(const Model& m, const Parallel& p, const Hard
         p.act_bytes * (2 * attention_scores(m, p) + 4 * double(p.micro_batch) * m.seq * m.hidden / p.tp);
     attention_time = std::max(lf.attention / flop_rate, attention_bytes / mem_rate);
   }
-  const double layer_gemm = (dense_passes * lf.dense) / flop_rate + attention_passes * attention_time;
-  const double layer_mem = (dense_passes * lt.dense + attention_passes * lt.attention) / mem_rate;
+  const double layer_gemm = ps.dense * lf.dense / flop_rate + ps.attention * attention_time;
+  const double layer_mem = (ps.dense * lt.dense + ps.attention * lt.attention) / mem_rate;
   // The output layer and the cross entropy over fp32 logits: the slowest stage is the last one.
   const double logits = double(p.micro_batch) * m.seq * m.vocab / p.tp;
   const double head_gemm = 3 * 2 * logits * m.hidden / flop_rate;

@@ -42,12 +42,19 @@ struct Comparison {
 };
 
 // Every row of published.csv against the model on `base` hardware (per-row gradient precision and DDP).
+// published.csv, read once for every comparison.
+const CsvTable& published() {
+  static const CsvTable table = [] {
+    auto t = read_csv(PACER_PLAN_DATA "/published.csv");
+    EXPECT_TRUE(t) << t.error().message;
+    return t ? *t : CsvTable{};
+  }();
+  return table;
+}
+
 std::vector<Comparison> compare(const Hardware& base) {
   std::vector<Comparison> out;
-  auto table = read_csv(PACER_PLAN_DATA "/published.csv");
-  EXPECT_TRUE(table) << table.error().message;
-  if (!table) return out;
-  const auto& t = *table;
+  const CsvTable& t = published();
   auto text = [&](const CsvRow& r, const char* col) {
     const int c = t.column(col);
     EXPECT_GE(c, 0) << col;
