@@ -45,6 +45,16 @@ struct BlobView {
   std::uint64_t shard_offset = 0;
   std::uint64_t global_size = 0;
   std::vector<std::int64_t> global_shape;
+  // >= 0: `data` is CUDA device memory on that device ordinal. save() copies
+  // it into pinned staging on a side stream that first waits for
+  // SaveOptions::cuda_stream, and returns once the copies have landed.
+  int device = -1;
+};
+
+struct SaveOptions {
+  // The stream (a cudaStream_t) whose queued work produces the device blobs;
+  // the copies are ordered after it. 0: the legacy default stream.
+  std::uintptr_t cuda_stream = 0;
 };
 
 // One blob as recorded in a manifest.
@@ -182,7 +192,7 @@ class Checkpointer {
   // argument (duplicate name, unknown dtype, size mismatch) or a step already
   // committed. Failures while writing surface through the handle.
   Expected<SaveHandle> save(std::uint64_t step, const std::vector<BlobView>& blobs,
-                            const nlohmann::json& meta = nlohmann::json::object());
+                            const nlohmann::json& meta = nlohmann::json::object(), const SaveOptions& save_options = {});
 
   // The newest step that verifies on any tier (corrupt ones are skipped with a
   // warning), or nothing.
@@ -213,7 +223,8 @@ class Checkpointer {
 
  private:
   explicit Checkpointer(std::unique_ptr<Impl> impl);
-  Expected<SaveHandle> save_impl(std::uint64_t step, const std::vector<BlobView>& blobs, const nlohmann::json& meta);
+  Expected<SaveHandle> save_impl(std::uint64_t step, const std::vector<BlobView>& blobs, const nlohmann::json& meta,
+                                 const SaveOptions& save_options);
   std::unique_ptr<Impl> impl_;
 };
 

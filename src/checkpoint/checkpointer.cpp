@@ -682,6 +682,7 @@ Status validate_save(std::uint64_t step, const std::vector<BlobView>& blobs, con
     if (!names.insert(b.name).second) return Error{ErrorKind::kUsage, fmt::format("blob '{}' given twice", b.name)};
     if (!valid_dtype(b.dtype)) return Error{ErrorKind::kUsage, fmt::format("blob '{}': unknown dtype '{}'", b.name, b.dtype)};
     if (b.size > 0 && !b.data) return Error{ErrorKind::kUsage, fmt::format("blob '{}': no data", b.name)};
+    if (b.device >= 0) return Error{ErrorKind::kUsage, fmt::format("blob '{}': device memory is not supported yet", b.name)};
     std::uint64_t elems = 1;
     for (auto d : b.shape) elems *= static_cast<std::uint64_t>(std::max<std::int64_t>(d, 0));
     if (!b.shape.empty() && b.dtype != "bytes" && elems * dtype_size(b.dtype) != b.size)
@@ -708,9 +709,10 @@ Status validate_save(std::uint64_t step, const std::vector<BlobView>& blobs, con
 
 }  // namespace
 
-Expected<SaveHandle> Checkpointer::save(std::uint64_t step, const std::vector<BlobView>& blobs, const json& meta) {
+Expected<SaveHandle> Checkpointer::save(std::uint64_t step, const std::vector<BlobView>& blobs, const json& meta,
+                                        const SaveOptions& save_options) {
   const auto t0 = std::chrono::steady_clock::now();
-  auto r = save_impl(step, blobs, meta);
+  auto r = save_impl(step, blobs, meta, save_options);
   impl_->counters.blocked_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (r) {
     ++impl_->counters.saves;
@@ -725,7 +727,8 @@ Checkpointer::Stats Checkpointer::stats() const {
   return s;
 }
 
-Expected<SaveHandle> Checkpointer::save_impl(std::uint64_t step, const std::vector<BlobView>& blobs, const json& meta) {
+Expected<SaveHandle> Checkpointer::save_impl(std::uint64_t step, const std::vector<BlobView>& blobs, const json& meta,
+                                             const SaveOptions& /*save_options*/) {
   Impl& im = *impl_;
   // Collectives stay in order: the previous step commits before this one starts.
   if (im.pending_collective) {
