@@ -53,7 +53,8 @@ int ls(const CkptArgs& a) {
   Table t({{"STEP", true}, {"SIZE", true}, {"STATUS"}, {"PATH"}, {"PROBLEM"}});
   for (const auto& e : entries) {
     j["checkpoints"].push_back(entry_json(e));
-    t.add_row({std::to_string(e.step), e.committed ? format_bytes(double(e.bytes)) : "-", status_of(e, a.verify), e.path, e.problem});
+    t.add_row({std::to_string(e.step), e.committed || e.damaged ? format_bytes(double(e.bytes)) : "-", status_of(e, a.verify), e.path,
+               e.problem});
   }
   print(j, a.json, t.render());
   // A step directory that does not check (missing or truncated data, bad

@@ -10,12 +10,14 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "pacer/checkpoint.hpp"
 #include "test_util.hpp"
+#include "thread_comm.hpp"
 
 namespace {
 
@@ -216,6 +218,52 @@ TEST(SafetensorsExport, UnsupportedDtypeOrNothingToExportIsAnErrorNamingTheBlob)
   ASSERT_FALSE(res);
   EXPECT_TRUE(contains(res.error().message, "'ema/...'"));
   EXPECT_TRUE(contains(res.error().message, "model/tok"));
+}
+
+// A tensor saved as shards by several ranks is one tensor in the export,
+// assembled by byte range through Reader::read.
+TEST(SafetensorsExport, ShardsOfSeveralRanksBecomeOneTensor) {
+  TempDir dir("pacer-st-");
+  const std::string root = dir.path() + "/root";
+  const Blob whole = blob("model/w", "float32", {6, 500}, 3);  // 12,000 bytes, 3 chunks of 4 KiB
+  const std::uint64_t half = 5000;                              // not on a chunk boundary
+  pacer::test::ThreadWorld world(2);
+  std::vector<std::thread> ranks;
+  std::vector<std::string> errors(2);
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      auto comm = world.rank(r);
+      ckpt::Options o;
+      o.root = root;
+      o.keep_last = 0;
+      o.chunk_bytes = 4096;
+      o.staging_bytes = 1 << 20;
+      o.pin_staging = false;
+      o.comm = comm.get();
+      auto ck = ckpt::Checkpointer::open(o).value();
+      ckpt::BlobView v;
+      v.name = whole.name;
+      v.dtype = whole.dtype;
+      v.layout = ckpt::Layout::kShard;
+      v.shard_offset = r == 0 ? 0 : half;
+      v.data = whole.bytes.data() + v.shard_offset;
+      v.size = r == 0 ? half : whole.bytes.size() - half;
+      v.global_size = whole.bytes.size();
+      v.global_shape = whole.shape;
+      auto h = ck->save(5, {v});
+      if (!h) errors[static_cast<std::size_t>(r)] = h.error().message;
+      else if (pacer::Status st = h->wait(); !st) errors[static_cast<std::size_t>(r)] = st.error().message;
+    });
+  }
+  for (auto& t : ranks) t.join();
+  ASSERT_EQ(errors, std::vector<std::string>(2)) << errors[0] << " / " << errors[1];
+  auto res = ckpt::export_safetensors(root, std::nullopt, dir.path() + "/hf", {});
+  ASSERT_TRUE(res) << res.error().message;
+  EXPECT_EQ(res->tensors, 1u);
+  Parsed p = parse(dir.path() + "/hf/model.safetensors");
+  ASSERT_EQ(p.error, "");
+  EXPECT_EQ(p.header["w"]["shape"], json({6, 500}));
+  EXPECT_EQ(p.data["w"], as_string(whole.bytes));
 }
 
 // From a root: the newest step that reads back whole; a damaged newer one is
