@@ -428,8 +428,12 @@ struct Checkpointer::Impl {
         Status valid = verify_step(dir);
         if (valid) continue;  // save() refuses it: "already committed"
         auto moved = move_aside_damaged(dir, step);
-        if (moved) warn(fmt::format("step {} in {} is damaged ({}); moved it aside to {} and saving it anew", step, tier, valid.error().message, *moved));
-        else if (fs::exists(dir, ec)) warn(fmt::format("step {} in {} is damaged ({}) and cannot be moved aside: {}", step, tier, valid.error().message, moved.error().message));
+        if (moved)
+          warn(fmt::format("step {} in {} is damaged ({}); moved it aside to {} and saving it anew", step, tier,
+                           valid.error().message, *moved));
+        else if (fs::exists(dir, ec))
+          warn(fmt::format("step {} in {} is damaged ({}) and cannot be moved aside: {}", step, tier, valid.error().message,
+                           moved.error().message));
       }
       std::uint64_t higher = 0;
       for (const auto& tier : tiers) {
