@@ -1,6 +1,7 @@
-// `pacer ckpt`: list, verify, prune and inspect checkpoint directories.
+// `pacer ckpt`: list, verify, prune, inspect and export checkpoint directories.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <memory>
 
@@ -25,15 +26,21 @@ struct CkptArgs {
   bool verify = false;
   std::string save_cost;
   std::string mtbf;
+  bool remove_damaged = false;
+  bool dry_run = false;
+  std::string safetensors;
+  std::string prefix = "model";
+  std::string max_shard_size = "5GB";
 };
 
 json entry_json(const ckpt::Entry& e) {
-  return {{"step", e.step}, {"path", e.path}, {"bytes", e.bytes}, {"partial", e.partial}, {"committed", e.committed},
-          {"verified", e.verified}, {"problem", e.problem}};
+  return {{"step", e.step},          {"path", e.path},         {"bytes", e.bytes},     {"partial", e.partial},
+          {"committed", e.committed}, {"verified", e.verified}, {"damaged", e.damaged}, {"problem", e.problem}};
 }
 
 std::string status_of(const ckpt::Entry& e, bool verify) {
   if (e.partial) return "partial";
+  if (e.damaged) return "damaged";
   if (!e.committed) return "CORRUPT";
   if (!verify) return "committed";
   return e.verified ? "valid" : "CORRUPT";
@@ -46,14 +53,15 @@ int ls(const CkptArgs& a) {
   Table t({{"STEP", true}, {"SIZE", true}, {"STATUS"}, {"PATH"}, {"PROBLEM"}});
   for (const auto& e : entries) {
     j["checkpoints"].push_back(entry_json(e));
-    t.add_row({std::to_string(e.step), e.committed ? format_bytes(double(e.bytes)) : "-", status_of(e, a.verify), e.path, e.problem});
+    t.add_row({std::to_string(e.step), e.committed || e.damaged ? format_bytes(double(e.bytes)) : "-", status_of(e, a.verify), e.path,
+               e.problem});
   }
   print(j, a.json, t.render());
   // A step directory that does not check (missing or truncated data, bad
   // manifest) is damage, not a leftover: it fails ls --verify.
   bool bad = false;
   for (const auto& e : entries)
-    if (a.verify && !e.partial && !e.verified) bad = true;
+    if (a.verify && !e.partial && !e.damaged && !e.verified) bad = true;
   return bad ? 1 : 0;
 }
 
@@ -66,6 +74,7 @@ int verify(const CkptArgs& a) {
   for (const auto& e : ckpt::list(a.dir, true)) {
     if (a.step && e.step != *a.step) continue;
     if (e.partial && !a.step) continue;  // leftovers of unfinished saves are not checkpoints
+    if (e.damaged) continue;             // moved aside by a save: not a checkpoint any more
     ++checked;
     if (!e.verified) bad = true;
     j["checkpoints"].push_back(entry_json(e));
@@ -81,13 +90,35 @@ int verify(const CkptArgs& a) {
 int prune(const CkptArgs& a) {
   require_dir(a.dir);
   if (a.keep_last < 1) usage_error("--keep-last must be at least 1");
-  const auto removed = unwrap(ckpt::prune(a.dir, a.keep_last, a.keep_every));
-  json j = {{"schema", "pacer.ckpt.prune/1"}, {"dir", a.dir}, {"removed", removed}};
+  const auto r = unwrap(ckpt::prune(a.dir, {.keep_last = a.keep_last, .keep_every = a.keep_every,
+                                            .remove_damaged = a.remove_damaged, .dry_run = a.dry_run}));
+  json damaged = json::array();
+  for (const auto& d : r.damaged) {
+    const bool gone = std::find(r.removed_damaged.begin(), r.removed_damaged.end(), d.path) != r.removed_damaged.end();
+    damaged.push_back({{"step", d.step}, {"path", d.path}, {"moved_aside", d.damaged}, {"problem", d.problem}, {"removed", gone}});
+  }
+  json j = {{"schema", "pacer.ckpt.prune/1"}, {"dir", a.dir},  {"dry_run", a.dry_run}, {"removed", r.removed},
+            {"kept", r.kept},                 {"damaged", damaged}, {"busy", r.busy}};
+  j["newest_valid"] = r.newest_valid ? json(*r.newest_valid) : json(nullptr);
+  const std::string verb = a.dry_run ? "would remove" : "removed";
   std::string text;
-  for (auto s : removed) text += fmt::format("removed step {}\n", s);
-  text += fmt::format("OK: {} checkpoint(s) removed from {}\n", removed.size(), a.dir);
+  if (r.newest_valid) text += fmt::format("newest valid step {} (kept)\n", *r.newest_valid);
+  for (auto s : r.removed) text += fmt::format("{} step {}\n", verb, s);
+  for (const auto& d : r.damaged) {
+    const bool gone = std::find(r.removed_damaged.begin(), r.removed_damaged.end(), d.path) != r.removed_damaged.end();
+    if (gone) text += fmt::format("{} damaged step {} ({})\n", verb, d.step, d.path);
+    else text += fmt::format("damaged step {} left in place ({}): {}\n", d.step, d.path, d.problem);
+  }
+  for (auto s : r.busy) text += fmt::format("step {} is being read: left for the next prune\n", s);
+  const std::size_t n = r.removed.size() + r.removed_damaged.size();
+  if (a.dry_run) text += fmt::format("dry run: {} checkpoint(s) would be removed from {}; nothing was changed\n", n, a.dir);
+  else text += fmt::format("OK: {} checkpoint(s) removed from {}\n", n, a.dir);
+  if (!r.damaged.empty() && !a.remove_damaged) text += "damaged steps are left for you: --remove-damaged removes them\n";
   print(j, a.json, text);
-  return 0;
+  // Step directories but none that verifies: the root has nothing to resume from.
+  bool any_step = false;
+  for (const auto& d : r.damaged) any_step = any_step || !d.damaged;
+  return !r.newest_valid && any_step ? 1 : 0;
 }
 
 int inspect(const CkptArgs& a) {
@@ -124,6 +155,23 @@ int inspect(const CkptArgs& a) {
   return 0;
 }
 
+int export_cmd(const CkptArgs& a) {
+  require_dir(a.dir);
+  if (a.safetensors.empty()) usage_error("--safetensors OUTDIR is required (the only export format)");
+  auto max = parse_size(a.max_shard_size);
+  if (!max || *max == 0) usage_error(fmt::format("--max-shard-size '{}': expected a positive size such as 5GB", a.max_shard_size));
+  const auto r = unwrap(ckpt::export_safetensors(a.dir, a.step, a.safetensors, {.prefix = a.prefix, .max_shard_bytes = *max}));
+  for (const auto& s : r.skipped) fmt::print(stderr, "pacer: warning: not exported, damaged: {}\n", s);
+  json j = {{"schema", "pacer.ckpt.export/1"}, {"dir", a.dir},         {"step", r.step},   {"format", "safetensors"},
+            {"out", a.safetensors},             {"files", r.files},     {"tensors", r.tensors}, {"bytes", r.bytes},
+            {"skipped", r.skipped}};
+  std::string text = fmt::format("exported step {} of {}: {} tensor(s), {}, checked by reading back\n", r.step, a.dir, r.tensors,
+                                 format_bytes(double(r.bytes)));
+  for (const auto& f : r.files) text += "  " + f + "\n";
+  print(j, a.json, text);
+  return 0;
+}
+
 int interval(const CkptArgs& a) {
   auto cost = parse_duration(a.save_cost);
   auto mtbf = parse_duration(a.mtbf);
@@ -142,7 +190,7 @@ int interval(const CkptArgs& a) {
 Handler register_ckpt(CLI::App& app) {
   auto args = std::make_shared<CkptArgs>();
   auto handler = std::make_shared<Handler>();
-  CLI::App* cmd = app.add_subcommand("ckpt", "List, verify, prune and inspect checkpoints");
+  CLI::App* cmd = app.add_subcommand("ckpt", "List, verify, prune, inspect and export checkpoints");
   cmd->require_subcommand(1);
   cmd->footer("Exit codes: 0 ok, 1 a checkpoint failed verification, 2 usage error, 3 runtime error. See docs/checkpoint.md.");
   auto add = [&](const char* name, const char* help, int (*fn)(const CkptArgs&)) {
@@ -156,11 +204,18 @@ Handler register_ckpt(CLI::App& app) {
       ->add_flag("--verify", args->verify, "Also check every checksum (reads everything)");
   add("verify", "Check every checksum; exit 1 naming the first bad blob", verify)
       ->add_option("--step", args->step, "Only this step");
-  auto* p = add("prune", "Remove checkpoints beyond retention (never the newest)", prune);
-  p->add_option("--keep-last", args->keep_last, "Keep the newest N")->required();
+  auto* p = add("prune", "Remove checkpoints beyond retention (never the newest valid one; damaged ones are left)", prune);
+  p->add_option("--keep-last", args->keep_last, "Keep the newest N valid steps")->required();
   p->add_option("--keep-every", args->keep_every, "Also keep every step that is a multiple of M");
+  p->add_flag("--remove-damaged", args->remove_damaged, "Also remove damaged steps and moved-aside .damaged-* directories");
+  p->add_flag("--dry-run", args->dry_run, "Print what would be removed; remove nothing");
   add("inspect", "Show a checkpoint's blobs, dtypes, shapes and metadata", inspect)
       ->add_option("--step", args->step, "Step (default: newest committed)");
+  auto* ex = add("export", "Write a step's model tensors as safetensors files, checked by reading back", export_cmd);
+  ex->add_option("--step", args->step, "Step (default: the newest that reads back whole)");
+  ex->add_option("--safetensors", args->safetensors, "Output directory for model.safetensors (or shards and an index)")->required();
+  ex->add_option("--prefix", args->prefix, "Export the blobs named PREFIX/..., named by the rest ('' : every numeric blob)");
+  ex->add_option("--max-shard-size", args->max_shard_size, "Shard above this size (default 5GB)");
   CLI::App* iv = cmd->add_subcommand("interval", "Optimal checkpoint interval from the save cost and the MTBF (Young/Daly)");
   iv->add_option("--save-cost", args->save_cost, "Time one save costs the job, e.g. 40s")->required();
   iv->add_option("--mtbf", args->mtbf, "Mean time between failures of the whole job, e.g. 8h")->required();

@@ -22,7 +22,8 @@ inline constexpr const char* kManifestSchema = "pacer.ckpt/1";
 inline constexpr const char* kManifestName = "MANIFEST.json";
 
 // Element types a blob may declare; "bytes" is opaque data.
-// Names follow numpy (float32, int64, ...) plus "bfloat16".
+// Names follow numpy (float32, int64, ...) plus "bfloat16" and torch's float8
+// names (float8_e4m3fn, float8_e5m2, float8_e4m3fnuz, float8_e5m2fnuz, float8_e8m0fnu).
 std::size_t dtype_size(const std::string& dtype);  // 0 for an unknown dtype
 bool valid_dtype(const std::string& dtype);
 
@@ -94,7 +95,9 @@ std::optional<std::uint64_t> parse_step_dir_name(const std::string& name);
 // One committed checkpoint, opened for reading. Every byte read is checked
 // against its chunk's checksum; a mismatch is an error naming the blob, the
 // file and the offset. read() and verify_all() may run on several threads at
-// once (each read opens its own descriptor).
+// once (each read opens its own descriptor). While any copy of a Reader lives
+// it holds a shared lock (flock) on its step directory: retention, prune and
+// the fast-tier flush, in this process or another, leave that step alone.
 class Reader {
  public:
   static Expected<Reader> open(const std::string& step_dir);
@@ -121,6 +124,7 @@ class Reader {
   Status read_piece(const BlobInfo& b, std::uint64_t from, std::uint64_t len, unsigned char* dst);
   std::string dir_;
   Manifest manifest_;
+  std::shared_ptr<const int> dir_lock_;  // the locked directory descriptor, shared by copies
 };
 
 // What a directory of checkpoints holds, for `pacer ckpt ls` and retention.
@@ -131,16 +135,66 @@ struct Entry {
   bool partial = false;    // a .partial-* directory: a save that never committed
   bool committed = false;  // a step directory whose manifest and file sizes check
   bool verified = false;   // every checksum checked and right (only with verify)
+  bool damaged = false;    // a .damaged-* directory: a damaged step that save() moved aside
   std::string problem;     // why not committed or not valid
 };
-// Committed checkpoints and leftovers (partial directories) under root, newest
-// first. With `verify`, every byte of each committed checkpoint is checked.
+// Committed checkpoints and leftovers (partial and moved-aside damaged
+// directories) under root, newest first. With `verify`, every byte of each
+// committed checkpoint is checked.
 std::vector<Entry> list(const std::string& root, bool verify);
-// Removes committed checkpoints beyond retention: keeps the newest keep_last,
-// every step that is a multiple of keep_every (when > 0), and always the
-// newest. Deletion renames first so a half-deleted directory never looks like
-// a checkpoint. Returns the steps removed.
-Expected<std::vector<std::uint64_t>> prune(const std::string& root, int keep_last, int keep_every);
+
+// Retention, by hand (`pacer ckpt prune`) or after each save. Only valid
+// steps count: the steps are checked from the newest down until one verifies
+// (every checksum); that step and every older committed one are the
+// candidates, and of those the newest keep_last, every multiple of keep_every
+// (when > 0) and always the newest stay. Newer steps that fail verification,
+// and step directories whose manifest or files do not check, are damaged:
+// reported and left alone unless remove_damaged. A step a Reader holds is
+// skipped (busy) and left for the next prune. Verification results are
+// cached per process, keyed by the step directory, its manifest and its
+// files' sizes and modification times.
+struct PruneOptions {
+  int keep_last = 3;  // at least 1
+  int keep_every = 0;
+  bool remove_damaged = false;  // also remove damaged steps and moved-aside .damaged-* directories
+  bool dry_run = false;         // decide and report, remove nothing
+};
+struct PruneResult {
+  std::optional<std::uint64_t> newest_valid;  // the step that verified; never removed
+  std::vector<std::uint64_t> removed;         // removed (dry run: would be), newest first
+  std::vector<std::uint64_t> kept;            // candidates that stay, newest first
+  std::vector<Entry> damaged;                 // damaged steps and moved-aside directories, each with its problem
+  std::vector<std::string> removed_damaged;   // with remove_damaged: the damaged directories removed (dry run: would be)
+  std::vector<std::uint64_t> busy;            // would be removed but a Reader holds them: left for the next prune
+};
+Expected<PruneResult> prune(const std::string& root, const PruneOptions& options);
+
+// Model weights in the safetensors format (the Hugging Face layout): the
+// numeric blobs whose name starts with `<prefix>/`, each named by the rest of
+// its name (prefix "": every numeric blob under its own name; "bytes" blobs
+// are left out). One `model.safetensors`, or, above max_shard_bytes,
+// `model-00001-of-0000N.safetensors` files and `model.safetensors.index.json`.
+// Each file is written atomically and read back (header parsed, every
+// tensor's bytes compared with the checkpoint's) before the next; stale files
+// of an earlier export in out_dir are removed once the new set is complete.
+struct ExportOptions {
+  std::string prefix = "model";
+  std::uint64_t max_shard_bytes = 5'000'000'000;  // "5GB", as in Hugging Face's save_pretrained
+};
+struct ExportResult {
+  std::uint64_t step = 0;
+  std::vector<std::string> files;  // written, in order (the index last, when sharded)
+  std::uint64_t tensors = 0;
+  std::uint64_t bytes = 0;  // tensor data, headers excluded
+  std::vector<std::string> skipped;  // newer steps passed over as damaged, each with why
+};
+// The safetensors dtype name for a checkpoint dtype, or "" when it has none.
+std::string safetensors_dtype(const std::string& dtype);
+Expected<ExportResult> export_safetensors(Reader& reader, const std::string& out_dir, const ExportOptions& options);
+// The given step under root, or the newest one that reads back whole (a
+// damaged newer step is passed over and listed in `skipped`).
+Expected<ExportResult> export_safetensors(const std::string& root, std::optional<std::uint64_t> step, const std::string& out_dir,
+                                          const ExportOptions& options);
 
 struct Options {
   std::string root;                      // persistent tier (shared file system)

@@ -372,28 +372,85 @@ struct Checkpointer::Impl {
     const std::string final_dir = (fs::path(tier_root) / step_dir_name(m.step)).string();
     if (Status st = rename_no_replace(tmp_dir, final_dir); !st) return st;
     sync_dir(tier_root);
+    note_committed(tier_root, final_dir, m);
     return {};
   }
 
   // ---- retention ----------------------------------------------------------
+  // The writer and the flusher both trim the fast tier, and a collective
+  // commit trims the root from the caller's thread: one at a time.
+  std::mutex retention_mu;
+  std::map<std::string, std::uint64_t> last_committed;  // tier -> the step this process committed last
+  std::set<std::string> warned_damaged;                 // damaged directories already warned about
+
+  // The step just committed (or copied) is valid: no need to read it back, and
+  // retention must not take it, whatever higher steps the tier holds.
+  void note_committed(const std::string& tier_root, const std::string& step_dir, const Manifest& m) {
+    note_verified(step_dir, m);
+    std::lock_guard g(retention_mu);
+    last_committed[tier_root] = m.step;
+  }
+
   void apply_retention(const std::string& tier_root) {
     if (opt.keep_last <= 0) return;
-    std::vector<std::uint64_t> committed;
-    std::map<std::uint64_t, std::string> paths;
-    for (const auto& e : list(tier_root, false)) {
-      if (!e.committed) continue;
-      committed.push_back(e.step);
-      paths[e.step] = e.path;
-    }
+    std::lock_guard g(retention_mu);
     const bool fast = opt.fast_tier && tier_root == *opt.fast_tier;
     // Node-local space is small: the fast tier keeps the newest keep_last only;
     // the every-Mth history lives on the persistent tier.
-    for (auto s : retention_victims(committed, opt.keep_last, fast ? 0 : opt.keep_every)) {
+    RetentionPlan plan = plan_retention(tier_root, opt.keep_last, fast ? 0 : opt.keep_every);
+    const auto just = last_committed.find(tier_root);
+    for (auto s : plan.victims) {
+      if (just != last_committed.end() && just->second == s) continue;
       // The fast tier keeps a step until the persistent tier has it.
       if (fast && !fs::exists(fs::path(opt.root) / step_dir_name(s) / kManifestName)) continue;
-      if (Status st = remove_checkpoint_dir(paths[s]); !st) warn(st.error().message);
+      // A step a Reader holds (false) stays until a later retention.
+      if (auto gone = remove_checkpoint_dir(plan.paths[s]); !gone) warn(gone.error().message);
+    }
+    for (const auto& d : plan.damaged) {
+      if (d.damaged || !warned_damaged.insert(d.path).second) continue;
+      warn(fmt::format("step {} in {} is damaged and retention leaves it (pacer ckpt prune --remove-damaged removes it): {}",
+                       d.step, tier_root, d.problem));
     }
   }
+
+  // Before a save of `step`: a damaged directory of that step (a load fell
+  // back past it, and training has come back to it) is moved aside, so the
+  // step can be saved again; a valid one stays and save() refuses the step.
+  // Higher committed steps are warned about once: latest() and a resume go by
+  // step number and would pick those.
+  void prepare_step(std::uint64_t step, const std::vector<std::string>& tiers) {
+    const bool several = comm->size() > 1;
+    if (!several || comm->rank() == 0) {
+      for (const auto& tier : tiers) {
+        const std::string dir = (fs::path(tier) / step_dir_name(step)).string();
+        std::error_code ec;
+        if (!fs::exists(dir, ec)) continue;
+        Status valid = verify_step(dir);
+        if (valid) continue;  // save() refuses it: "already committed"
+        auto moved = move_aside_damaged(dir, step);
+        if (moved)
+          warn(fmt::format("step {} in {} is damaged ({}); moved it aside to {} and saving it anew", step, tier,
+                           valid.error().message, *moved));
+        else if (fs::exists(dir, ec))
+          warn(fmt::format("step {} in {} is damaged ({}) and cannot be moved aside: {}", step, tier, valid.error().message,
+                           moved.error().message));
+      }
+      std::uint64_t higher = 0;
+      for (const auto& tier : tiers) {
+        std::error_code ec;
+        for (const auto& e : fs::directory_iterator(tier, ec))
+          if (auto s = parse_step_dir_name(e.path().filename().string()); s && *s > step) higher = std::max(higher, *s);
+      }
+      if (higher > warned_higher) {
+        warned_higher = higher;
+        warn(fmt::format("saving step {}, but {} holds step {}: latest() and a resume pick the highest valid step, and "
+                         "retention counts the higher steps first (use a new root for a new step count)",
+                         step, opt.root, higher));
+      }
+    }
+    if (several) comm->barrier();  // rank 0 has moved any damaged directory aside
+  }
+  std::uint64_t warned_higher = 0;
 
   // ---- the fast -> persistent flusher ------------------------------------
   void flusher_loop() {
@@ -486,8 +543,10 @@ struct Checkpointer::Impl {
     if (!copy) return fail(copy.error());
     if (Status st = copy->verify_all(); !st) return fail(st.error());
     sync_dir(tmp);
-    if (Status st = rename_no_replace(tmp, (fs::path(opt.root) / step_dir_name(step)).string()); !st) return fail(st.error());
+    const std::string final_dir = (fs::path(opt.root) / step_dir_name(step)).string();
+    if (Status st = rename_no_replace(tmp, final_dir); !st) return fail(st.error());
     sync_dir(opt.root);
+    note_committed(opt.root, final_dir, m);
     return {};
   }
 
@@ -712,6 +771,9 @@ Status validate_save(std::uint64_t step, const std::vector<BlobView>& blobs, con
 Expected<SaveHandle> Checkpointer::save(std::uint64_t step, const std::vector<BlobView>& blobs, const json& meta,
                                         const SaveOptions& save_options) {
   const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::string> tiers = {impl_->opt.root};
+  if (impl_->opt.fast_tier) tiers.push_back(*impl_->opt.fast_tier);
+  impl_->prepare_step(step, tiers);
   auto r = save_impl(step, blobs, meta, save_options);
   impl_->counters.blocked_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (r) {
@@ -870,29 +932,36 @@ std::optional<std::uint64_t> Checkpointer::latest() {
 
 std::vector<Reader> Checkpointer::candidates(std::optional<std::uint64_t> step) {
   Impl& im = *impl_;
-  std::map<std::uint64_t, std::vector<std::string>, std::greater<>> paths;  // newest first; fast tier first
   std::vector<std::string> tiers;
   if (im.opt.fast_tier) tiers.push_back(*im.opt.fast_tier);
   tiers.push_back(im.opt.root);
-  for (const auto& t : tiers) {
-    for (const auto& e : list(t, false)) {
-      if (step && e.step != *step) continue;
-      if (e.committed) paths[e.step].push_back(e.path);
-      else if (parse_step_dir_name(fs::path(e.path).filename().string()))
-        im.warn(fmt::format("skipping step {}: {}", e.step, e.problem));
-    }
-  }
   std::vector<Reader> out;
-  for (const auto& [s, ps] : paths) {
-    for (const auto& p : ps) {
-      auto r = Reader::open(p);
-      if (r) {
-        out.push_back(std::move(*r));
-      } else if (fs::exists(p)) {
-        // Retention may have removed it since it was listed: not a problem.
-        im.warn(fmt::format("skipping step {}: {}", s, r.error().message));
+  // A writer's retention may remove every step listed before they are
+  // opened (it commits a newer one first): then list again.
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    std::map<std::uint64_t, std::vector<std::string>, std::greater<>> paths;  // newest first; fast tier first
+    for (const auto& t : tiers) {
+      for (const auto& e : list(t, false)) {
+        if (step && e.step != *step) continue;
+        if (e.committed) paths[e.step].push_back(e.path);
+        else if (parse_step_dir_name(fs::path(e.path).filename().string()) && fs::exists(e.path))
+          im.warn(fmt::format("skipping step {}: {}", e.step, e.problem));
       }
     }
+    int vanished = 0;
+    for (const auto& [s, ps] : paths) {
+      for (const auto& p : ps) {
+        auto r = Reader::open(p);
+        if (r) {
+          out.push_back(std::move(*r));
+        } else if (fs::exists(p)) {
+          im.warn(fmt::format("skipping step {}: {}", s, r.error().message));
+        } else {
+          ++vanished;  // removed by retention since it was listed: not a problem
+        }
+      }
+    }
+    if (!out.empty() || vanished == 0) break;
   }
   return out;
 }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -27,9 +28,38 @@ nlohmann::json manifest_body(const Manifest& m);
 
 // fsync of a directory, so renames and creations in it are durable.
 void sync_dir(const std::string& dir);
-Status remove_checkpoint_dir(const std::string& path);
-// Steps to delete from a tier, given its committed steps newest first.
+// Removes a step directory (or a damaged or partial one): false, and nothing
+// done, while a Reader holds it.
+Expected<bool> remove_checkpoint_dir(const std::string& path);
+
+// A damaged step moved aside by a save of the same step lives in
+// ".damaged-step-<step>-<UTC time>-<pid>": never a checkpoint, listed as
+// damaged, removed by `pacer ckpt prune --remove-damaged`.
+inline constexpr const char* kDamagedPrefix = ".damaged-";
+std::string damaged_dir_name(std::uint64_t step, int pid);
+std::optional<std::uint64_t> parse_damaged_dir_name(const std::string& name);
+// Renames a damaged step directory to its .damaged-* name; an error when a
+// Reader holds it. Returns the new path.
+Expected<std::string> move_aside_damaged(const std::string& step_dir, std::uint64_t step);
+
+// Checks every checksum of a step, or answers from this process's cache of
+// earlier checks of the same bytes.
+Status verify_step(const std::string& step_dir);
+// Records a step this process has just written as valid without reading it back.
+void note_verified(const std::string& step_dir, const Manifest& m);
+
+// Steps to delete from a tier, given its valid-candidate steps newest first.
 std::vector<std::uint64_t> retention_victims(const std::vector<std::uint64_t>& committed_desc, int keep_last, int keep_every);
+
+// What retention would do to one directory (see prune() in checkpoint.hpp).
+struct RetentionPlan {
+  std::optional<std::uint64_t> newest_valid;
+  std::vector<std::uint64_t> victims;  // newest first
+  std::vector<std::uint64_t> kept;
+  std::vector<Entry> damaged;
+  std::map<std::uint64_t, std::string> paths;  // of the candidates
+};
+RetentionPlan plan_retention(const std::string& root, int keep_last, int keep_every);
 // rename(2) that refuses to replace an existing target where the filesystem allows.
 Status rename_no_replace(const std::string& from, const std::string& to);
 

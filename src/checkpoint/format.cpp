@@ -1,5 +1,7 @@
 // The on-disk format: manifests, step directories, checksummed reads, listing and retention.
 #include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <fmt/format.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -7,9 +9,12 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <chrono>
+#include <ctime>
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <set>
 
 #include "ckpt_internal.hpp"
@@ -27,7 +32,8 @@ const std::map<std::string, std::size_t>& dtypes() {
   static const std::map<std::string, std::size_t> kTypes = {
       {"bytes", 1},   {"bool", 1},    {"int8", 1},    {"uint8", 1},   {"int16", 2},   {"uint16", 2},
       {"int32", 4},   {"uint32", 4},  {"int64", 8},   {"uint64", 8},  {"float16", 2}, {"bfloat16", 2},
-      {"float32", 4}, {"float64", 8}, {"complex64", 8}, {"complex128", 16}};
+      {"float32", 4}, {"float64", 8}, {"complex64", 8}, {"complex128", 16},
+      {"float8_e4m3fn", 1}, {"float8_e5m2", 1}, {"float8_e4m3fnuz", 1}, {"float8_e5m2fnuz", 1}, {"float8_e8m0fnu", 1}};
   return kTypes;
 }
 
@@ -142,14 +148,39 @@ Expected<Manifest> manifest_from_json(const std::string& text, const std::string
 
 Expected<Reader> Reader::open(const std::string& step_dir) {
   const std::string path = (fs::path(step_dir) / kManifestName).string();
+  // The shared lock comes first, so that once the manifest is read nobody
+  // deletes the step under this reader (deleters take it exclusively, without
+  // waiting, and skip a step that is being read). Where the filesystem has no
+  // flock (some network filesystems) deletion is not held off.
+  const int dfd = ::open(step_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  // Out of descriptors (candidates() of a root that keeps thousands of
+  // steps): open it unlocked rather than not at all.
+  if (dfd < 0 && errno != EMFILE && errno != ENFILE)
+    return Error{ErrorKind::kConfig, fmt::format("{}: cannot open: {} (no manifest: not a committed checkpoint)", step_dir, std::strerror(errno))};
+  std::shared_ptr<const int> lock;
+  if (dfd >= 0) {
+    lock.reset(new int(dfd), [](const int* fd) {
+      ::close(*fd);
+      delete fd;
+    });
+    while (::flock(dfd, LOCK_SH) != 0 && errno == EINTR) {
+    }
+    // A deleter that won the lock has renamed the directory away by now, and
+    // a new save may have put another directory under the name: read only
+    // the directory that is locked.
+    struct stat locked {}, named {};
+    if (::fstat(dfd, &locked) != 0 || ::stat(step_dir.c_str(), &named) != 0 || locked.st_ino != named.st_ino ||
+        locked.st_dev != named.st_dev)
+      return Error{ErrorKind::kConfig, fmt::format("{}: removed while being opened (no manifest: not a committed checkpoint)", step_dir)};
+  }
   auto text = read_file(path);
   if (!text) return Error{ErrorKind::kConfig, text.error().message + " (no manifest: not a committed checkpoint)"};
   auto m = manifest_from_json(*text, path);
   if (!m) return m.error();
   // A checkpoint copied or renamed under another step's name must not pass
   // for that step.
-  if (auto named = parse_step_dir_name(fs::path(step_dir).filename().string()); named && *named != m->step)
-    return Error{ErrorKind::kConfig, fmt::format("{}: manifest is for step {}, but the directory is step {}", path, m->step, *named)};
+  if (auto named_step = parse_step_dir_name(fs::path(step_dir).filename().string()); named_step && *named_step != m->step)
+    return Error{ErrorKind::kConfig, fmt::format("{}: manifest is for step {}, but the directory is step {}", path, m->step, *named_step)};
   for (const auto& [name, size] : m->files) {
     std::error_code ec;
     const auto actual = fs::file_size(fs::path(step_dir) / name, ec);
@@ -160,6 +191,7 @@ Expected<Reader> Reader::open(const std::string& step_dir) {
   Reader r;
   r.dir_ = step_dir;
   r.manifest_ = std::move(*m);
+  r.dir_lock_ = std::move(lock);
   return r;
 }
 
@@ -265,6 +297,25 @@ Status Reader::verify_all() {
   return {};
 }
 
+std::string damaged_dir_name(std::uint64_t step, int pid) {
+  const auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm tm{};
+  ::gmtime_r(&now, &tm);
+  char when[32];
+  std::strftime(when, sizeof when, "%Y%m%dT%H%M%SZ", &tm);
+  return fmt::format("{}{}-{}-{}", kDamagedPrefix, step_dir_name(step), when, pid);
+}
+
+std::optional<std::uint64_t> parse_damaged_dir_name(const std::string& name) {
+  const std::string prefix = std::string(kDamagedPrefix) + "step-";
+  if (name.rfind(prefix, 0) != 0) return std::nullopt;
+  std::uint64_t v = 0;
+  const char* end = name.data() + name.size();
+  auto [p, ec] = std::from_chars(name.data() + prefix.size(), end, v);
+  if (ec != std::errc() || p == end || *p != '-') return std::nullopt;
+  return v;
+}
+
 std::vector<Entry> list(const std::string& root, bool verify) {
   std::vector<Entry> out;
   std::error_code ec;
@@ -290,20 +341,53 @@ std::vector<Entry> list(const std::string& root, bool verify) {
       en.step = tmp->step;
       en.partial = true;
       en.problem = "partial: a save that never committed";
+    } else if (auto moved = parse_damaged_dir_name(name)) {
+      en.step = *moved;
+      en.damaged = true;
+      en.problem = "damaged: moved aside by a new save of this step (pacer ckpt prune --remove-damaged removes it)";
+      std::error_code fec;
+      for (const auto& f : fs::directory_iterator(e.path(), fec))
+        if (f.is_regular_file(fec)) en.bytes += f.file_size(fec);
     } else {
       continue;
     }
     out.push_back(std::move(en));
   }
   std::sort(out.begin(), out.end(), [](const Entry& a, const Entry& b) {
-    return a.step != b.step ? a.step > b.step : a.committed > b.committed;
+    if (a.step != b.step) return a.step > b.step;
+    if (a.committed != b.committed) return a.committed > b.committed;
+    return a.path < b.path;
   });
   return out;
 }
 
-Status remove_checkpoint_dir(const std::string& path) {
+namespace {
+
+// Opens the directory and takes its lock exclusively without waiting: false
+// when a Reader holds it. Filesystems without flock count as unlocked.
+Expected<std::shared_ptr<const int>> lock_for_removal(const std::string& path) {
+  const int dfd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) return Error{ErrorKind::kIo, fmt::format("{}: cannot open: {}", path, std::strerror(errno))};
+  std::shared_ptr<const int> fd(new int(dfd), [](const int* p) {
+    ::close(*p);
+    delete p;
+  });
+  int rc;
+  while ((rc = ::flock(dfd, LOCK_EX | LOCK_NB)) != 0 && errno == EINTR) {
+  }
+  if (rc != 0 && errno == EWOULDBLOCK) return std::shared_ptr<const int>();
+  return fd;
+}
+
+}  // namespace
+
+Expected<bool> remove_checkpoint_dir(const std::string& path) {
+  auto lock = lock_for_removal(path);
+  if (!lock) return Error{ErrorKind::kIo, fmt::format("{}: cannot remove: {}", path, lock.error().message)};
+  if (!*lock) return false;  // being read: the next retention tries again
   // Renamed away first: a directory that is half deleted must not keep a
-  // name that looks like a checkpoint.
+  // name that looks like a checkpoint. The lock stays held until it is gone,
+  // so a reader that opened the name just before the rename finds it moved.
   const fs::path p(path);
   const fs::path doomed = p.parent_path() / fmt::format(".deleting-{}-{}", p.filename().string(), ::getpid());
   if (::rename(path.c_str(), doomed.c_str()) != 0)
@@ -311,7 +395,74 @@ Status remove_checkpoint_dir(const std::string& path) {
   sync_dir(p.parent_path().string());
   std::error_code ec;
   fs::remove_all(doomed, ec);
-  return {};
+  return true;
+}
+
+Expected<std::string> move_aside_damaged(const std::string& step_dir, std::uint64_t step) {
+  auto lock = lock_for_removal(step_dir);
+  if (!lock) return lock.error();
+  if (!*lock) return Error{ErrorKind::kIo, fmt::format("{}: damaged, but being read: not moved aside", step_dir)};
+  const fs::path p(step_dir);
+  const std::string to = (p.parent_path() / damaged_dir_name(step, ::getpid())).string();
+  if (Status st = rename_no_replace(step_dir, to); !st) return st.error();
+  sync_dir(p.parent_path().string());
+  return to;
+}
+
+namespace {
+
+// Verification results of this process, keyed by what identifies the bytes:
+// the directory, its manifest's checksum and its files' sizes and
+// modification times.
+struct VerifyCache {
+  std::mutex mu;
+  std::map<std::string, std::string> results;  // key -> "" (valid) or the problem
+};
+VerifyCache& verify_cache() {
+  static VerifyCache c;
+  return c;
+}
+
+std::string verify_key(const std::string& step_dir, const Manifest& m) {
+  std::error_code ec;
+  const fs::path dir = fs::absolute(step_dir, ec).lexically_normal();
+  const std::string body = manifest_body(m).dump();
+  std::string key = fmt::format("{}|{}", dir.string(), hex(XXH3_64bits(body.data(), body.size())));
+  for (const auto& [name, size] : m.files) {
+    struct stat st {};
+    if (::stat((dir / name).c_str(), &st) != 0) return "";  // missing: never cached
+    key += fmt::format("|{}:{}:{}.{}", name, st.st_size, st.st_mtim.tv_sec, st.st_mtim.tv_nsec);
+  }
+  return key;
+}
+
+void remember(const std::string& key, const std::string& problem) {
+  if (key.empty()) return;
+  auto& c = verify_cache();
+  std::lock_guard g(c.mu);
+  if (c.results.size() >= 4096) c.results.clear();  // bounded: a long run saves many steps
+  c.results[key] = problem;
+}
+
+}  // namespace
+
+void note_verified(const std::string& step_dir, const Manifest& m) { remember(verify_key(step_dir, m), ""); }
+
+Status verify_step(const std::string& step_dir) {
+  auto r = Reader::open(step_dir);
+  if (!r) return r.error();
+  const std::string key = verify_key(step_dir, r->manifest());
+  if (!key.empty()) {
+    auto& c = verify_cache();
+    std::lock_guard g(c.mu);
+    if (auto it = c.results.find(key); it != c.results.end()) {
+      if (it->second.empty()) return {};
+      return Error{ErrorKind::kConfig, it->second};
+    }
+  }
+  Status st = r->verify_all();
+  remember(key, st ? "" : st.error().message);
+  return st;
 }
 
 std::vector<std::uint64_t> retention_victims(const std::vector<std::uint64_t>& committed_desc, int keep_last, int keep_every) {
@@ -326,21 +477,72 @@ std::vector<std::uint64_t> retention_victims(const std::vector<std::uint64_t>& c
   return victims;
 }
 
-Expected<std::vector<std::uint64_t>> prune(const std::string& root, int keep_last, int keep_every) {
+RetentionPlan plan_retention(const std::string& root, int keep_last, int keep_every) {
+  RetentionPlan plan;
+  std::vector<std::uint64_t> candidates;
+  for (auto& e : list(root, false)) {
+    if (e.partial) continue;  // a save in progress, or the leftover of a dead one: not retention's business
+    if (e.damaged || !e.committed) {
+      plan.damaged.push_back(std::move(e));
+      continue;
+    }
+    // Newest first: the first step that verifies is the newest valid one.
+    // Only newer steps are read in full, so the cost is one step's read in
+    // the usual case (none when this process committed it).
+    if (!plan.newest_valid) {
+      if (Status st = verify_step(e.path); !st) {
+        e.problem = st.error().message;
+        plan.damaged.push_back(std::move(e));
+        continue;
+      }
+      plan.newest_valid = e.step;
+    }
+    plan.paths[e.step] = e.path;
+    candidates.push_back(e.step);
+  }
+  plan.victims = retention_victims(candidates, keep_last, keep_every);
+  const std::set<std::uint64_t> doomed(plan.victims.begin(), plan.victims.end());
+  for (auto s : candidates)
+    if (!doomed.count(s)) plan.kept.push_back(s);
+  return plan;
+}
+
+Expected<PruneResult> prune(const std::string& root, const PruneOptions& o) {
   if (!fs::is_directory(root)) return Error{ErrorKind::kUsage, fmt::format("{}: not a directory", root)};
-  std::vector<std::uint64_t> committed;
-  std::map<std::uint64_t, std::string> paths;
-  for (const auto& e : list(root, false)) {
-    if (!e.committed) continue;
-    committed.push_back(e.step);
-    paths[e.step] = e.path;
+  if (o.keep_last < 1) return Error{ErrorKind::kUsage, "keep_last must be at least 1"};
+  if (o.keep_every < 0) return Error{ErrorKind::kUsage, "keep_every must not be negative"};
+  RetentionPlan plan = plan_retention(root, o.keep_last, o.keep_every);
+  PruneResult out;
+  out.newest_valid = plan.newest_valid;
+  out.kept = plan.kept;
+  out.damaged = plan.damaged;
+  auto failed = [&](const Error& e) {
+    std::string done;
+    for (auto s : out.removed) done += (done.empty() ? "" : ", ") + std::to_string(s);
+    return Error{e.kind, done.empty() ? e.message : fmt::format("{} (after removing step(s) {})", e.message, done)};
+  };
+  for (auto s : plan.victims) {
+    if (o.dry_run) {
+      out.removed.push_back(s);
+      continue;
+    }
+    auto gone = remove_checkpoint_dir(plan.paths[s]);
+    if (!gone) return failed(gone.error());
+    (*gone ? out.removed : out.busy).push_back(s);
   }
-  std::vector<std::uint64_t> removed;
-  for (auto s : retention_victims(committed, keep_last, keep_every)) {
-    if (Status st = remove_checkpoint_dir(paths[s]); !st) return st.error();
-    removed.push_back(s);
+  if (o.remove_damaged) {
+    for (const auto& d : plan.damaged) {
+      if (o.dry_run) {
+        out.removed_damaged.push_back(d.path);
+        continue;
+      }
+      auto gone = remove_checkpoint_dir(d.path);
+      if (!gone) return failed(gone.error());
+      if (*gone) out.removed_damaged.push_back(d.path);
+      else out.busy.push_back(d.step);
+    }
   }
-  return removed;
+  return out;
 }
 
 }  // namespace pacer::ckpt

@@ -159,8 +159,9 @@ TEST(Checkpointer, RetentionKeepsLastNAndMultiples) {
   std::vector<std::uint64_t> steps;
   for (const auto& e : list(dir.path(), false)) steps.push_back(e.step);
   EXPECT_EQ(steps, (std::vector<std::uint64_t>{9, 8, 4}));
-  auto pruned = prune(dir.path(), 1, 0).value();
-  EXPECT_EQ(pruned, (std::vector<std::uint64_t>{8, 4}));
+  auto pruned = prune(dir.path(), {.keep_last = 1}).value();
+  EXPECT_EQ(pruned.removed, (std::vector<std::uint64_t>{8, 4}));
+  EXPECT_EQ(pruned.newest_valid, std::optional<std::uint64_t>(9));
   EXPECT_EQ(list(dir.path(), false).size(), 1u);
 }
 
@@ -179,18 +180,22 @@ TEST(Checkpointer, FastTierFlushesToPersistentAndIsPreferred) {
   for (const char* tier : {"/fast/", "/persistent/"})
     EXPECT_TRUE(fs::exists(dir.path() + tier + step_dir_name(2) + "/MANIFEST.json")) << tier;
 
-  auto r = ck->open_reader(std::nullopt).value();
-  EXPECT_EQ(r.manifest().step, 2u);
-  EXPECT_EQ(fs::path(r.dir()).parent_path(), fs::path(dir.path() + "/fast"));
+  {
+    auto r = ck->open_reader(std::nullopt).value();
+    EXPECT_EQ(r.manifest().step, 2u);
+    EXPECT_EQ(fs::path(r.dir()).parent_path(), fs::path(dir.path() + "/fast"));
+  }
+  {
+    // A corrupt fast copy: the persistent copy of the same step is used.
+    flip_byte(dir.path() + "/fast/" + step_dir_name(2) + "/rank-00000.bin", 100);
+    auto r2 = ck->open_reader(std::nullopt).value();
+    EXPECT_EQ(r2.manifest().step, 2u);
+    EXPECT_EQ(fs::path(r2.dir()).parent_path(), fs::path(dir.path() + "/persistent"));
+    EXPECT_EQ(read_all(r2, "x", d2.size()), d2);
+  }
 
-  // A corrupt fast copy: the persistent copy of the same step is used.
-  flip_byte(dir.path() + "/fast/" + step_dir_name(2) + "/rank-00000.bin", 100);
-  auto r2 = ck->open_reader(std::nullopt).value();
-  EXPECT_EQ(r2.manifest().step, 2u);
-  EXPECT_EQ(fs::path(r2.dir()).parent_path(), fs::path(dir.path() + "/persistent"));
-  EXPECT_EQ(read_all(r2, "x", d2.size()), d2);
-
-  // Retention ran on both tiers.
+  // Retention ran on both tiers (the readers above are gone: a live Reader
+  // keeps its step).
   for (std::uint64_t s = 3; s <= 5; ++s) ASSERT_TRUE(ck->save(s, {view("x", d1)})->wait_persistent());
   EXPECT_EQ(list(dir.path() + "/fast", false).size(), 2u);
   EXPECT_EQ(list(dir.path() + "/persistent", false).size(), 2u);

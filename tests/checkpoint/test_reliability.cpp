@@ -801,6 +801,57 @@ TEST_F(DiskFull, EveryFillLevelCommitsOrFailsCleanly) {
               failed_at_manifest);
 }
 
+// A root whose disk is full: saves fail naming the cause, retention removes
+// nothing to make room, a damaged step is still moved aside (a rename needs
+// no space) and the newest valid step stays loadable; prune then frees space.
+TEST_F(DiskFull, FullRootKeepsTheNewestValidStepLoadable) {
+  Mount("4m");
+  if (IsSkipped() || HasFatalFailure()) return;
+  const std::string root = mnt().dir() + "/ckpt";
+  ckpt::Options opt = small_options(root);
+  opt.keep_last = 2;
+  Opened o = open_ck(opt);
+  ASSERT_TRUE(o.ck);
+  const auto a = pattern(11, 700 << 10), b = pattern(12, 700 << 10);
+  ASSERT_TRUE(save_and_wait(*o.ck, 1, {view("w", a)}, {{"step", 1}}));
+  ASSERT_TRUE(save_and_wait(*o.ck, 2, {view("w", b)}, {{"step", 2}}));
+  {
+    std::ofstream f(mnt().dir() + "/filler", std::ios::binary);
+    const std::string zeros(mnt().free_bytes(), '\0');
+    f << zeros;
+  }
+  pacer::Status st = save_and_wait(*o.ck, 3, {view("w", a)}, {{"step", 3}});
+  ASSERT_FALSE(st);
+  EXPECT_TRUE(contains(st.error().message, "No space left on device")) << st.error().message;
+  EXPECT_TRUE(contains(st.error().message, root)) << st.error().message;
+  EXPECT_EQ(o.ck->latest(), std::optional<std::uint64_t>(2));
+  // Step 2 rots; a load falls back to 1; training saves step 2 again on the full disk.
+  {
+    const std::string data = root + "/" + ckpt::step_dir_name(2) + "/rank-00000.bin";
+    std::fstream f(data, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    f.put('\x5a');
+  }
+  EXPECT_EQ(o.ck->latest(), std::optional<std::uint64_t>(1));
+  st = save_and_wait(*o.ck, 2, {view("w", b)}, {{"step", 2}});
+  ASSERT_FALSE(st);
+  EXPECT_TRUE(contains(st.error().message, "No space left on device")) << st.error().message;
+  bool moved = false;
+  for (const auto& e : ckpt::list(root, false)) moved = moved || (e.damaged && e.step == 2);
+  EXPECT_TRUE(moved) << "the damaged step 2 was not moved aside";
+  auto r = o.ck->open_reader();
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_EQ(r->manifest().step, 1u);
+  EXPECT_EQ(read_blob(*r, "w").first, a);
+  // Removing the damaged copy frees its space; step 1 stays.
+  auto p = ckpt::prune(root, {.keep_last = 1, .remove_damaged = true});
+  ASSERT_TRUE(p) << p.error().message;
+  EXPECT_EQ(p->newest_valid, std::optional<std::uint64_t>(1));
+  EXPECT_EQ(p->removed_damaged.size(), 1u);
+  EXPECT_TRUE(save_and_wait(*o.ck, 2, {view("w", b)}, {{"step", 2}}));
+  EXPECT_EQ(o.ck->latest(), std::optional<std::uint64_t>(2));
+}
+
 // With a fast tier, wait() returns once the fast tier holds the step; a full
 // persistent tier then fails the flush (wait_persistent) cleanly and the fast
 // copy stays the newest checkpoint. Both tiers on one tmpfs, so the copy

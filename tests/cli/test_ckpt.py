@@ -8,6 +8,7 @@ python running these tests needs neither numpy nor the module.
 import json
 import os
 import shutil
+import struct
 import subprocess
 import tempfile
 import unittest
@@ -43,6 +44,37 @@ def step_dir(root, step):
     return os.path.join(root, f"step-{step:012d}")
 
 
+def read_safetensors(path):
+    """(header, {name: bytes}) of a safetensors file, read as the format describes it."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n].decode())
+    base = 8 + n
+    data = {k: raw[base + v["data_offsets"][0]:base + v["data_offsets"][1]]
+            for k, v in header.items() if k != "__metadata__"}
+    return n, header, data
+
+
+# Loads a safetensors file into torch tensors with a reader written here (no
+# safetensors package in Debian) and prints name, dtype, shape and sum.
+TORCH_LOADER = r"""
+import json, struct, sys, torch
+raw = open(sys.argv[1], "rb").read()
+(n,) = struct.unpack("<Q", raw[:8])
+header = json.loads(raw[8:8 + n])
+types = {"F32": torch.float32, "I64": torch.int64, "BF16": torch.bfloat16, "F16": torch.float16}
+out = {}
+for k, v in header.items():
+    if k == "__metadata__":
+        continue
+    b, e = v["data_offsets"]
+    t = torch.frombuffer(bytearray(raw[8 + n + b:8 + n + e]), dtype=types[v["dtype"]]).reshape(v["shape"])
+    out[k] = [str(t.dtype), list(t.shape), float(t.double().sum())]
+print(json.dumps(out))
+"""
+
+
 
 class CkptCli(unittest.TestCase):
     def setUp(self):
@@ -74,7 +106,7 @@ class CkptCli(unittest.TestCase):
     def test_help(self):
         r = pacer("ckpt", "--help")
         self.assertEqual(r.returncode, 0)
-        for sub in ["ls", "verify", "prune", "inspect", "interval"]:
+        for sub in ["ls", "verify", "prune", "inspect", "export", "interval"]:
             self.assertIn(sub, r.stdout)
         self.assertIn("Exit codes", r.stdout)
 
@@ -248,6 +280,137 @@ class CkptCli(unittest.TestCase):
         self.assertIn("--keep-last", r.stderr)
         self.assertEqual(pacer("ckpt", "prune", self.root).returncode, 2)  # --keep-last is required
         self.assertEqual(self.committed(), [1, 2])
+
+    def test_prune_keeps_the_newest_valid_step_when_the_newest_is_damaged(self):
+        # The issue's case: before, --keep-last 1 removed every valid step.
+        self.make([1, 2, 3], partial=False)
+        self.corrupt(3)
+        r = pacer("ckpt", "prune", self.root, "--keep-last", "1", "--json")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        j = json.loads(r.stdout)
+        self.assertEqual(j["newest_valid"], 2)
+        self.assertEqual(j["removed"], [1])
+        self.assertEqual(j["kept"], [2])
+        self.assertEqual([(d["step"], d["removed"], d["moved_aside"]) for d in j["damaged"]], [(3, False, False)])
+        self.assertIn("checksum mismatch", j["damaged"][0]["problem"])
+        self.assertEqual(self.committed(), [2, 3])
+        r = pacer("ckpt", "prune", self.root, "--keep-last", "1")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("damaged step 3 left in place", r.stdout)
+        self.assertIn("--remove-damaged", r.stdout)
+        r = pacer("ckpt", "prune", self.root, "--keep-last", "1", "--remove-damaged")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("removed damaged step 3", r.stdout)
+        self.assertEqual(self.committed(), [2])
+        self.assertEqual(pacer("ckpt", "verify", self.root).returncode, 0)
+
+    def test_prune_with_nothing_valid_exits_1_and_removes_nothing(self):
+        self.make([1, 2], partial=False)
+        self.corrupt(1)
+        self.corrupt(2)
+        r = pacer("ckpt", "prune", self.root, "--keep-last", "1")
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertEqual(self.committed(), [1, 2])
+
+    def test_prune_dry_run_changes_nothing(self):
+        self.make([1, 2, 3, 4])
+        self.corrupt(4)
+        def snapshot():
+            return sorted((os.path.relpath(os.path.join(d, f), self.root), os.path.getsize(os.path.join(d, f)))
+                          for d, _, fs in os.walk(self.root) for f in fs)
+        before = snapshot()
+        r = pacer("ckpt", "prune", self.root, "--keep-last", "1", "--remove-damaged", "--dry-run")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("would remove step 2", r.stdout)
+        self.assertIn("would remove step 1", r.stdout)
+        self.assertIn("would remove damaged step 4", r.stdout)
+        self.assertIn("nothing was changed", r.stdout)
+        r = pacer("ckpt", "prune", self.root, "--keep-last", "1", "--dry-run", "--json")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        j = json.loads(r.stdout)
+        self.assertTrue(j["dry_run"])
+        self.assertEqual(j["removed"], [2, 1])
+        self.assertEqual(j["kept"], [3])
+        self.assertEqual(snapshot(), before)
+
+    def test_ls_shows_moved_aside_steps_as_damaged(self):
+        self.make([1, 2], partial=False)
+        aside = os.path.join(self.root, ".damaged-step-000000000002-20261201T081500Z-42")
+        os.rename(step_dir(self.root, 2), aside)
+        r = pacer("ckpt", "ls", self.root, "--verify")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)  # what is left verifies
+        row = [line for line in r.stdout.splitlines() if aside in line][0]
+        self.assertIn("damaged", row)
+        j = json.loads(pacer("ckpt", "ls", self.root, "--json").stdout)
+        by_path = {c["path"]: c for c in j["checkpoints"]}
+        self.assertTrue(by_path[aside]["damaged"])
+        self.assertFalse(by_path[aside]["committed"])
+        self.assertEqual(by_path[aside]["step"], 2)
+        self.assertEqual(pacer("ckpt", "verify", self.root).returncode, 0)  # not a checkpoint any more
+        r = pacer("ckpt", "prune", self.root, "--keep-last", "3", "--remove-damaged", "--json")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertEqual([(d["path"], d["removed"], d["moved_aside"]) for d in json.loads(r.stdout)["damaged"]], [(aside, True, True)])
+        self.assertFalse(os.path.exists(aside))
+        self.assertEqual(self.committed(), [1])
+
+    def test_export_safetensors(self):
+        self.make([1, 2], partial=False)
+        out = os.path.join(self.tmp.name, "hf")
+        r = pacer("ckpt", "export", self.root, "--safetensors", out, "--prefix", "", "--json")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        j = json.loads(r.stdout)
+        self.assertEqual(j["schema"], "pacer.ckpt.export/1")
+        self.assertEqual(j["step"], 2)
+        self.assertEqual(j["files"], [os.path.join(out, "model.safetensors")])
+        self.assertEqual(j["tensors"], 2)  # weight and count; the bytes blob is not a tensor
+        n, header, data = read_safetensors(os.path.join(out, "model.safetensors"))
+        self.assertEqual((8 + n) % 8, 0)
+        self.assertEqual(header["__metadata__"], {"format": "pt"})
+        self.assertEqual(header["weight"]["dtype"], "F32")
+        self.assertEqual(header["weight"]["shape"], [30, 100])
+        self.assertEqual(header["count"], {"dtype": "I64", "shape": [], "data_offsets": header["count"]["data_offsets"]})
+        self.assertNotIn("tokens", header)
+        self.assertEqual(list(struct.unpack("<3000f", data["weight"])), [float(v) for v in range(20000, 23000)])
+        self.assertEqual(struct.unpack("<q", data["count"]), (2,))
+
+        # Sharded: the index maps each tensor to its file.
+        r = pacer("ckpt", "export", self.root, "--step", "1", "--safetensors", out, "--prefix", "", "--max-shard-size", "5KB")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("exported step 1", r.stdout)
+        with open(os.path.join(out, "model.safetensors.index.json")) as f:
+            index = json.load(f)
+        self.assertEqual(index["weight_map"], {"count": "model-00001-of-00002.safetensors",
+                                               "weight": "model-00002-of-00002.safetensors"})
+        self.assertEqual(index["metadata"]["total_size"], 12008)
+        self.assertFalse(os.path.exists(os.path.join(out, "model.safetensors")))
+        _, _, data = read_safetensors(os.path.join(out, "model-00002-of-00002.safetensors"))
+        self.assertEqual(struct.unpack("<3000f", data["weight"])[:2], (10000.0, 10001.0))
+
+        # No blob under the default prefix "model/": a usage error naming what there is.
+        r = pacer("ckpt", "export", self.root, "--safetensors", out)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn("'model/...'", r.stderr)
+        self.assertIn("weight", r.stderr)
+        self.assertEqual(pacer("ckpt", "export", self.root).returncode, 2)  # --safetensors is required
+        r = pacer("ckpt", "export", self.root, "--safetensors", out, "--max-shard-size", "lots")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--max-shard-size", r.stderr)
+
+    def test_export_loads_in_torch(self):
+        torch_python = "/usr/bin/python3"
+        if subprocess.run([torch_python, "-c", "import torch"], capture_output=True).returncode != 0:
+            self.skipTest("no torch for /usr/bin/python3")
+        self.make([3], partial=False)
+        out = os.path.join(self.tmp.name, "hf")
+        r = pacer("ckpt", "export", self.root, "--safetensors", out, "--prefix", "")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        r = subprocess.run([torch_python, "-c", TORCH_LOADER, os.path.join(out, "model.safetensors")],
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        got = json.loads(r.stdout)
+        self.assertEqual(got["weight"][:2], ["torch.float32", [30, 100]])
+        self.assertEqual(got["weight"][2], float(sum(range(30000, 33000))))
+        self.assertEqual(got["count"], ["torch.int64", [], 3.0])
 
     def test_inspect(self):
         self.make([1, 2])

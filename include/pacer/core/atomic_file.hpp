@@ -14,6 +14,31 @@ namespace pacer {
 // the same path at once (the last rename wins).
 Status write_file_atomic(const std::string& path, std::string_view contents);
 
+// The same, for a file too large to hold in memory: written in pieces into
+// the temporary file, which becomes `path` only at commit(). Destroyed
+// without commit() (an error, an exception), the temporary file is removed.
+class AtomicFileWriter {
+ public:
+  static Expected<AtomicFileWriter> create(const std::string& path);
+  AtomicFileWriter(AtomicFileWriter&& o) noexcept;
+  AtomicFileWriter& operator=(AtomicFileWriter&& o) noexcept;
+  AtomicFileWriter(const AtomicFileWriter&) = delete;
+  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
+  ~AtomicFileWriter();
+
+  Status write(const void* data, std::size_t size);
+  // fsync, rename over the path, fsync of the directory.
+  Status commit();
+  const std::string& path() const { return path_; }
+
+ private:
+  AtomicFileWriter() = default;
+  void discard();
+  int fd_ = -1;
+  std::string path_;
+  std::string tmp_;
+};
+
 // Reads a whole file; the error names the path.
 Expected<std::string> read_file(const std::string& path);
 
