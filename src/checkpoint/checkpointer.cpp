@@ -85,6 +85,55 @@ Status rename_no_replace(const std::string& from, const std::string& to) {
   return Error{ErrorKind::kIo, fmt::format("cannot rename {} to {}: {}", from, to, std::strerror(err))};
 }
 
+std::vector<ReplicatedPiece> split_replicated(const std::vector<BlobView>& blobs, int ranks, std::uint64_t whole_below) {
+  constexpr std::uint64_t kCut = 4096;
+  std::vector<std::size_t> large, small;
+  for (std::size_t i = 0; i < blobs.size(); ++i)
+    if (blobs[i].layout == Layout::kReplicated) (blobs[i].size > 0 && blobs[i].size >= whole_below ? large : small).push_back(i);
+  auto by_name = [&](std::size_t a, std::size_t b) { return blobs[a].name < blobs[b].name; };
+  std::sort(large.begin(), large.end(), by_name);
+  std::vector<ReplicatedPiece> out;
+  const auto n = static_cast<std::uint64_t>(std::max(ranks, 1));
+  std::vector<std::uint64_t> load(n, 0);
+  // The large blobs, end to end, cut into n equal runs; each cut moves back to
+  // a 4 KiB boundary of the blob it falls in.
+  std::uint64_t total = 0;
+  for (auto i : large) total += blobs[i].size;
+  std::vector<std::uint64_t> cuts(n + 1, total);
+  for (std::uint64_t k = 0; k < n; ++k) {
+    const auto ideal = static_cast<std::uint64_t>(static_cast<unsigned __int128>(total) * k / n);
+    std::uint64_t start = 0;
+    for (auto i : large) {
+      if (ideal < start + blobs[i].size) {
+        cuts[k] = start + (ideal - start) / kCut * kCut;
+        break;
+      }
+      start += blobs[i].size;
+    }
+  }
+  std::uint64_t start = 0;
+  for (auto i : large) {
+    const std::uint64_t end = start + blobs[i].size;
+    for (std::uint64_t k = 0; k < n; ++k) {
+      const std::uint64_t lo = std::max(start, cuts[k]), hi = std::min(end, cuts[k + 1]);
+      if (lo >= hi) continue;
+      out.push_back({i, lo - start, hi - start, static_cast<int>(k)});
+      load[k] += hi - lo;
+    }
+    start = end;
+  }
+  // Small blobs whole, largest first, each to the least loaded rank.
+  std::sort(small.begin(), small.end(), [&](std::size_t a, std::size_t b) {
+    return blobs[a].size != blobs[b].size ? blobs[a].size > blobs[b].size : blobs[a].name < blobs[b].name;
+  });
+  for (auto i : small) {
+    const auto k = static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    out.push_back({i, 0, blobs[i].size, static_cast<int>(k)});
+    load[k] += blobs[i].size;
+  }
+  return out;
+}
+
 namespace {
 
 std::string utc_now() {
@@ -119,6 +168,70 @@ Status write_small_file(const std::string& path, const std::string& text) {
 constexpr std::uint64_t kAlign = 4096;
 std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
 
+// ---- replicated blobs across ranks ------------------------------------------
+
+// The part-manifest key of the digest of a rank's replicated blobs.
+constexpr const char* kReplicatedKey = "replicated_xxh3";
+
+std::string replicated_list_path(const std::string& tmp_dir, int rank) {
+  return fmt::format("{}/rank-{:05d}.replicated.json", tmp_dir, rank);
+}
+
+// [[name, dtype, shape, size], ...] of the replicated blobs, ordered by name:
+// what every rank must agree on before splitting the writing.
+std::string replicated_list(const std::vector<BlobView>& blobs) {
+  std::vector<const BlobView*> rep;
+  for (const auto& b : blobs)
+    if (b.layout == Layout::kReplicated) rep.push_back(&b);
+  std::sort(rep.begin(), rep.end(), [](const BlobView* a, const BlobView* b) { return a->name < b->name; });
+  json list = json::array();
+  for (const auto* b : rep) list.push_back({b->name, b->dtype, b->shape, b->size});
+  return list.dump();
+}
+
+std::string describe_replicated(const json& e) {
+  return fmt::format("{} {} ({} bytes)", e.at(1).get<std::string>(), e.at(2).dump(), e.at(3).get<std::uint64_t>());
+}
+
+// Why rank r's replicated blobs are not rank 0's, naming the first blob that
+// differs; the lists are the ranks' own files, read only on a mismatch.
+std::string replicated_difference(const std::string& tmp_dir, int r) {
+  auto a = read_file(replicated_list_path(tmp_dir, 0));
+  auto b = read_file(replicated_list_path(tmp_dir, r));
+  const json ja = a ? json::parse(*a, nullptr, false) : json();
+  const json jb = b ? json::parse(*b, nullptr, false) : json();
+  try {
+    std::map<std::string, json> theirs;
+    for (const auto& e : jb) theirs[e.at(0).get<std::string>()] = e;
+    for (const auto& e : ja) {
+      const std::string name = e.at(0).get<std::string>();
+      auto it = theirs.find(name);
+      if (it == theirs.end()) return fmt::format("blob '{}' is replicated on rank 0 but rank {} did not pass it", name, r);
+      if (it->second != e)
+        return fmt::format("blob '{}' is {} on rank 0 but {} on rank {}", name, describe_replicated(e), describe_replicated(it->second), r);
+      theirs.erase(it);
+    }
+    if (!theirs.empty()) return fmt::format("rank {} passed replicated blob '{}' that rank 0 did not", r, theirs.begin()->first);
+  } catch (const json::exception&) {
+  }
+  return "the lists differ";
+}
+
+// Rank 0's check of part r during a collective commit: every rank must have
+// split the same replicated list, or some bytes were written twice and others
+// never. Empty when it agrees; the side files go once every part agreed.
+std::string check_replicated(const json& part, int r, int ranks, const std::string& tmp_dir, std::uint64_t step,
+                             std::string& digest0) {
+  const std::string digest = part.contains(kReplicatedKey) && part[kReplicatedKey].is_string() ? part[kReplicatedKey].get<std::string>() : "";
+  if (r == 0) digest0 = digest;
+  if (digest.empty() || digest != digest0)
+    return fmt::format("step {}: rank {} was given other replicated blobs than rank 0 ({}); every rank must pass the same; nothing was committed",
+                       step, r, replicated_difference(tmp_dir, r));
+  if (r == ranks - 1)
+    for (int k = 0; k < ranks; ++k) ::unlink(replicated_list_path(tmp_dir, k).c_str());
+  return {};
+}
+
 // Fixed-size staging buffers, reused across saves so that steady-state saves
 // copy into memory that is already faulted in (and pinned, with CUDA).
 class StagingPool {
@@ -129,26 +242,11 @@ class StagingPool {
     for (auto& b : all_)
       if (pinned_.count(b.data())) hw::unpin_host_memory(b.data());
   }
-  // Blocks while every buffer is in use.
-  unsigned char* acquire() {
-    std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return !free_.empty() || all_.size() < max_buffers_; });
-    if (!free_.empty()) {
-      auto* b = free_.back();
-      free_.pop_back();
-      return b;
-    }
-    HostBuffer buf(buffer_bytes_, /*huge=*/true);  // faulted once, reused by every save
-    if (!buf) throw std::bad_alloc();
-    unsigned char* b = buf.data();
-    all_.push_back(std::move(buf));
-    lock.unlock();
-    if (pin_ && hw::pin_host_memory(b, buffer_bytes_)) {
-      std::lock_guard g(mu_);
-      pinned_.insert(b);
-    }
-    return b;
-  }
+  // Blocks while every buffer is in use. `device` >= 0: the buffer will take
+  // copies from that CUDA device (it is pinned from that device's context).
+  unsigned char* acquire(int device = -1) { return get(device, true); }
+  // nullptr instead of blocking.
+  unsigned char* try_acquire(int device = -1) { return get(device, false); }
   void release(unsigned char* b) {
     {
       std::lock_guard g(mu_);
@@ -163,6 +261,28 @@ class StagingPool {
   }
 
  private:
+  unsigned char* get(int device, bool block) {
+    std::unique_lock lock(mu_);
+    auto ready = [&] { return !free_.empty() || all_.size() < max_buffers_; };
+    if (!block && !ready()) return nullptr;
+    cv_.wait(lock, ready);
+    if (!free_.empty()) {
+      auto* b = free_.back();
+      free_.pop_back();
+      return b;
+    }
+    HostBuffer buf(buffer_bytes_, /*huge=*/true);  // faulted once, reused by every save
+    if (!buf) throw std::bad_alloc();
+    unsigned char* b = buf.data();
+    all_.push_back(std::move(buf));
+    lock.unlock();
+    if (pin_ && hw::pin_host_memory(b, buffer_bytes_, device)) {
+      std::lock_guard g(mu_);
+      pinned_.insert(b);
+    }
+    return b;
+  }
+
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<HostBuffer> all_;
@@ -211,6 +331,11 @@ struct Job {
   int rank = 0;
   bool failed = false;
   Error error;
+  // Several ranks: what this rank was given as replicated, for the commit to
+  // check that every rank split the same list (a digest, and the list itself
+  // to name the first difference).
+  std::string replicated_xxh3;
+  std::string replicated_list;
 };
 
 struct Task {
@@ -218,6 +343,7 @@ struct Task {
   std::shared_ptr<Job> job;
   unsigned char* buf = nullptr;
   std::vector<Piece> pieces;
+  std::optional<Error> abort;  // kEnd of a save that failed while staging
 };
 
 }  // namespace
@@ -238,6 +364,7 @@ struct Checkpointer::Impl {
   std::thread writer;
   std::thread flusher;
   std::shared_ptr<SaveHandle::State> pending_collective;
+  std::unique_ptr<hw::DeviceToHost> d2h;  // created by the first save of a device blob
   Checkpointer::Stats counters;  // saves, bytes_staged, blocked_s (caller's thread only)
 
   std::string first_tier() const { return opt.fast_tier ? *opt.fast_tier : opt.root; }
@@ -279,8 +406,15 @@ struct Checkpointer::Impl {
         t = std::move(tasks.front());
         tasks.pop_front();
       }
-      if (t.kind == Task::Kind::kChunk) write_chunk(t);
-      else end_job(*t.job);
+      if (t.kind == Task::Kind::kChunk) {
+        write_chunk(t);
+        continue;
+      }
+      if (t.abort && !t.job->failed) {
+        t.job->failed = true;
+        t.job->error = *t.abort;
+      }
+      end_job(*t.job);
     }
   }
 
@@ -333,8 +467,10 @@ struct Checkpointer::Impl {
     j.fd = -1;
     if (comm->size() > 1) {
       // Several ranks: write this rank's part; the commit is collective.
+      if (st) st = write_small_file(replicated_list_path(j.tmp_dir, j.rank), j.replicated_list);
       if (st) {
         json part = manifest_body(j.manifest);
+        part[kReplicatedKey] = j.replicated_xxh3;
         st = write_small_file(fmt::format("{}/rank-{:05d}.part.json", j.tmp_dir, j.rank), part.dump());
       }
       finish_local(j.state, st ? std::nullopt : std::optional<Error>(st.error()), false);
@@ -569,6 +705,7 @@ struct Checkpointer::Impl {
         m.step = s->step;
         m.world_size = comm->size();
         m.chunk_bytes = opt.chunk_bytes;
+        std::string replicated0;  // rank 0's digest of its replicated blobs
         for (int r = 0; r < comm->size() && result.empty(); ++r) {
           const std::string part = fmt::format("{}/rank-{:05d}.part.json", tmp_dir, r);
           auto text = read_file(part);
@@ -577,6 +714,7 @@ struct Checkpointer::Impl {
             result = fmt::format("{}: unreadable part manifest", part);
             break;
           }
+          if (result = check_replicated(j, r, comm->size(), tmp_dir, s->step, replicated0); !result.empty()) break;
           j["manifest_xxh3"] = "";
           j.erase("manifest_xxh3");
           // Reuse the full parser by giving the part its own checksum.
@@ -741,7 +879,9 @@ Status validate_save(std::uint64_t step, const std::vector<BlobView>& blobs, con
     if (!names.insert(b.name).second) return Error{ErrorKind::kUsage, fmt::format("blob '{}' given twice", b.name)};
     if (!valid_dtype(b.dtype)) return Error{ErrorKind::kUsage, fmt::format("blob '{}': unknown dtype '{}'", b.name, b.dtype)};
     if (b.size > 0 && !b.data) return Error{ErrorKind::kUsage, fmt::format("blob '{}': no data", b.name)};
-    if (b.device >= 0) return Error{ErrorKind::kUsage, fmt::format("blob '{}': device memory is not supported yet", b.name)};
+    if (b.device >= 0)
+      if (Status st = hw::cuda_device_usable(b.device); !st)
+        return Error{st.error().kind, fmt::format("blob '{}' is CUDA memory of device {}, but {}", b.name, b.device, st.error().message)};
     std::uint64_t elems = 1;
     for (auto d : b.shape) elems *= static_cast<std::uint64_t>(std::max<std::int64_t>(d, 0));
     if (!b.shape.empty() && b.dtype != "bytes" && elems * dtype_size(b.dtype) != b.size)
@@ -776,10 +916,7 @@ Expected<SaveHandle> Checkpointer::save(std::uint64_t step, const std::vector<Bl
   impl_->prepare_step(step, tiers);
   auto r = save_impl(step, blobs, meta, save_options);
   impl_->counters.blocked_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (r) {
-    ++impl_->counters.saves;
-    for (const auto& b : blobs) impl_->counters.bytes_staged += b.size;
-  }
+  if (r) ++impl_->counters.saves;
   return r;
 }
 
@@ -790,7 +927,7 @@ Checkpointer::Stats Checkpointer::stats() const {
 }
 
 Expected<SaveHandle> Checkpointer::save_impl(std::uint64_t step, const std::vector<BlobView>& blobs, const json& meta,
-                                             const SaveOptions& /*save_options*/) {
+                                             const SaveOptions& save_options) {
   Impl& im = *impl_;
   // Collectives stay in order: the previous step commits before this one starts.
   if (im.pending_collective) {
@@ -846,53 +983,148 @@ Expected<SaveHandle> Checkpointer::save_impl(std::uint64_t step, const std::vect
     return valid.error();
   }
 
-  // Lay the blobs out in one file per rank, each at a 4 KiB boundary.
+  // What this rank writes: its own blobs whole and, with several ranks, its
+  // share of the replicated ones (a byte range each, recorded as a shard of
+  // the blob unless it is the whole blob).
+  struct Write {
+    std::size_t view = 0;
+    std::uint64_t begin = 0, end = 0;
+  };
+  std::vector<Write> writes;
+  std::vector<std::vector<Write>> shares(blobs.size());
+  if (several) {
+    job->replicated_list = replicated_list(blobs);
+    job->replicated_xxh3 = fmt::format("{:016x}", XXH3_64bits(job->replicated_list.data(), job->replicated_list.size()));
+    for (const auto& p : split_replicated(blobs, im.comm->size()))
+      if (p.rank == job->rank) shares[p.blob].push_back({p.blob, p.begin, p.end});
+  }
+  for (std::size_t i = 0; i < blobs.size(); ++i) {
+    if (several && blobs[i].layout == Layout::kReplicated) writes.insert(writes.end(), shares[i].begin(), shares[i].end());
+    else writes.push_back({i, 0, blobs[i].size});
+  }
+
+  // Lay the writes out in one file per rank, each at a 4 KiB boundary.
   std::uint64_t offset = 0;
-  for (const auto& b : blobs) {
+  for (const auto& w : writes) {
+    const BlobView& b = blobs[w.view];
     BlobInfo info;
     info.name = b.name;
     info.rank = job->rank;
     info.file = fs::path(job->data_path).filename().string();
     info.offset = offset;
-    info.size = b.size;
+    info.size = w.end - w.begin;
     info.dtype = b.dtype;
-    info.shape = b.shape;
-    info.layout = b.layout;
-    info.shard_offset = b.shard_offset;
-    info.global_size = b.layout == Layout::kShard ? b.global_size : b.size;
-    info.global_shape = b.global_shape;
-    info.chunk_hashes.assign((b.size + m.chunk_bytes - 1) / m.chunk_bytes, 0);
+    if (b.layout == Layout::kReplicated && info.size != b.size) {
+      // Cut at 4 KiB of the blob: whole elements, a flat run of them.
+      info.layout = Layout::kShard;
+      if (!b.shape.empty() && b.dtype != "bytes") info.shape = {static_cast<std::int64_t>(info.size / dtype_size(b.dtype))};
+      info.shard_offset = w.begin;
+      info.global_size = b.size;
+      info.global_shape = b.shape;
+    } else {
+      info.shape = b.shape;
+      info.layout = b.layout;
+      info.shard_offset = b.shard_offset;
+      info.global_size = b.layout == Layout::kShard ? b.global_size : b.size;
+      info.global_shape = b.global_shape;
+    }
+    info.chunk_hashes.assign((info.size + m.chunk_bytes - 1) / m.chunk_bytes, 0);
     m.blobs.push_back(std::move(info));
-    offset = align_up(offset + b.size, kAlign);
+    offset = align_up(offset + w.end - w.begin, kAlign);
   }
 
   // Copy into staging buffers: large blobs fill whole buffers, small ones are
   // packed together so that many small tensors do not each take a buffer.
+  // Device blobs are queued on the side streams into as many buffers as are
+  // free; only when the pool runs dry do the copies so far have to land (and
+  // go to the writer) before more buffers come back.
   const std::uint64_t cap = im.pool->buffer_bytes();
   Task cur;
   std::uint64_t used = 0;
-  auto flush_cur = [&] {
-    if (cur.buf && !cur.pieces.empty()) im.push(std::move(cur));
-    else if (cur.buf) im.pool->release(cur.buf);
+  bool cur_queued = false;      // cur has device copies that may not have landed
+  bool queued = false;          // device copies queued since the last landing
+  std::vector<Task> landing;    // full buffers whose device copies may not have landed
+  std::set<int> ordered;        // devices whose side stream waits for the producer stream
+  std::uint64_t staged = 0;
+  auto close_cur = [&] {
+    if (cur.buf && !cur.pieces.empty()) {
+      if (cur_queued) landing.push_back(std::move(cur));
+      else im.push(std::move(cur));
+    } else if (cur.buf) {
+      im.pool->release(cur.buf);
+    }
     cur = Task{};
     used = 0;
+    cur_queued = false;
   };
-  for (std::size_t i = 0; i < blobs.size(); ++i) {
-    const auto* src = static_cast<const unsigned char*>(blobs[i].data);
-    for (std::uint64_t c = 0, off = 0; off < blobs[i].size; ++c, off += m.chunk_bytes) {
-      const std::uint64_t len = std::min(m.chunk_bytes, blobs[i].size - off);
-      if (cur.buf && used + align_up(len, kAlign) > cap) flush_cur();
+  auto land = [&]() -> Status {
+    if (queued) {
+      queued = false;
+      if (Status st = im.d2h->synchronize(); !st)
+        return Error{st.error().kind, fmt::format("step {}: copying device blobs to the host: {}", step, st.error().message)};
+    }
+    for (auto& t : landing) im.push(std::move(t));
+    landing.clear();
+    cur_queued = false;
+    return {};
+  };
+  // A failure while staging: no copy may land in a buffer after it is handed
+  // back, and the writer drops what it already has of this save.
+  auto abort_save = [&](Error err) -> Expected<SaveHandle> {
+    if (im.d2h) (void)im.d2h->synchronize();
+    for (auto& t : landing) im.pool->release(t.buf);
+    if (cur.buf) im.pool->release(cur.buf);
+    Task end;
+    end.kind = Task::Kind::kEnd;
+    end.job = job;
+    end.abort = err;
+    im.push(std::move(end));
+    if (several) {
+      job->state->collective_pending = true;
+      (void)im.collective_commit(job->state, job->tmp_dir);
+    } else {
+      (void)SaveHandle(job->state).wait();
+    }
+    return err;
+  };
+  for (std::size_t i = 0; i < writes.size(); ++i) {
+    const BlobView& b = blobs[writes[i].view];
+    const auto* src = static_cast<const unsigned char*>(b.data) + writes[i].begin;
+    const std::uint64_t size = writes[i].end - writes[i].begin;
+    if (b.device >= 0 && size > 0 && ordered.insert(b.device).second) {
+      if (!im.d2h) im.d2h = std::make_unique<hw::DeviceToHost>();
+      if (Status st = im.d2h->order_after(b.device, save_options.cuda_stream); !st)
+        return abort_save(Error{st.error().kind, fmt::format("step {}: blob '{}': {}", step, b.name, st.error().message)});
+    }
+    for (std::uint64_t c = 0, off = 0; off < size; ++c, off += m.chunk_bytes) {
+      const std::uint64_t len = std::min(m.chunk_bytes, size - off);
+      if (cur.buf && used + align_up(len, kAlign) > cap) close_cur();
       if (!cur.buf) {
         cur.kind = Task::Kind::kChunk;
         cur.job = job;
-        cur.buf = im.pool->acquire();
+        cur.buf = im.pool->try_acquire(b.device);
+        if (!cur.buf) {
+          if (Status st = land(); !st) return abort_save(st.error());
+          cur.buf = im.pool->acquire(b.device);
+        }
       }
-      std::memcpy(cur.buf + used, src + off, len);
+      if (b.device >= 0) {
+        if (Status st = im.d2h->copy(b.device, cur.buf + used, src + off, len); !st)
+          return abort_save(Error{st.error().kind, fmt::format("step {}: blob '{}': {}", step, b.name, st.error().message)});
+        cur_queued = queued = true;
+      } else {
+        std::memcpy(cur.buf + used, src + off, len);
+      }
       cur.pieces.push_back({i, c, used, len});
       used = align_up(used + len, kAlign);  // O_DIRECT needs 4 KiB-aligned sources
+      staged += len;
     }
   }
-  flush_cur();
+  close_cur();
+  // save() returns once every copy has landed: the caller may overwrite its
+  // tensors (the next optimizer step) at once.
+  if (Status st = land(); !st) return abort_save(st.error());
+  im.counters.bytes_staged += staged;
   {
     std::lock_guard g(im.mu);
     im.outstanding.push_back(job->state);

@@ -63,4 +63,18 @@ RetentionPlan plan_retention(const std::string& root, int keep_last, int keep_ev
 // rename(2) that refuses to replace an existing target where the filesystem allows.
 Status rename_no_replace(const std::string& from, const std::string& to);
 
+// Several ranks given the same replicated blobs write each byte once. The
+// blobs, ordered by name, are cut into one contiguous byte range per rank, at
+// 4 KiB boundaries of a blob (whole elements of every dtype); a blob under
+// `whole_below` bytes goes whole to the rank with the fewest bytes so far.
+// Every rank computes the same pieces from the same list.
+struct ReplicatedPiece {
+  std::size_t blob = 0;  // index into the blobs given
+  std::uint64_t begin = 0;
+  std::uint64_t end = 0;
+  int rank = 0;
+};
+std::vector<ReplicatedPiece> split_replicated(const std::vector<BlobView>& blobs, int ranks,
+                                              std::uint64_t whole_below = 1ull << 20);
+
 }  // namespace pacer::ckpt

@@ -66,14 +66,13 @@ int main(int argc, char** argv) {
   shard.global_size = total;
   shard.global_shape = {static_cast<std::int64_t>(total)};
   std::vector<pacer::ckpt::BlobView> blobs = {shard};
-  const std::string note = "saved by rank 0";
-  if (rank == 0) {
-    pacer::ckpt::BlobView rep;
-    rep.name = "note";
-    rep.data = note.data();
-    rep.size = note.size();
-    blobs.push_back(rep);
-  }
+  // Replicated: every rank passes it, one rank writes it.
+  const std::string note = "the same on every rank";
+  pacer::ckpt::BlobView rep;
+  rep.name = "note";
+  rep.data = note.data();
+  rep.size = note.size();
+  blobs.push_back(rep);
 
   auto h = ck->save(100, blobs, {{"world", size}});
   check(h.has_value(), "save(100)", rank);

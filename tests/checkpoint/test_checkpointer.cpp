@@ -7,6 +7,7 @@
 #include <numeric>
 #include <thread>
 
+#include "blobs.hpp"
 #include "pacer/checkpoint.hpp"
 #include "test_util.hpp"
 #include "thread_comm.hpp"
@@ -18,44 +19,10 @@ namespace fs = std::filesystem;
 using test::contains;
 using test::TempDir;
 
-std::vector<unsigned char> pattern(std::size_t n, unsigned seed) {
-  std::vector<unsigned char> v(n);
-  std::uint32_t x = seed * 2654435761u + 1;
-  for (auto& b : v) {
-    x ^= x << 13;
-    x ^= x >> 17;
-    x ^= x << 5;
-    b = static_cast<unsigned char>(x);
-  }
-  return v;
-}
-
-BlobView view(const std::string& name, const std::vector<unsigned char>& data, std::string dtype = "bytes",
-              std::vector<std::int64_t> shape = {}) {
-  BlobView v;
-  v.name = name;
-  v.data = data.data();
-  v.size = data.size();
-  v.dtype = std::move(dtype);
-  v.shape = std::move(shape);
-  return v;
-}
-
-std::vector<unsigned char> read_all(Reader& r, const std::string& name, std::uint64_t size) {
-  std::vector<unsigned char> out(size);
-  Status st = r.read(name, out.data(), size);
-  EXPECT_TRUE(st) << st.error().message;
-  return out;
-}
-
-Options small_options(const std::string& root) {
-  Options o;
-  o.root = root;
-  o.chunk_bytes = 4096;  // many chunks even for small test blobs
-  o.staging_bytes = 64 * 1024;
-  o.warn = [](const std::string&) {};
-  return o;
-}
+using test_blobs::pattern;
+using test_blobs::read_all;
+using test_blobs::small_options;
+using test_blobs::view;
 
 void flip_byte(const std::string& file, std::uint64_t offset) {
   std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
@@ -274,8 +241,8 @@ TEST(CheckpointerRanks, CollectiveCommitAndReshardedRead) {
       shard.shard_offset = off;
       shard.global_size = total;
       shard.global_shape = {static_cast<std::int64_t>(total)};
-      std::vector<BlobView> blobs = {shard};
-      if (r == 0) blobs.push_back(view("opt", rep));
+      // Every rank passes the replicated blob; one of them writes it.
+      std::vector<BlobView> blobs = {shard, view("opt", rep)};
       auto h = ck->save(11, blobs, {{"rank0", r == 0}});
       if (!h) {
         errors[static_cast<std::size_t>(r)] = h.error().message;
