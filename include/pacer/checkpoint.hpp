@@ -22,7 +22,7 @@ inline constexpr const char* kManifestSchema = "pacer.ckpt/1";
 inline constexpr const char* kManifestName = "MANIFEST.json";
 
 // Element types a blob may declare; "bytes" is opaque data.
-// Names follow numpy (float32, int64, ...) plus "bfloat16".
+// Names follow numpy (float32, int64, ...) plus "bfloat16" and torch's complex32 and float8 names.
 std::size_t dtype_size(const std::string& dtype);  // 0 for an unknown dtype
 bool valid_dtype(const std::string& dtype);
 
