@@ -3,20 +3,107 @@
 
 #include "bindings.hpp"
 #include "pacer/checkpoint.hpp"
+#include "pacer/comm/communicator.hpp"
 
 namespace py = pybind11;
 
 namespace pacer::python {
 namespace {
 
-// One blob from Python: (name, buffer, dtype, shape). The buffer is only read
-// inside save(), with the GIL released, while the caller's objects are alive.
-using PyBlob = std::tuple<std::string, py::buffer, std::string, std::vector<std::int64_t>>;
+// One blob from Python: (name, data, dtype, shape, layout, shard_offset,
+// global_size, global_shape). `data` is a buffer, or (device, pointer, bytes)
+// for CUDA memory. Both are only read inside save(), with the GIL released,
+// while the caller's objects are alive.
+using PyBlob = std::tuple<std::string, py::object, std::string, std::vector<std::int64_t>, std::string, std::uint64_t,
+                          std::uint64_t, std::vector<std::int64_t>>;
+
+// A Communicator whose collectives are a Python object's methods (rank, size,
+// barrier, all_ok, broadcast, split_node, split): pacer.checkpoint's
+// torch.distributed communicator. The C++ commit calls it without the GIL and
+// must never see a Python exception: a failing call is a failed collective
+// (all_ok false, broadcast an error on the ranks that receive).
+class PyCommunicator final : public comm::Communicator {
+ public:
+  explicit PyCommunicator(py::object obj) : obj_(std::move(obj)) {
+    rank_ = obj_.attr("rank")().cast<int>();
+    size_ = obj_.attr("size")().cast<int>();
+  }
+  ~PyCommunicator() override {
+    py::gil_scoped_acquire gil;
+    obj_ = py::object();
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  void barrier() override {
+    py::gil_scoped_acquire gil;
+    try {
+      obj_.attr("barrier")();
+    } catch (py::error_already_set& e) {
+      e.discard_as_unraisable("pacer communicator barrier");
+    }
+  }
+
+  bool all_ok(bool ok) override {
+    py::gil_scoped_acquire gil;
+    try {
+      return obj_.attr("all_ok")(ok).cast<bool>();
+    } catch (py::error_already_set& e) {
+      e.discard_as_unraisable("pacer communicator all_ok");
+    } catch (const std::exception&) {
+    }
+    return false;
+  }
+
+  std::string broadcast(const std::string& value, int root) override {
+    py::gil_scoped_acquire gil;
+    try {
+      return obj_.attr("broadcast")(py::bytes(value), root).cast<std::string>();
+    } catch (py::error_already_set& e) {
+      std::string what = e.what();
+      if (rank_ == root) return value;
+      return "rank " + std::to_string(rank_) + ": broadcast failed: " + what;
+    } catch (const std::exception& e) {
+      if (rank_ == root) return value;
+      return "rank " + std::to_string(rank_) + ": broadcast failed: " + e.what();
+    }
+  }
+
+  std::unique_ptr<comm::Communicator> split_node() override { return wrap(call_split("split_node", py::none())); }
+  std::unique_ptr<comm::Communicator> split(int color) override { return wrap(call_split("split", py::int_(color))); }
+
+ private:
+  py::object call_split(const char* method, py::object arg) {
+    py::gil_scoped_acquire gil;
+    try {
+      if (!py::hasattr(obj_, method)) return py::none();
+      return arg.is_none() ? obj_.attr(method)() : obj_.attr(method)(arg);
+    } catch (py::error_already_set& e) {
+      e.discard_as_unraisable(method);
+      return py::none();
+    }
+  }
+  static std::unique_ptr<comm::Communicator> wrap(py::object o) {
+    py::gil_scoped_acquire gil;
+    if (o.is_none()) return nullptr;
+    return std::make_unique<PyCommunicator>(std::move(o));
+  }
+
+  py::object obj_;
+  int rank_ = 0;
+  int size_ = 1;
+};
 
 class PyCheckpointer {
  public:
+  // comm: None (one rank), "mpi" (MPI_COMM_WORLD) or a Python communicator.
   PyCheckpointer(const std::string& root, std::optional<std::string> fast_tier, int keep_last, int keep_every,
-                 std::uint64_t staging_bytes, std::uint64_t chunk_bytes) {
+                 std::uint64_t staging_bytes, std::uint64_t chunk_bytes, py::object comm) {
+    if (py::isinstance<py::str>(comm) && comm.cast<std::string>() == "mpi") {
+      comm_ = unwrap(comm::mpi_world());
+    } else if (!comm.is_none()) {
+      comm_ = std::make_unique<PyCommunicator>(comm);
+    }
     ckpt::Options o;
     o.root = root;
     o.fast_tier = std::move(fast_tier);
@@ -24,6 +111,8 @@ class PyCheckpointer {
     o.keep_every = keep_every;
     o.staging_bytes = staging_bytes;
     o.chunk_bytes = chunk_bytes;
+    o.comm = comm_.get();
+    py::gil_scoped_release nogil;  // opening may already be collective
     impl_ = unwrap(ckpt::Checkpointer::open(std::move(o)));
   }
 
@@ -36,25 +125,46 @@ class PyCheckpointer {
   PyCheckpointer(const PyCheckpointer&) = delete;
   PyCheckpointer& operator=(const PyCheckpointer&) = delete;
 
-  ckpt::SaveHandle save(std::uint64_t step, const std::vector<PyBlob>& blobs, const std::string& meta_json) {
+  int rank() const { return comm_ ? comm_->rank() : 0; }
+  int size() const { return comm_ ? comm_->size() : 1; }
+
+  ckpt::SaveHandle save(std::uint64_t step, const std::vector<PyBlob>& blobs, const std::string& meta_json,
+                        std::uintptr_t cuda_stream) {
     std::vector<ckpt::BlobView> views;
     std::vector<py::buffer_info> infos;
     infos.reserve(blobs.size());
-    for (const auto& [name, buf, dtype, shape] : blobs) {
-      infos.push_back(buf.request());
-      const auto& info = infos.back();
+    for (const auto& [name, data, dtype, shape, layout, shard_offset, global_size, global_shape] : blobs) {
       ckpt::BlobView v;
       v.name = name;
-      v.data = info.ptr;
-      v.size = static_cast<std::uint64_t>(info.size * info.itemsize);
+      if (py::isinstance<py::tuple>(data)) {
+        auto t = data.cast<std::tuple<int, std::uintptr_t, std::uint64_t>>();
+        v.device = std::get<0>(t);
+        v.data = reinterpret_cast<const void*>(std::get<1>(t));
+        v.size = std::get<2>(t);
+      } else {
+        infos.push_back(py::reinterpret_borrow<py::buffer>(data).request());
+        const auto& info = infos.back();
+        v.data = info.ptr;
+        v.size = static_cast<std::uint64_t>(info.size * info.itemsize);
+      }
       v.dtype = dtype;
       v.shape = shape;
+      if (layout == "shard") {
+        v.layout = ckpt::Layout::kShard;
+        v.shard_offset = shard_offset;
+        v.global_size = global_size;
+        v.global_shape = global_shape;
+      } else if (layout != "replicated") {
+        throw Exception(Error{ErrorKind::kUsage, "blob '" + name + "': unknown layout '" + layout + "'"});
+      }
       views.push_back(std::move(v));
     }
     auto meta = nlohmann::json::parse(meta_json, nullptr, false);
     if (meta.is_discarded()) throw Exception(Error{ErrorKind::kUsage, "meta is not valid JSON"});
+    ckpt::SaveOptions so;
+    so.cuda_stream = cuda_stream;
     py::gil_scoped_release nogil;
-    return unwrap(impl_->save(step, views, meta));
+    return unwrap(impl_->save(step, views, meta, so));
   }
 
   std::optional<std::uint64_t> latest() {
@@ -78,6 +188,7 @@ class PyCheckpointer {
   }
 
  private:
+  std::unique_ptr<comm::Communicator> comm_;  // outlives impl_, which uses it
   std::unique_ptr<ckpt::Checkpointer> impl_;
 };
 
@@ -99,28 +210,34 @@ void register_checkpoint(py::module_& m) {
   py::class_<ckpt::Reader>(m, "Reader", "One committed checkpoint; every read is checksummed")
       .def_property_readonly("step", [](const ckpt::Reader& r) { return r.manifest().step; })
       .def_property_readonly("dir", &ckpt::Reader::dir)
+      .def_property_readonly("world_size", [](const ckpt::Reader& r) { return r.manifest().world_size; })
+      .def_property_readonly("chunk_bytes", [](const ckpt::Reader& r) { return r.manifest().chunk_bytes; })
       .def_property_readonly("meta_json", [](const ckpt::Reader& r) { return r.manifest().meta.dump(); })
       .def("blobs", [](const ckpt::Reader& r) {
         std::vector<std::tuple<std::string, std::string, std::vector<std::int64_t>, std::uint64_t>> out;
         for (const auto& b : r.logical_blobs()) out.emplace_back(b.name, b.dtype, b.shape, b.size);
         return out;
       })
-      .def("read_into", [](ckpt::Reader& r, const std::string& name, py::buffer dst) {
+      .def("read_into", [](ckpt::Reader& r, const std::string& name, py::buffer dst, std::uint64_t offset) {
         py::buffer_info info = dst.request(true);
         const auto size = static_cast<std::uint64_t>(info.size * info.itemsize);
         py::gil_scoped_release nogil;
-        unwrap(r.read(name, info.ptr, size, 0));
-      }, py::arg("name"), py::arg("dst"))
+        unwrap(r.read(name, info.ptr, size, offset));
+      }, py::arg("name"), py::arg("dst"), py::arg("offset") = 0,
+         "Fill dst with the bytes of blob `name` from byte `offset`, checking each against its checksum")
       .def("verify", [](ckpt::Reader& r) {
         py::gil_scoped_release nogil;
         unwrap(r.verify_all());
       });
 
   py::class_<PyCheckpointer>(m, "_Checkpointer")
-      .def(py::init<const std::string&, std::optional<std::string>, int, int, std::uint64_t, std::uint64_t>(),
+      .def(py::init<const std::string&, std::optional<std::string>, int, int, std::uint64_t, std::uint64_t, py::object>(),
            py::arg("root"), py::arg("fast_tier") = py::none(), py::arg("keep_last") = 3, py::arg("keep_every") = 0,
-           py::arg("staging_bytes") = 1ull << 30, py::arg("chunk_bytes") = 64ull << 20)
-      .def("save", &PyCheckpointer::save)
+           py::arg("staging_bytes") = 1ull << 30, py::arg("chunk_bytes") = 64ull << 20, py::arg("comm") = py::none())
+      .def_property_readonly("rank", &PyCheckpointer::rank)
+      .def_property_readonly("size", &PyCheckpointer::size)
+      .def("save", &PyCheckpointer::save, py::arg("step"), py::arg("blobs"), py::arg("meta_json"),
+           py::arg("cuda_stream") = 0)
       .def("latest", &PyCheckpointer::latest)
       .def("open_reader", &PyCheckpointer::open_reader, py::arg("step") = py::none())
       .def("candidates", &PyCheckpointer::candidates, py::arg("step") = py::none())
@@ -128,6 +245,8 @@ void register_checkpoint(py::module_& m) {
 
   m.def("optimal_interval", &ckpt::optimal_interval, py::arg("save_cost_s"), py::arg("mtbf_s"),
         "Daly's optimal checkpoint interval in seconds");
+  m.def("dtype_size", &ckpt::dtype_size, py::arg("dtype"), "Bytes per element of a blob dtype; 0 when unknown");
+  m.def("built_with_mpi", &comm::built_with_mpi);
 }
 
 }  // namespace pacer::python

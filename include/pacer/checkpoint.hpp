@@ -22,13 +22,12 @@ inline constexpr const char* kManifestSchema = "pacer.ckpt/1";
 inline constexpr const char* kManifestName = "MANIFEST.json";
 
 // Element types a blob may declare; "bytes" is opaque data.
-// Names follow numpy (float32, int64, ...) plus "bfloat16" and torch's float8
-// names (float8_e4m3fn, float8_e5m2, float8_e4m3fnuz, float8_e5m2fnuz, float8_e8m0fnu).
+// Names follow numpy (float32, int64, ...) plus "bfloat16" and torch's complex32 and float8 names.
 std::size_t dtype_size(const std::string& dtype);  // 0 for an unknown dtype
 bool valid_dtype(const std::string& dtype);
 
 enum class Layout {
-  kReplicated,  // one copy of the whole blob (saved by one rank)
+  kReplicated,  // one copy of the whole blob (with several ranks: every rank passes it, the writing is spread)
   kShard,       // this rank's byte range of one logical blob shared by ranks
 };
 

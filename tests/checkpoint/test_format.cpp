@@ -37,6 +37,8 @@ TEST(CkptFormat, Dtypes) {
   EXPECT_EQ(dtype_size("bfloat16"), 2u);
   EXPECT_EQ(dtype_size("complex128"), 16u);
   EXPECT_EQ(dtype_size("bytes"), 1u);
+  EXPECT_EQ(dtype_size("float8_e4m3fn"), 1u);  // torch's names, as pacer.Checkpointer writes them
+  EXPECT_EQ(dtype_size("complex32"), 4u);
   EXPECT_FALSE(valid_dtype("float33"));
   EXPECT_FALSE(valid_dtype("object"));
 }

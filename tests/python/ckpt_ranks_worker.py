@@ -1,0 +1,98 @@
+"""One rank of test_checkpoint_ranks: torch.distributed over gloo from MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE.
+
+    ckpt_ranks_worker.py ROOT save       replicated model + optimizer state, a row-sharded tensor, one save
+    ckpt_ranks_worker.py ROOT die        rank 1 dies inside the save; rank 0 reports what wait() said
+    ckpt_ranks_worker.py ROOT hang       rank 1 stays alive but never commits; rank 0 reports what wait() said
+    ckpt_ranks_worker.py ROOT dtensor    torch 2.x: DTensors placed Shard(0) and Replicate(), saved and loaded back into
+Prints one JSON line: {"rank", "ok", "error", "seconds"}.
+"""
+import datetime
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import pacer
+
+ROWS, COLS = 10, 4
+HANG_TIMEOUT = 4.0  # the hung rank's peer gives up after this
+TIMEOUT = 60.0  # elsewhere: long enough for a slow disk on a busy 2-core machine
+
+
+def sharded_rows(rank, world):
+    """Uneven rows per rank: 6 and 4 of 10 for two ranks."""
+    bounds = [0, 6, ROWS] if world == 2 else [round(ROWS * r / world) for r in range(world + 1)]
+    return bounds[rank], bounds[rank + 1]
+
+
+def dtensors(root, rank, world):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (world,))
+    full = torch.arange(11 * COLS, dtype=torch.float32).reshape(11, COLS)  # uneven: 6 and 5 rows
+    small = torch.arange(3.0)
+    ck = pacer.Checkpointer(root, keep_last=0, timeout=TIMEOUT)
+    result = {"rank": rank, "ok": True, "error": None}
+    try:
+        try:
+            ck.save(6, {"bad": distribute_tensor(full, mesh, [Shard(1)])})
+            result.update(ok=False, error="Shard(1) was accepted")
+        except pacer.Error as e:
+            assert "state['bad']: cannot save a DTensor placed as" in str(e), str(e)
+        ck.save(7, {"dt": distribute_tensor(full, mesh, [Shard(0)]),
+                    "rep": distribute_tensor(small, mesh, [Replicate()])}).wait()
+        into = {"dt": distribute_tensor(torch.zeros_like(full), mesh, [Shard(0)]),
+                "rep": distribute_tensor(torch.zeros(3), mesh, [Replicate()])}
+        ck.load(into=into)
+        want = full.chunk(world)[rank]
+        assert torch.equal(into["dt"].to_local(), want), (into["dt"].to_local(), want)
+        assert torch.equal(into["rep"].to_local(), small)
+    except pacer.Error as e:
+        result.update(ok=False, error=str(e))
+    print(json.dumps(result), flush=True)
+
+
+def main():
+    root, mode = sys.argv[1:3]
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if mode == "dtensor":
+        dtensors(root, rank, world)
+        dist.destroy_process_group()
+        return
+    torch.manual_seed(0)  # the same replicated state on every rank
+    model = torch.nn.Linear(8, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(2, 8)).sum().backward()
+    opt.step()
+    full = torch.arange(ROWS * COLS, dtype=torch.float32).reshape(ROWS, COLS)
+    lo, hi = sharded_rows(rank, world)
+    state = {"model": model.state_dict(), "optim": opt.state_dict(),
+             "emb": pacer.Shard(full[lo:hi].clone(), lo, (ROWS, COLS)), "world": world}
+    ck = pacer.Checkpointer(root, keep_last=0, timeout=HANG_TIMEOUT if mode == "hang" else TIMEOUT)
+    assert (ck.rank, ck.world_size) == (rank, world), (ck.rank, ck.world_size)
+    t0 = time.monotonic()
+    result = {"rank": rank, "ok": True, "error": None}
+    try:
+        h = ck.save(5, state, meta={"ranks": world})
+        if rank == 1 and mode == "die":
+            os._exit(17)
+        if rank == 1 and mode == "hang":
+            time.sleep(2 * HANG_TIMEOUT)
+            os._exit(0)
+        h.wait()
+    except pacer.Error as e:
+        result.update(ok=False, error=str(e))
+    result["seconds"] = time.monotonic() - t0
+    print(json.dumps(result), flush=True)
+    if mode != "save":
+        os._exit(0)  # the peer is gone: skip torch.distributed's teardown
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
