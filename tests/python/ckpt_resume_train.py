@@ -3,7 +3,8 @@
     ckpt_resume_train.py DATA ROOT full      40 steps, no checkpoint; prints the losses
     ckpt_resume_train.py DATA ROOT first     20 steps, then one save of {"model","optim","sched","loader","rng"}
     ckpt_resume_train.py DATA ROOT resume    fresh objects, load into them, 20 more steps; prints the losses
-Losses are printed as JSON floats (repr: exact).
+A fourth argument, `cuda`, trains on the GPU (deterministic kernels). Losses
+are printed as JSON floats (repr: exact).
 """
 import json
 import random
@@ -15,6 +16,7 @@ import torch
 import pacer
 
 STEPS, HALF, VOCAB, SEQ = 40, 20, 97, 16
+DEVICE = torch.device(sys.argv[4] if len(sys.argv) > 4 else "cpu")
 
 
 def build(data):
@@ -22,7 +24,7 @@ def build(data):
     np.random.seed(0)
     random.seed(0)
     model = torch.nn.Sequential(torch.nn.Embedding(VOCAB, 16), torch.nn.Linear(16, 32), torch.nn.GELU(),
-                                torch.nn.Dropout(0.2), torch.nn.LayerNorm(32), torch.nn.Linear(32, VOCAB))
+                                torch.nn.Dropout(0.2), torch.nn.LayerNorm(32), torch.nn.Linear(32, VOCAB)).to(DEVICE)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10))
     loader = pacer.data.Loader(pacer.data.open(data), batch_size=4, seq_len=SEQ, pack=True, seed=5, threads=1)
@@ -42,7 +44,7 @@ def batches(loader):
 def train(model, opt, sched, it, steps):
     losses = []
     for _ in range(steps):
-        tokens = torch.from_numpy(next(it)["tokens"] % VOCAB)
+        tokens = torch.from_numpy(next(it)["tokens"] % VOCAB).to(DEVICE)
         logits = model(tokens[:, :-1])
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
         # Python's and numpy's RNGs take part too: a resume that missed either differs.
@@ -58,6 +60,9 @@ def train(model, opt, sched, it, steps):
 def main():
     data, root, mode = sys.argv[1:4]
     torch.set_num_threads(1)
+    if DEVICE.type == "cuda":
+        # The embedding's backward adds with atomics unless told otherwise.
+        torch.use_deterministic_algorithms(True)
     model, opt, sched, loader = build(data)
     ck = pacer.Checkpointer(root)
     if mode == "full":

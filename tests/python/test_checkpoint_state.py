@@ -420,15 +420,22 @@ class BadInput(TorchBase):
 @needs_torch
 class Resume(unittest.TestCase):
     def test_resume_in_a_new_process_is_bit_identical(self):
+        self.check_resume("cpu")
+
+    @unittest.skipIf(torch is None or not torch.cuda.is_available(), "no CUDA device for torch")
+    def test_resume_on_the_gpu_is_bit_identical(self):
+        self.check_resume("cuda")
+
+    def check_resume(self, device):
         with tempfile.TemporaryDirectory(prefix="pacer-resume-") as tmp:
             data = os.path.join(tmp, "tokens")
             rng = np.random.default_rng(0)
             pacer.data.write_tokens(data, [rng.integers(1, 97, size=int(n)).tolist()
                                            for n in rng.integers(5, 40, size=200)], dtype="int32")
-            env = dict(os.environ, OMP_NUM_THREADS="1")
+            env = dict(os.environ, OMP_NUM_THREADS="1", CUBLAS_WORKSPACE_CONFIG=":4096:8")
 
             def run(root, mode):
-                r = subprocess.run([sys.executable, os.path.join(HERE, "ckpt_resume_train.py"), data, root, mode],
+                r = subprocess.run([sys.executable, os.path.join(HERE, "ckpt_resume_train.py"), data, root, mode, device],
                                    capture_output=True, text=True, env=env, timeout=300)
                 self.assertEqual(r.returncode, 0, r.stderr)
                 return json.loads(r.stdout) if r.stdout.strip() else None
