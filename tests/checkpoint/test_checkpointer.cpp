@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "pacer/checkpoint.hpp"
+#include "blob_data.hpp"
 #include "test_util.hpp"
 #include "thread_comm.hpp"
 
@@ -16,19 +17,9 @@ namespace {
 
 namespace fs = std::filesystem;
 using test::contains;
+using test::flip_byte;
+using test::pattern;
 using test::TempDir;
-
-std::vector<unsigned char> pattern(std::size_t n, unsigned seed) {
-  std::vector<unsigned char> v(n);
-  std::uint32_t x = seed * 2654435761u + 1;
-  for (auto& b : v) {
-    x ^= x << 13;
-    x ^= x >> 17;
-    x ^= x << 5;
-    b = static_cast<unsigned char>(x);
-  }
-  return v;
-}
 
 BlobView view(const std::string& name, const std::vector<unsigned char>& data, std::string dtype = "bytes",
               std::vector<std::int64_t> shape = {}) {
@@ -55,16 +46,6 @@ Options small_options(const std::string& root) {
   o.staging_bytes = 64 * 1024;
   o.warn = [](const std::string&) {};
   return o;
-}
-
-void flip_byte(const std::string& file, std::uint64_t offset) {
-  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-  f.seekg(static_cast<std::streamoff>(offset));
-  char c = 0;
-  f.read(&c, 1);
-  c = static_cast<char>(c ^ 0x5a);
-  f.seekp(static_cast<std::streamoff>(offset));
-  f.write(&c, 1);
 }
 
 TEST(Checkpointer, SavesAndReadsBackEveryByte) {
