@@ -253,6 +253,58 @@ def main():
         rec("pacer_load_s", now() - t0)
         checks.setdefault("pacer_load_equal", []).append(same_state(state, reference))
 
+    def summarise(rounds_done):
+        med = {k: stats(v) for k, v in raw.items()}
+
+        def m(k):
+            return med[k]["median"] if med.get(k) else None
+
+        def ratio(x, y):
+            return None if m(x) is None or m(y) is None else m(x) / m(y)
+
+        dd_rate = (m("dd_bytes") / m("dd_fsync_s")) if m("dd_bytes") and m("dd_fsync_s") else None
+        dd_same_bytes = total / dd_rate if dd_rate else None
+        targets = {
+            "pacer_blocked / d2h <= 2": ratio("pacer_blocked_s", "d2h_s"),
+            "pacer_durable / dd_fsync(same bytes) <= 1.1": (m("pacer_durable_s") / dd_same_bytes) if dd_same_bytes and m("pacer_durable_s") else None,
+            "pacer_load / cat <= 1.15": ratio("pacer_load_s", "cat_s"),
+            "dcp_load / pacer_load >= 1.4": ratio("dcp_load_s", "pacer_load_s"),
+            "dcp_async_blocked / pacer_blocked": ratio("dcp_async_blocked_s", "pacer_blocked_s"),
+            "torch_save / pacer_durable": ratio("torch_save_s", "pacer_durable_s"),
+            "torch_load / pacer_load": ratio("torch_load_s", "pacer_load_s"),
+        }
+        limits = {"pacer_blocked / d2h <= 2": ("<=", 2), "pacer_durable / dd_fsync(same bytes) <= 1.1": ("<=", 1.1),
+                  "pacer_load / cat <= 1.15": ("<=", 1.15), "dcp_load / pacer_load >= 1.4": (">=", 1.4)}
+        met = {k: (None if targets[k] is None else (targets[k] <= v if op == "<=" else targets[k] >= v)) for k, (op, v) in limits.items()}
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                             capture_output=True, text=True).stdout.strip() if shutil.which("nvidia-smi") else "none"
+        try:
+            st = ck.stats()
+            pacer_stats = {k: getattr(st, k) for k in ("saves", "bytes_staged", "staging_bytes", "pinned_bytes", "blocked_s")}
+        except Exception as e:  # older module without stats()
+            pacer_stats = f"{type(e).__name__}: {e}"
+        result = {
+            "schema": "pacer.bench.ckpt_gpu/1",
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "machine": {"host": socket.gethostname(), "gpu": smi, "cpus": os.cpu_count(), "kernel": platform.release(),
+                        "loadavg_start_end": [load_start, os.getloadavg()], "torch": torch.__version__, "python": platform.python_version(),
+                        "drop_caches": cache["drop_caches"]},
+            "command": " ".join(sys.argv),
+            "state": {"layers": a.layers, "hidden": a.hidden, "tensors": len(gpu), "bytes": total, "dtype": "bfloat16", "optimizer": "AdamW"},
+            "first_save": {"blocked_s": first_blocked, "durable_s": first_durable},
+            "pacer_stats": pacer_stats,
+            "medians": med,
+            "dd_rate_Bps": dd_rate,
+            "ratios": targets,
+            "met": met,
+            "checks": checks,
+            "errors": errors,
+        }
+        result["rounds_done"] = rounds_done
+        with open(a.out, "w") as f:
+            json.dump(result, f, indent=1)
+        return med, targets, met
+
     contenders = [("d2h", c_d2h), ("pacer", c_pacer), ("dd", c_dd), ("torch", c_torch_save), ("dcp", c_dcp), ("loads", c_loads)]
     for r in range(a.rounds):
         k = r % len(contenders)
@@ -264,55 +316,9 @@ def main():
         for name, fn in order:
             attempt(name, fn)
         log(f"round {r + 1} done: " + ", ".join(f"{k} {v[-1]:.3f}" for k, v in raw.items() if v and k.endswith("_s")))
+        summarise(r + 1)  # a run cut short still leaves its finished rounds
 
-    med = {k: stats(v) for k, v in raw.items()}
-
-    def m(k):
-        return med[k]["median"] if med.get(k) else None
-
-    def ratio(x, y):
-        return None if m(x) is None or m(y) is None else m(x) / m(y)
-
-    dd_rate = (m("dd_bytes") / m("dd_fsync_s")) if m("dd_bytes") and m("dd_fsync_s") else None
-    dd_same_bytes = total / dd_rate if dd_rate else None
-    targets = {
-        "pacer_blocked / d2h <= 2": ratio("pacer_blocked_s", "d2h_s"),
-        "pacer_durable / dd_fsync(same bytes) <= 1.1": (m("pacer_durable_s") / dd_same_bytes) if dd_same_bytes and m("pacer_durable_s") else None,
-        "pacer_load / cat <= 1.15": ratio("pacer_load_s", "cat_s"),
-        "dcp_load / pacer_load >= 1.4": ratio("dcp_load_s", "pacer_load_s"),
-        "dcp_async_blocked / pacer_blocked": ratio("dcp_async_blocked_s", "pacer_blocked_s"),
-        "torch_save / pacer_durable": ratio("torch_save_s", "pacer_durable_s"),
-        "torch_load / pacer_load": ratio("torch_load_s", "pacer_load_s"),
-    }
-    limits = {"pacer_blocked / d2h <= 2": ("<=", 2), "pacer_durable / dd_fsync(same bytes) <= 1.1": ("<=", 1.1),
-              "pacer_load / cat <= 1.15": ("<=", 1.15), "dcp_load / pacer_load >= 1.4": (">=", 1.4)}
-    met = {k: (None if targets[k] is None else (targets[k] <= v if op == "<=" else targets[k] >= v)) for k, (op, v) in limits.items()}
-    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-                         capture_output=True, text=True).stdout.strip() if shutil.which("nvidia-smi") else "none"
-    try:
-        st = ck.stats()
-        pacer_stats = {k: getattr(st, k) for k in ("saves", "bytes_staged", "staging_bytes", "pinned_bytes", "blocked_s")}
-    except Exception as e:  # older module without stats()
-        pacer_stats = f"{type(e).__name__}: {e}"
-    result = {
-        "schema": "pacer.bench.ckpt_gpu/1",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"host": socket.gethostname(), "gpu": smi, "cpus": os.cpu_count(), "kernel": platform.release(),
-                    "loadavg_start_end": [load_start, os.getloadavg()], "torch": torch.__version__, "python": platform.python_version(),
-                    "drop_caches": cache["drop_caches"]},
-        "command": " ".join(sys.argv),
-        "state": {"layers": a.layers, "hidden": a.hidden, "tensors": len(gpu), "bytes": total, "dtype": "bfloat16", "optimizer": "AdamW"},
-        "first_save": {"blocked_s": first_blocked, "durable_s": first_durable},
-        "pacer_stats": pacer_stats,
-        "medians": med,
-        "dd_rate_Bps": dd_rate,
-        "ratios": targets,
-        "met": met,
-        "checks": checks,
-        "errors": errors,
-    }
-    with open(a.out, "w") as f:
-        json.dump(result, f, indent=1)
+    med, targets, met = summarise(a.rounds)
     shutil.rmtree(a.dir, ignore_errors=True)
     log("medians: " + ", ".join(f"{k} {v['median']:.3f}" for k, v in med.items() if v and k.endswith("_s")))
     log("ratios: " + json.dumps({k: (round(v, 3) if v is not None else None) for k, v in targets.items()}))

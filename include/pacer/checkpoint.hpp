@@ -12,6 +12,9 @@
 
 #include "pacer/core/error.hpp"
 
+namespace pacer {
+class HostBuffer;
+}
 namespace pacer::comm {
 class Communicator;
 }
@@ -81,6 +84,10 @@ struct Manifest {
   nlohmann::json meta = nlohmann::json::object();
   std::vector<BlobInfo> blobs;
   std::vector<std::pair<std::string, std::uint64_t>> files;  // name, size
+  // The ranks whose parts this copy holds, when not all world_size of them:
+  // a node's fast tier holds only the parts of the ranks on that node.
+  // Empty: every rank's part (every copy on the persistent tier).
+  std::vector<int> ranks;
 };
 
 nlohmann::json to_json(const Manifest& m);
@@ -100,8 +107,13 @@ std::optional<std::uint64_t> parse_step_dir_name(const std::string& name);
 class Reader {
  public:
   static Expected<Reader> open(const std::string& step_dir);
+  // A manifest already in memory (one rank's part) over the files in dir;
+  // the files' sizes are checked as open() checks them.
+  static Expected<Reader> open(const std::string& dir, Manifest manifest);
   const Manifest& manifest() const { return manifest_; }
   const std::string& dir() const { return dir_; }
+  // Holds every rank's part (see Manifest::ranks).
+  bool complete() const { return manifest_.ranks.empty(); }
 
   // Logical blobs: replicated blobs and shard groups merged, by name.
   struct Logical {
@@ -116,11 +128,17 @@ class Reader {
   // dst; shards are assembled by byte range, so a checkpoint saved by N ranks
   // can be read by any number of ranks.
   Status read(const std::string& name, void* dst, std::uint64_t size, std::uint64_t offset = 0);
+  // Whether this copy holds all of [offset, offset + size) of blob `name`
+  // (a node's partial copy may lack other ranks' shards and blobs).
+  bool covers(const std::string& name, std::uint64_t size, std::uint64_t offset = 0) const;
   // Reads and checks every byte of every blob.
   Status verify_all();
 
  private:
-  Status read_piece(const BlobInfo& b, std::uint64_t from, std::uint64_t len, unsigned char* dst);
+  struct File;
+  Expected<std::shared_ptr<File>> open_file(const std::string& name) const;
+  // scratch: two buffers kept across calls (verify_all), or nullptr.
+  Status read_piece(const BlobInfo& b, std::uint64_t from, std::uint64_t len, unsigned char* dst, HostBuffer* scratch = nullptr);
   std::string dir_;
   Manifest manifest_;
   std::shared_ptr<const int> dir_lock_;  // the locked directory descriptor, shared by copies
@@ -204,12 +222,27 @@ struct Options {
   std::uint64_t chunk_bytes = 64ull << 20;   // staging and checksum granularity
   bool pin_staging = true;               // page-lock staging with cudaHostRegister where CUDA exists
   comm::Communicator* comm = nullptr;    // several ranks: a collective commit (nullptr: one rank)
+  // Several ranks with a fast tier: how long rank 0's flusher waits for every
+  // rank's copy to reach the persistent tier before it gives the step up
+  // (it stays on the fast tiers) and reports the error on every rank.
+  double flush_timeout_s = 600;
   // Warnings (a corrupt checkpoint skipped, a failed tier flush), one line
   // each. Default: stderr.
   std::function<void(const std::string&)> warn;
 };
 
 class Checkpointer;
+
+// Where Checkpointer::load puts one logical blob: bytes [offset, offset +
+// size) of it go to data. data == nullptr: the blob is not read.
+struct LoadTarget {
+  void* data = nullptr;
+  std::uint64_t offset = 0;
+  std::uint64_t size = 0;
+};
+// Asked once per logical blob of the copy about to be read (and again, for
+// the next copy, when one fails); may allocate.
+using LoadDestination = std::function<LoadTarget(const Reader::Logical&)>;
 
 // The state of one save. wait() blocks until the checkpoint is durable and
 // committed on its first tier (and, with several ranks, on every rank).
@@ -250,13 +283,21 @@ class Checkpointer {
   // The newest step that verifies on any tier (corrupt ones are skipped with a
   // warning), or nothing.
   std::optional<std::uint64_t> latest();
-  // Opens a checkpoint for reading: the given step, or the latest, after
-  // checking every checksum. The fast tier is preferred when it holds that
-  // step and its copy verifies.
+  // Reads the given step, or the newest that reads back whole, once: each
+  // byte is checked against its checksum as it arrives, several reads in
+  // flight. A copy that fails (a checksum, a short file) is skipped with a
+  // warning and the next candidate is read into fresh targets; a node's
+  // partial fast-tier copy is used when it holds every byte asked for.
+  // Returns the copy that was read (its manifest and meta).
+  Expected<Reader> load(const LoadDestination& dest, std::optional<std::uint64_t> step = std::nullopt);
+  // Opens a checkpoint after checking every checksum (reading every byte):
+  // the given step, or the latest. Reading its blobs afterwards reads them a
+  // second time; load() reads once.
   Expected<Reader> open_reader(std::optional<std::uint64_t> step = std::nullopt);
-  // Every copy whose manifest and file sizes check, newest step first and the
-  // fast tier first within a step, without reading the data: for loaders
-  // that verify as they read and fall back to the next candidate on an error.
+  // Every complete copy whose manifest and file sizes check, newest step
+  // first and the fast tier first within a step, without reading the data:
+  // for loaders that verify as they read (Reader::read) and fall back to the
+  // next candidate on an error.
   std::vector<Reader> candidates(std::optional<std::uint64_t> step = std::nullopt);
 
   // Waits for every save and tier flush; returns the first error seen.

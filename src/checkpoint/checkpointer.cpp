@@ -7,6 +7,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <charconv>
@@ -193,10 +194,10 @@ std::string describe_replicated(const json& e) {
   return fmt::format("{} {} ({} bytes)", e.at(1).get<std::string>(), e.at(2).dump(), e.at(3).get<std::uint64_t>());
 }
 
-// Why rank r's replicated blobs are not rank 0's, naming the first blob that
-// differs; the lists are the ranks' own files, read only on a mismatch.
-std::string replicated_difference(const std::string& tmp_dir, int r) {
-  auto a = read_file(replicated_list_path(tmp_dir, 0));
+// Why rank r's replicated blobs are not rank `ref`'s, naming the first blob
+// that differs; the lists are the ranks' own files, read only on a mismatch.
+std::string replicated_difference(const std::string& tmp_dir, int ref, int r) {
+  auto a = read_file(replicated_list_path(tmp_dir, ref));
   auto b = read_file(replicated_list_path(tmp_dir, r));
   const json ja = a ? json::parse(*a, nullptr, false) : json();
   const json jb = b ? json::parse(*b, nullptr, false) : json();
@@ -206,29 +207,27 @@ std::string replicated_difference(const std::string& tmp_dir, int r) {
     for (const auto& e : ja) {
       const std::string name = e.at(0).get<std::string>();
       auto it = theirs.find(name);
-      if (it == theirs.end()) return fmt::format("blob '{}' is replicated on rank 0 but rank {} did not pass it", name, r);
+      if (it == theirs.end()) return fmt::format("blob '{}' is replicated on rank {} but rank {} did not pass it", name, ref, r);
       if (it->second != e)
-        return fmt::format("blob '{}' is {} on rank 0 but {} on rank {}", name, describe_replicated(e), describe_replicated(it->second), r);
+        return fmt::format("blob '{}' is {} on rank {} but {} on rank {}", name, describe_replicated(e), ref, describe_replicated(it->second), r);
       theirs.erase(it);
     }
-    if (!theirs.empty()) return fmt::format("rank {} passed replicated blob '{}' that rank 0 did not", r, theirs.begin()->first);
+    if (!theirs.empty()) return fmt::format("rank {} passed replicated blob '{}' that rank {} did not", r, theirs.begin()->first, ref);
   } catch (const json::exception&) {
   }
   return "the lists differ";
 }
 
-// Rank 0's check of part r during a collective commit: every rank must have
-// split the same replicated list, or some bytes were written twice and others
-// never. Empty when it agrees; the side files go once every part agreed.
-std::string check_replicated(const json& part, int r, int ranks, const std::string& tmp_dir, std::uint64_t step,
-                             std::string& digest0) {
+// The merger's check of part r against the first merged part, rank `ref`:
+// every rank must have split the same replicated list, or some bytes were
+// written twice and others never. Empty when it agrees.
+std::string check_replicated(const json& part, int r, int ref, const std::string& tmp_dir, std::uint64_t step,
+                             std::string& digest_ref) {
   const std::string digest = part.contains(kReplicatedKey) && part[kReplicatedKey].is_string() ? part[kReplicatedKey].get<std::string>() : "";
-  if (r == 0) digest0 = digest;
-  if (digest.empty() || digest != digest0)
-    return fmt::format("step {}: rank {} was given other replicated blobs than rank 0 ({}); every rank must pass the same; nothing was committed",
-                       step, r, replicated_difference(tmp_dir, r));
-  if (r == ranks - 1)
-    for (int k = 0; k < ranks; ++k) ::unlink(replicated_list_path(tmp_dir, k).c_str());
+  if (r == ref) digest_ref = digest;
+  if (digest.empty() || digest != digest_ref)
+    return fmt::format("step {}: rank {} was given other replicated blobs than rank {} ({}); every rank must pass the same; nothing was committed",
+                       step, r, ref, replicated_difference(tmp_dir, ref, r));
   return {};
 }
 
@@ -309,6 +308,11 @@ struct SaveHandle::State {
   std::optional<Error> persist_error;
   Checkpointer::Impl* owner = nullptr;
   bool collective_pending = false;  // several ranks: commit happens in wait()
+  // Several ranks with a fast tier: the persistent tier's temporary directory
+  // every rank copies its part into (named at save time), and whether this
+  // rank committed its node's fast-tier copy (and so trims that tier).
+  std::string flush_dir;
+  bool node_leader = false;
 };
 
 namespace {
@@ -353,6 +357,8 @@ struct Checkpointer::Impl {
   std::unique_ptr<comm::Communicator> own_comm;
   comm::Communicator* comm = nullptr;
   std::string host;
+  int rank = 0;   // of comm, read once: background threads never touch comm
+  int world = 1;
   std::unique_ptr<StagingPool> pool;
 
   std::mutex mu;
@@ -599,11 +605,13 @@ struct Checkpointer::Impl {
         s = flushes.front();
         flushes.pop_front();
       }
-      Status st = copy_to_root(s->step);
+      Status st = world > 1 ? flush_part(*s) : copy_to_root(s->step);
       if (!st) warn(fmt::format("step {} stays on the fast tier only: {}", s->step, st.error().message));
-      // Retention before waking waiters, so wait_persistent() sees trimmed tiers.
-      apply_retention(opt.root);
-      apply_retention(*opt.fast_tier);
+      // Retention before waking waiters, so wait_persistent() sees trimmed
+      // tiers. Several ranks: rank 0 trims the persistent tier, each node's
+      // leader its fast tier.
+      if (world == 1 || rank == 0) apply_retention(opt.root);
+      if (world == 1 || s->node_leader) apply_retention(*opt.fast_tier);
       {
         std::lock_guard g(s->mu);
         s->persistent = true;
@@ -644,6 +652,32 @@ struct Checkpointer::Impl {
     return {};
   }
 
+  // Copies the files of manifest `m` from src to dst (a temporary directory),
+  // each fdatasynced, then checks the copies against the checksums: a bad
+  // fast disk must not poison the good copy.
+  static Status copy_checked(const std::string& src, const std::string& dst, const Manifest& m) {
+    for (const auto& [name, size] : m.files) {
+      const std::string from = src + "/" + name;
+      const std::string to = dst + "/" + name;
+      const int in = ::open(from.c_str(), O_RDONLY | O_CLOEXEC);
+      if (in < 0) return io_error("cannot open", from, errno);
+      const int out = ::open(to.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      if (out < 0) {
+        const int err = errno;
+        ::close(in);
+        return io_error("cannot create", to, err);
+      }
+      Status st = copy_file(in, out, size, to);
+      if (st && ::fdatasync(out) != 0) st = io_error("fdatasync failed", to, errno);
+      ::close(in);
+      ::close(out);
+      if (!st) return st;
+    }
+    auto copy = Reader::open(dst, m);
+    if (!copy) return copy.error();
+    return copy->verify_all();
+  }
+
   Status copy_to_root(std::uint64_t step) {
     const std::string src = (fs::path(*opt.fast_tier) / step_dir_name(step)).string();
     const std::string tmp = (fs::path(opt.root) / temp_dir_name(step, host, ::getpid())).string();
@@ -655,29 +689,9 @@ struct Checkpointer::Impl {
     };
     auto reader = Reader::open(src);
     if (!reader) return fail(reader.error());
-    for (const auto& [name, size] : reader->manifest().files) {
-      const std::string from = src + "/" + name;
-      const std::string to = tmp + "/" + name;
-      const int in = ::open(from.c_str(), O_RDONLY | O_CLOEXEC);
-      if (in < 0) return fail(io_error("cannot open", from, errno));
-      const int out = ::open(to.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-      if (out < 0) {
-        ::close(in);
-        return fail(io_error("cannot create", to, errno));
-      }
-      Status st = copy_file(in, out, size, to);
-      if (st && ::fdatasync(out) != 0) st = io_error("fdatasync failed", to, errno);
-      ::close(in);
-      ::close(out);
-      if (!st) return fail(st.error());
-    }
-    // Check the copy against the checksums before it may exist on the
-    // persistent tier: a bad fast disk must not poison the good copy.
     Manifest m = reader->manifest();
+    if (Status st = copy_checked(src, tmp, m); !st) return fail(st.error());
     if (Status st = write_small_file(tmp + "/" + kManifestName, to_json(m).dump(1)); !st) return fail(st.error());
-    auto copy = Reader::open(tmp);
-    if (!copy) return fail(copy.error());
-    if (Status st = copy->verify_all(); !st) return fail(st.error());
     sync_dir(tmp);
     const std::string final_dir = (fs::path(opt.root) / step_dir_name(step)).string();
     if (Status st = rename_no_replace(tmp, final_dir); !st) return fail(st.error());
@@ -686,9 +700,150 @@ struct Checkpointer::Impl {
     return {};
   }
 
+  // ---- several ranks with a fast tier: the persistent commit ---------------
+  // Coordinated through the persistent tier, never the communicator (the
+  // training thread owns it): each rank copies its own part into the
+  // temporary directory named at save time and then writes
+  // rank-R.part.json (or rank-R.failed); rank 0 merges once all world_size
+  // parts are there and renames the directory to its step name, or writes
+  // ABORTED; the other ranks learn the outcome from which of the two appears.
+  static std::string part_file(int r) { return fmt::format("rank-{:05d}.part.json", r); }
+  static std::string failed_file(int r) { return fmt::format("rank-{:05d}.failed", r); }
+  static constexpr const char* kAborted = "ABORTED";
+
+  Status flush_part(const SaveHandle::State& s) {
+    const std::string tmp = s.flush_dir;
+    std::error_code ec;
+    fs::create_directories(tmp, ec);
+    Status mine = copy_my_part(s.step, tmp);
+    if (!mine) {
+      mine = Error{mine.error().kind, fmt::format("rank {}: {}", rank, mine.error().message)};
+      (void)write_file_atomic(tmp + "/" + failed_file(rank), mine.error().message);
+    }
+    const auto timeout = std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(std::min(opt.flush_timeout_s, 1e8)));
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    if (rank == 0) return commit_parts(s.step, tmp, mine, deadline);
+    if (!mine) return mine;
+    // Rank 0 decides within flush_timeout_s of its own copy; allow for its
+    // copy taking as long as ours.
+    return await_commit(s.step, tmp, deadline + timeout);
+  }
+
+  Status copy_my_part(std::uint64_t step, const std::string& tmp) {
+    if (!fs::is_directory(tmp)) return Error{ErrorKind::kIo, fmt::format("{}: cannot create", tmp)};
+    const std::string src = (fs::path(*opt.fast_tier) / step_dir_name(step)).string();
+    auto node = Reader::open(src);
+    if (!node) return node.error();
+    Manifest part = node->manifest();
+    part.ranks.clear();
+    std::erase_if(part.blobs, [&](const BlobInfo& b) { return b.rank != rank; });
+    const std::string my_file = fmt::format("rank-{:05d}.bin", rank);
+    std::erase_if(part.files, [&](const auto& f) { return f.first != my_file; });
+    if (part.files.empty()) return Error{ErrorKind::kConfig, fmt::format("{}: holds no part of rank {}", src, rank)};
+    if (Status st = copy_checked(src, tmp, part); !st) return st;
+    return write_file_atomic(tmp + "/" + part_file(rank), manifest_body(part).dump());
+  }
+
+  Status commit_parts(std::uint64_t step, const std::string& tmp, Status mine,
+                      std::chrono::steady_clock::time_point deadline) {
+    std::string why = mine ? "" : mine.error().message;
+    std::vector<int> ranks(static_cast<std::size_t>(world));
+    for (int r = 0; r < world; ++r) ranks[static_cast<std::size_t>(r)] = r;
+    auto reported = [&](int r) { return fs::exists(tmp + "/" + part_file(r)) || fs::exists(tmp + "/" + failed_file(r)); };
+    while (why.empty()) {
+      int parts = 0;
+      for (int r = 0; r < world && why.empty(); ++r) {
+        if (fs::exists(tmp + "/" + part_file(r))) ++parts;
+        else if (auto f = read_file(tmp + "/" + failed_file(r))) why = *f;
+      }
+      if (!why.empty() || parts == world) break;
+      if (std::chrono::steady_clock::now() > deadline) {
+        why = fmt::format("only {} of {} ranks copied their part within {} s", parts, world, opt.flush_timeout_s);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (why.empty()) {
+      auto m = merge_parts(tmp, step, ranks);
+      Status st = m ? commit_dir(tmp, opt.root, *m) : Status(m.error());
+      if (st) return {};
+      why = st.error().message;
+    }
+    // Give the step up on the persistent tier (it stays on the fast tiers).
+    // The others learn why from ABORTED; it is removed once every rank has
+    // reported, or at the deadline.
+    (void)write_file_atomic(tmp + "/" + kAborted, why);
+    for (;;) {
+      bool all = true;
+      for (int r = 0; r < world && all; ++r) all = reported(r);
+      if (all || std::chrono::steady_clock::now() > deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // time for the others to read ABORTED
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    return Error{ErrorKind::kIo, fmt::format("step {} was not committed on the persistent tier: {}", step, why)};
+  }
+
+  Status await_commit(std::uint64_t step, const std::string& tmp, std::chrono::steady_clock::time_point deadline) {
+    const std::string final_dir = (fs::path(opt.root) / step_dir_name(step)).string();
+    for (;;) {
+      // Looked at in this order: rank 0's rename makes tmp vanish and the
+      // step appear at once.
+      const bool tmp_there = fs::exists(tmp);
+      if (auto why = read_file(tmp + "/" + kAborted))
+        return Error{ErrorKind::kIo, fmt::format("step {} was not committed on the persistent tier: {}", step, *why)};
+      if (Reader::open(final_dir)) return {};
+      if (!tmp_there)
+        return Error{ErrorKind::kIo, fmt::format("step {} was not committed on the persistent tier (rank 0 gave it up)", step)};
+      if (std::chrono::steady_clock::now() > deadline)
+        return Error{ErrorKind::kIo, fmt::format("step {}: no commit on the persistent tier within the timeout", step)};
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+
+  // The part manifests rank-R.part.json of `ranks` in dir, merged into one
+  // manifest (meta from the first); the parts are removed once merged.
+  Expected<Manifest> merge_parts(const std::string& dir, std::uint64_t step, const std::vector<int>& ranks) {
+    Manifest m;
+    m.step = step;
+    m.world_size = world;
+    m.chunk_bytes = opt.chunk_bytes;
+    std::vector<std::string> merged;
+    // Parts written at save time carry the digest of their rank's replicated
+    // list; parts copied to the persistent tier do not (checked at save time).
+    bool check = false;
+    std::string digest_ref;
+    for (int r : ranks) {
+      const std::string part = dir + "/" + part_file(r);
+      auto text = read_file(part);
+      json j = text ? json::parse(*text, nullptr, false) : json();
+      if (!text || j.is_discarded() || !j.is_object()) return Error{ErrorKind::kIo, fmt::format("{}: unreadable part manifest", part)};
+      if (merged.empty()) check = j.contains(kReplicatedKey);
+      if (check)
+        if (auto why = check_replicated(j, r, ranks.front(), dir, step, digest_ref); !why.empty()) return Error{ErrorKind::kUsage, why};
+      j.erase("manifest_xxh3");
+      // Reuse the full parser by giving the part its own checksum.
+      const std::string body = j.dump();
+      j["manifest_xxh3"] = fmt::format("{:016x}", XXH3_64bits(body.data(), body.size()));
+      auto pm = manifest_from_json(j.dump(), part);
+      if (!pm) return pm.error();
+      if (merged.empty()) m.meta = pm->meta;
+      for (auto& b : pm->blobs) m.blobs.push_back(std::move(b));
+      for (auto& f : pm->files) m.files.push_back(std::move(f));
+      merged.push_back(part);
+    }
+    for (const auto& p : merged) ::unlink(p.c_str());
+    for (int r : ranks) ::unlink(replicated_list_path(dir, r).c_str());
+    return m;
+  }
+
   // ---- several ranks: the collective commit --------------------------------
   // Every rank calls this in the same order (from SaveHandle::wait or the next
-  // save). Rank 0 publishes the step only when every rank's part is durable.
+  // save). The step is published only when every rank's part is durable: on
+  // the persistent tier by rank 0, or, with a fast tier, on each node's fast
+  // tier by the lowest rank whose part lies there (the node's leader); that
+  // copy holds only the node's ranks' parts and says so (Manifest::ranks).
   Status collective_commit(const std::shared_ptr<SaveHandle::State>& s, const std::string& tmp_dir) {
     {
       std::unique_lock lock(s->mu);
@@ -696,60 +851,67 @@ struct Checkpointer::Impl {
     }
     const bool mine_ok = !s->error.has_value();
     const bool all_ok = comm->all_ok(mine_ok);
+    const bool fast = opt.fast_tier.has_value();
     std::string result;
-    if (comm->rank() == 0) {
-      if (!all_ok) {
-        result = fmt::format("step {}: a rank failed to write its part; nothing was committed", s->step);
-      } else {
-        Manifest m;
-        m.step = s->step;
-        m.world_size = comm->size();
-        m.chunk_bytes = opt.chunk_bytes;
-        std::string replicated0;  // rank 0's digest of its replicated blobs
-        for (int r = 0; r < comm->size() && result.empty(); ++r) {
-          const std::string part = fmt::format("{}/rank-{:05d}.part.json", tmp_dir, r);
-          auto text = read_file(part);
-          json j = text ? json::parse(*text, nullptr, false) : json();
-          if (!text || j.is_discarded()) {
-            result = fmt::format("{}: unreadable part manifest", part);
-            break;
-          }
-          if (result = check_replicated(j, r, comm->size(), tmp_dir, s->step, replicated0); !result.empty()) break;
-          j["manifest_xxh3"] = "";
-          j.erase("manifest_xxh3");
-          // Reuse the full parser by giving the part its own checksum.
-          const std::string body = j.dump();
-          j["manifest_xxh3"] = fmt::format("{:016x}", XXH3_64bits(body.data(), body.size()));
-          auto pm = manifest_from_json(j.dump(), part);
-          if (!pm) {
-            result = pm.error().message;
-            break;
-          }
-          if (r == 0) m.meta = pm->meta;
-          for (auto& b : pm->blobs) m.blobs.push_back(std::move(b));
-          for (auto& f : pm->files) m.files.push_back(std::move(f));
-          ::unlink(part.c_str());
-        }
-        if (result.empty()) {
-          Status st = commit_dir(tmp_dir, opt.root, m);
-          if (!st) result = st.error().message;
-        }
+    bool leader = false;
+    if (!all_ok) result = fmt::format("step {}: a rank failed to write its part; nothing was committed", s->step);
+    if (fast) {
+      std::vector<int> here;
+      if (all_ok)
+        for (int r = 0; r < world; ++r)
+          if (fs::exists(tmp_dir + "/" + part_file(r))) here.push_back(r);
+      leader = all_ok && !here.empty() && here.front() == rank;
+      comm->barrier();  // every rank has looked before a leader renames the directory
+      std::string mine;
+      if (leader) {
+        auto m = merge_parts(tmp_dir, s->step, here);
+        if (m && static_cast<int>(here.size()) < world) m->ranks = here;
+        Status st = m ? commit_dir(tmp_dir, *opt.fast_tier, *m) : Status(m.error());
+        if (!st) mine = st.error().message;
+      }
+      const bool nodes_ok = comm->all_ok(mine.empty());
+      if (all_ok && !nodes_ok) {
+        result = mine.empty() ? fmt::format("step {}: the commit on another node's fast tier failed; nothing was committed", s->step) : mine;
+        // No node may keep a step that another could not commit.
+        if (leader && mine.empty()) (void)remove_checkpoint_dir((fs::path(*opt.fast_tier) / step_dir_name(s->step)).string());
+      }
+      if (!result.empty()) {
+        std::error_code ec;
+        fs::remove_all(tmp_dir, ec);  // each node's own; every rank is done writing
+      }
+      if (result.empty() && leader) apply_retention(*opt.fast_tier);
+    } else if (rank == 0) {
+      if (all_ok) {
+        std::vector<int> ranks(static_cast<std::size_t>(world));
+        for (int r = 0; r < world; ++r) ranks[static_cast<std::size_t>(r)] = r;
+        auto m = merge_parts(tmp_dir, s->step, ranks);
+        Status st = m ? commit_dir(tmp_dir, opt.root, *m) : Status(m.error());
+        if (!st) result = st.error().message;
       }
       if (!result.empty()) {
         std::error_code ec;
         fs::remove_all(tmp_dir, ec);
       }
     }
-    result = comm->broadcast(result, 0);
+    if (!fast) result = comm->broadcast(result, 0);
     {
       std::lock_guard g(s->mu);
       s->collective_pending = false;
-      s->persistent = true;
+      s->node_leader = leader;
+      s->flush_dir = (fs::path(opt.root) / fs::path(tmp_dir).filename()).string();
+      if (!fast || !result.empty()) s->persistent = true;
       if (result.empty()) s->committed = true;
       else if (!s->error) s->error = Error{ErrorKind::kIo, result};
     }
+    if (fast && result.empty()) {
+      {
+        std::lock_guard g(mu);
+        flushes.push_back(s);
+      }
+      cv.notify_all();
+    }
     s->cv.notify_all();
-    if (result.empty() && comm->rank() == 0) apply_retention(opt.root);
+    if (result.empty() && !fast && rank == 0) apply_retention(opt.root);
     if (!result.empty()) return Error{ErrorKind::kIo, result};
     return {};
   }
@@ -820,8 +982,9 @@ Expected<std::unique_ptr<Checkpointer>> Checkpointer::open(Options o) {
     impl->own_comm = comm::single_rank();
     impl->comm = impl->own_comm.get();
   }
-  if (impl->comm->size() > 1 && o.fast_tier)
-    return Error{ErrorKind::kUsage, "a fast tier with several ranks is not supported: use the persistent tier alone"};
+  impl->rank = impl->comm->rank();
+  impl->world = impl->comm->size();
+  if (!(o.flush_timeout_s > 0)) return Error{ErrorKind::kUsage, "flush_timeout_s must be positive"};
   std::vector<std::string> tiers = {o.root};
   if (o.fast_tier) tiers.push_back(*o.fast_tier);
   for (const auto& t : tiers) {
@@ -859,6 +1022,14 @@ Expected<std::unique_ptr<Checkpointer>> Checkpointer::open(Options o) {
     auto fast = list(*impl->opt.fast_tier, false);
     for (auto it = fast.rbegin(); it != fast.rend(); ++it) {
       if (!it->committed || on_root.count(it->step)) continue;
+      if (impl->world > 1) {
+        // Its parts lie on several nodes and the directory every rank copies
+        // into was agreed by a job that is gone: left where it is (loadable
+        // on this node; retention keeps it, as it is not on the persistent tier).
+        impl->warn(fmt::format("step {} in {} never reached the persistent tier; it is not copied there after a restart with several ranks",
+                               it->step, *impl->opt.fast_tier));
+        continue;
+      }
       auto st = std::make_shared<SaveHandle::State>();
       st->step = it->step;
       st->local_done = st->committed = true;
@@ -957,7 +1128,8 @@ Expected<SaveHandle> Checkpointer::save_impl(std::uint64_t step, const std::vect
   if (several) tmp_name = im.comm->broadcast(tmp_name, 0);
   job->tmp_dir = (fs::path(tier) / tmp_name).string();
   std::error_code ec;
-  if (!several || im.comm->rank() == 0) fs::create_directory(job->tmp_dir, ec);
+  // With a fast tier every node has its own directory: each rank makes it.
+  if (!several || im.comm->rank() == 0 || im.opt.fast_tier) fs::create_directory(job->tmp_dir, ec);
   if (several) im.comm->barrier();
   if (valid && ec) valid = Error{ErrorKind::kIo, fmt::format("{}: cannot create: {}", job->tmp_dir, ec.message())};
   job->data_path = fmt::format("{}/rank-{:05d}.bin", job->tmp_dir, job->rank);
@@ -1162,22 +1334,25 @@ std::optional<std::uint64_t> Checkpointer::latest() {
   return r->manifest().step;
 }
 
-std::vector<Reader> Checkpointer::candidates(std::optional<std::uint64_t> step) {
-  Impl& im = *impl_;
+namespace {
+
+// Every copy whose manifest and file sizes check, newest step first and the
+// fast tier first within a step; partial ones (a node's share) included.
+std::vector<Reader> all_copies(const Options& opt, std::optional<std::uint64_t> step, const std::function<void(const std::string&)>& warn) {
   std::vector<std::string> tiers;
-  if (im.opt.fast_tier) tiers.push_back(*im.opt.fast_tier);
-  tiers.push_back(im.opt.root);
+  if (opt.fast_tier) tiers.push_back(*opt.fast_tier);
+  tiers.push_back(opt.root);
   std::vector<Reader> out;
   // A writer's retention may remove every step listed before they are
   // opened (it commits a newer one first): then list again.
   for (int attempt = 0; attempt < 5; ++attempt) {
-    std::map<std::uint64_t, std::vector<std::string>, std::greater<>> paths;  // newest first; fast tier first
+    std::map<std::uint64_t, std::vector<std::string>, std::greater<>> paths;
     for (const auto& t : tiers) {
       for (const auto& e : list(t, false)) {
         if (step && e.step != *step) continue;
         if (e.committed) paths[e.step].push_back(e.path);
         else if (parse_step_dir_name(fs::path(e.path).filename().string()) && fs::exists(e.path))
-          im.warn(fmt::format("skipping step {}: {}", e.step, e.problem));
+          warn(fmt::format("skipping step {}: {}", e.step, e.problem));
       }
     }
     int vanished = 0;
@@ -1187,7 +1362,7 @@ std::vector<Reader> Checkpointer::candidates(std::optional<std::uint64_t> step) 
         if (r) {
           out.push_back(std::move(*r));
         } else if (fs::exists(p)) {
-          im.warn(fmt::format("skipping step {}: {}", s, r.error().message));
+          warn(fmt::format("skipping step {}: {}", s, r.error().message));
         } else {
           ++vanished;  // removed by retention since it was listed: not a problem
         }
@@ -1196,6 +1371,106 @@ std::vector<Reader> Checkpointer::candidates(std::optional<std::uint64_t> step) 
     if (!out.empty() || vanished == 0) break;
   }
   return out;
+}
+
+struct Want {
+  std::string name;
+  unsigned char* data;
+  std::uint64_t offset;
+  std::uint64_t size;
+};
+
+// Reads every wanted range, split into pieces read by a few threads at once,
+// so that the disk always has requests queued while pages are faulted in and
+// checksums computed. The first error stops the rest.
+Status read_wants(Reader& r, const std::vector<Want>& wants) {
+  const std::uint64_t piece = std::max<std::uint64_t>(r.manifest().chunk_bytes, 256ull << 20) /
+                              r.manifest().chunk_bytes * r.manifest().chunk_bytes;
+  std::vector<Want> pieces;
+  for (const auto& w : wants) {
+    for (std::uint64_t lo = w.offset; lo < w.offset + w.size || (w.size == 0 && lo == w.offset);) {
+      const std::uint64_t hi = std::min(w.offset + w.size, (lo / piece + 1) * piece);
+      pieces.push_back({w.name, w.data + (lo - w.offset), lo, hi - lo});
+      if (hi == lo) break;
+      lo = hi;
+    }
+  }
+  const std::size_t threads = std::min<std::size_t>(pieces.size(), 4);
+  std::atomic<std::size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::mutex mu;
+  Status first;
+  auto work = [&] {
+    for (std::size_t i; !failed && (i = next.fetch_add(1)) < pieces.size();) {
+      const Want& p = pieces[i];
+      Status st = r.read(p.name, p.data, p.size, p.offset);
+      if (!st) {
+        std::lock_guard g(mu);
+        if (first) first = st;
+        failed = true;
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (std::size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+  return first;
+}
+
+}  // namespace
+
+std::vector<Reader> Checkpointer::candidates(std::optional<std::uint64_t> step) {
+  Impl& im = *impl_;
+  std::vector<Reader> out;
+  // A node's share of a step is not a checkpoint on its own: a loader that
+  // reads every blob it lists would miss the other nodes' blobs.
+  for (auto& r : all_copies(im.opt, step, [&](const std::string& w) { im.warn(w); }))
+    if (r.complete()) out.push_back(std::move(r));
+  return out;
+}
+
+Expected<Reader> Checkpointer::load(const LoadDestination& dest, std::optional<std::uint64_t> step) {
+  Impl& im = *impl_;
+  auto copies = all_copies(im.opt, step, [&](const std::string& w) { im.warn(w); });
+  std::vector<std::string> problems;
+  for (std::size_t i = 0; i < copies.size();) {
+    // The copies of one step: the complete ones say what the step holds, so
+    // the targets are asked for once per step.
+    const std::uint64_t s = copies[i].manifest().step;
+    std::size_t end = i;
+    while (end < copies.size() && copies[end].manifest().step == s) ++end;
+    const Reader* whole = nullptr;
+    for (std::size_t k = i; k < end && !whole; ++k)
+      if (copies[k].complete()) whole = &copies[k];
+    if (!whole) {
+      im.warn(fmt::format("skipping step {}: only this node's part of it is here (not yet on the persistent tier)", s));
+      i = end;
+      continue;
+    }
+    std::vector<Want> wants;
+    for (const auto& l : whole->logical_blobs()) {
+      LoadTarget t = dest(l);
+      if (!t.data) continue;
+      if (t.offset > l.size || t.size > l.size - t.offset)
+        return Error{ErrorKind::kUsage, fmt::format("load target for blob '{}': bytes {}..{} of a {}-byte blob", l.name, t.offset, t.offset + t.size, l.size)};
+      wants.push_back({l.name, static_cast<unsigned char*>(t.data), t.offset, t.size});
+    }
+    for (std::size_t k = i; k < end; ++k) {
+      Reader& r = copies[k];
+      // A node's partial copy serves only a load that it holds all of.
+      if (!r.complete() && !std::all_of(wants.begin(), wants.end(), [&](const Want& w) { return r.covers(w.name, w.size, w.offset); }))
+        continue;
+      Status st = read_wants(r, wants);
+      if (st) return std::move(r);
+      im.warn(fmt::format("skipping step {} in {}: {}", s, r.dir(), st.error().message));
+      problems.push_back(st.error().message);
+    }
+    i = end;
+  }
+  const std::string where = step ? fmt::format("step {}", *step) : std::string("any step");
+  return Error{ErrorKind::kUsage, fmt::format("no valid checkpoint for {} under {}{}", where, im.opt.root,
+                                              problems.empty() ? "" : ": " + problems.front())};
 }
 
 Expected<Reader> Checkpointer::open_reader(std::optional<std::uint64_t> step) {

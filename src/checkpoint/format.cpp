@@ -3,6 +3,7 @@
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <fmt/format.h>
+#include <sys/mman.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -13,13 +14,16 @@
 #include <ctime>
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 
 #include "ckpt_internal.hpp"
 #include "pacer/checkpoint.hpp"
 #include "pacer/core/atomic_file.hpp"
+#include "pacer/core/host_buffer.hpp"
 
 namespace pacer::ckpt {
 
@@ -84,9 +88,11 @@ json manifest_body(const Manifest& m) {
   for (const auto& b : m.blobs) blobs.push_back(blob_to_json(b));
   json files = json::array();
   for (const auto& [name, size] : m.files) files.push_back({{"name", name}, {"size", size}});
-  return {{"schema", kManifestSchema}, {"step", m.step},       {"created_at", m.created_at},
-          {"world_size", m.world_size}, {"chunk_bytes", m.chunk_bytes}, {"hash", "xxh3-64"},
-          {"files", files},             {"blobs", blobs},      {"meta", m.meta}};
+  json j = {{"schema", kManifestSchema}, {"step", m.step},       {"created_at", m.created_at},
+            {"world_size", m.world_size}, {"chunk_bytes", m.chunk_bytes}, {"hash", "xxh3-64"},
+            {"files", files},             {"blobs", blobs},      {"meta", m.meta}};
+  if (!m.ranks.empty()) j["ranks"] = m.ranks;
+  return j;
 }
 
 json to_json(const Manifest& m) {
@@ -114,6 +120,12 @@ Expected<Manifest> manifest_from_json(const std::string& text, const std::string
     m.world_size = j.at("world_size").get<int>();
     m.chunk_bytes = j.at("chunk_bytes").get<std::uint64_t>();
     m.meta = j.at("meta");
+    if (j.contains("ranks")) {
+      m.ranks = j.at("ranks").get<std::vector<int>>();
+      for (int r : m.ranks)
+        if (r < 0 || r >= m.world_size) return bad(fmt::format("rank {} outside world_size {}", r, m.world_size));
+      if (m.ranks.empty() || static_cast<int>(m.ranks.size()) > m.world_size) return bad("bad list of ranks held");
+    }
     for (const auto& f : j.at("files")) m.files.emplace_back(f.at("name").get<std::string>(), f.at("size").get<std::uint64_t>());
     for (const auto& bj : j.at("blobs")) {
       BlobInfo b;
@@ -147,42 +159,60 @@ Expected<Manifest> manifest_from_json(const std::string& text, const std::string
   }
 }
 
-Expected<Reader> Reader::open(const std::string& step_dir) {
-  const std::string path = (fs::path(step_dir) / kManifestName).string();
-  // The shared lock comes first, so that once the manifest is read nobody
-  // deletes the step under this reader (deleters take it exclusively, without
-  // waiting, and skip a step that is being read). Where the filesystem has no
-  // flock (some network filesystems) deletion is not held off.
+namespace {
+
+// The shared lock a Reader holds on its step directory, so that nobody
+// deletes the step under it (deleters take it exclusively, without waiting,
+// and skip a step that is being read). Where the filesystem has no flock
+// (some network filesystems) deletion is not held off; out of descriptors
+// (candidates() of a root that keeps thousands of steps) the step is opened
+// unlocked rather than not at all (a null lock).
+Expected<std::shared_ptr<const int>> lock_step_dir(const std::string& step_dir) {
   const int dfd = ::open(step_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  // Out of descriptors (candidates() of a root that keeps thousands of
-  // steps): open it unlocked rather than not at all.
   if (dfd < 0 && errno != EMFILE && errno != ENFILE)
     return Error{ErrorKind::kConfig, fmt::format("{}: cannot open: {} (no manifest: not a committed checkpoint)", step_dir, std::strerror(errno))};
   std::shared_ptr<const int> lock;
-  if (dfd >= 0) {
-    lock.reset(new int(dfd), [](const int* fd) {
-      ::close(*fd);
-      delete fd;
-    });
-    while (::flock(dfd, LOCK_SH) != 0 && errno == EINTR) {
-    }
-    // A deleter that won the lock has renamed the directory away by now, and
-    // a new save may have put another directory under the name: read only
-    // the directory that is locked.
-    struct stat locked {}, named {};
-    if (::fstat(dfd, &locked) != 0 || ::stat(step_dir.c_str(), &named) != 0 || locked.st_ino != named.st_ino ||
-        locked.st_dev != named.st_dev)
-      return Error{ErrorKind::kConfig, fmt::format("{}: removed while being opened (no manifest: not a committed checkpoint)", step_dir)};
+  if (dfd < 0) return lock;
+  lock.reset(new int(dfd), [](const int* fd) {
+    ::close(*fd);
+    delete fd;
+  });
+  while (::flock(dfd, LOCK_SH) != 0 && errno == EINTR) {
   }
+  // A deleter that won the lock has renamed the directory away by now, and
+  // a new save may have put another directory under the name: read only
+  // the directory that is locked.
+  struct stat locked {}, named {};
+  if (::fstat(dfd, &locked) != 0 || ::stat(step_dir.c_str(), &named) != 0 || locked.st_ino != named.st_ino ||
+      locked.st_dev != named.st_dev)
+    return Error{ErrorKind::kConfig, fmt::format("{}: removed while being opened (no manifest: not a committed checkpoint)", step_dir)};
+  return lock;
+}
+
+}  // namespace
+
+Expected<Reader> Reader::open(const std::string& step_dir) {
+  const std::string path = (fs::path(step_dir) / kManifestName).string();
+  // The lock comes before the manifest is read.
+  auto lock = lock_step_dir(step_dir);
+  if (!lock) return lock.error();
   auto text = read_file(path);
   if (!text) return Error{ErrorKind::kConfig, text.error().message + " (no manifest: not a committed checkpoint)"};
   auto m = manifest_from_json(*text, path);
   if (!m) return m.error();
   // A checkpoint copied or renamed under another step's name must not pass
   // for that step.
-  if (auto named_step = parse_step_dir_name(fs::path(step_dir).filename().string()); named_step && *named_step != m->step)
-    return Error{ErrorKind::kConfig, fmt::format("{}: manifest is for step {}, but the directory is step {}", path, m->step, *named_step)};
-  for (const auto& [name, size] : m->files) {
+  if (auto named = parse_step_dir_name(fs::path(step_dir).filename().string()); named && *named != m->step)
+    return Error{ErrorKind::kConfig, fmt::format("{}: manifest is for step {}, but the directory is step {}", path, m->step, *named)};
+  auto r = open(step_dir, std::move(*m));
+  if (r && !r->dir_lock_) r->dir_lock_ = std::move(*lock);
+  return r;
+}
+
+Expected<Reader> Reader::open(const std::string& step_dir, Manifest manifest) {
+  auto lock = lock_step_dir(step_dir);
+  if (!lock) return lock.error();
+  for (const auto& [name, size] : manifest.files) {
     std::error_code ec;
     const auto actual = fs::file_size(fs::path(step_dir) / name, ec);
     if (ec) return Error{ErrorKind::kConfig, fmt::format("{}/{}: missing ({})", step_dir, name, ec.message())};
@@ -191,8 +221,8 @@ Expected<Reader> Reader::open(const std::string& step_dir) {
   }
   Reader r;
   r.dir_ = step_dir;
-  r.manifest_ = std::move(*m);
-  r.dir_lock_ = std::move(lock);
+  r.manifest_ = std::move(manifest);
+  r.dir_lock_ = std::move(*lock);
   return r;
 }
 
@@ -207,57 +237,168 @@ std::vector<Reader::Logical> Reader::logical_blobs() const {
   return out;
 }
 
-// Reads [from, from+len) of one stored blob, reading whole chunks so each can
-// be checked against its checksum.
-Status Reader::read_piece(const BlobInfo& b, std::uint64_t from, std::uint64_t len, unsigned char* dst) {
+namespace {
+
+constexpr std::uint64_t kPage = 4096;
+
+bool aligned(const void* p, std::uint64_t off) { return reinterpret_cast<std::uintptr_t>(p) % kPage == 0 && off % kPage == 0; }
+
+// True when every page of [off, off+len) of the file is in the page cache: a
+// buffered read then copies from memory, where O_DIRECT would go to the disk.
+bool cached(int fd, std::uint64_t off, std::uint64_t len) {
+  const std::uint64_t lo = off / kPage * kPage;
+  const std::uint64_t n = off + len - lo;
+  void* map = ::mmap(nullptr, n, PROT_READ, MAP_SHARED, fd, static_cast<off_t>(lo));
+  if (map == MAP_FAILED) return false;
+  std::vector<unsigned char> pages((n + kPage - 1) / kPage);
+  const bool ok = ::mincore(map, n, pages.data()) == 0 &&
+                  std::all_of(pages.begin(), pages.end(), [](unsigned char v) { return (v & 1) != 0; });
+  ::munmap(map, n);
+  return ok;
+}
+
+// Chunks this large are read on a helper thread while the previous one is
+// checksummed; smaller ones are not worth a thread.
+constexpr std::uint64_t kPipelineBytes = 1u << 20;
+
+}  // namespace
+
+// One stored file opened for reading: buffered, and O_DIRECT when the
+// filesystem takes it.
+struct Reader::File {
+  std::string path;
+  int fd = -1;
+  int direct_fd = -1;
+  ~File() {
+    if (fd >= 0) ::close(fd);
+    if (direct_fd >= 0) ::close(direct_fd);
+  }
+
+  Status pread_all(int f, unsigned char* buf, std::uint64_t n, std::uint64_t off, std::uint64_t* got) const {
+    std::uint64_t done = 0;
+    while (done < n) {
+      const ssize_t r = ::pread(f, buf + done, n - done, static_cast<off_t>(off + done));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) return Error{ErrorKind::kIo, fmt::format("{}: read failed at offset {}: {}", path, off + done, std::strerror(errno))};
+      if (r == 0) break;
+      done += static_cast<std::uint64_t>(r);
+    }
+    *got = done;
+    return {};
+  }
+
+  // Reads n bytes at off into buf. Uncached data goes straight from the disk
+  // into buf (O_DIRECT: no page-cache copy, no page-cache pages to allocate,
+  // and one large request the kernel splits into a deep queue) when buf and
+  // off are 4 KiB aligned; the sub-page tail goes through a page-sized bounce
+  // buffer so nothing is written past buf + n.
+  Status read(unsigned char* buf, std::uint64_t n, std::uint64_t off) {
+    std::uint64_t got = 0;
+    if (direct_fd >= 0 && n >= kPage && aligned(buf, off) && !cached(fd, off, n)) {
+      const std::uint64_t body = n / kPage * kPage;
+      Status st = pread_all(direct_fd, buf, body, off, &got);
+      if (!st && st.error().message.find(std::strerror(EINVAL)) != std::string::npos) {
+        // Accepted at open, refused on read (some network filesystems).
+        ::close(direct_fd);
+        direct_fd = -1;
+        got = 0;
+      } else if (!st) {
+        return st;
+      } else if (got == body && body < n) {
+        alignas(kPage) unsigned char tail[kPage];
+        std::uint64_t t = 0;
+        if (Status s2 = pread_all(direct_fd, tail, kPage, off + body, &t); !s2) return s2;
+        const std::uint64_t want = n - body;
+        std::memcpy(buf + body, tail, std::min(t, want));
+        got += std::min(t, want);
+      }
+    }
+    if (got < n) {
+      std::uint64_t more = 0;
+      if (Status st = pread_all(fd, buf + got, n - got, off + got, &more); !st) return st;
+      got += more;
+    }
+    if (got < n) return Error{ErrorKind::kIo, fmt::format("{}: short read at offset {} (file ends early)", path, off + got)};
+    return {};
+  }
+};
+
+Expected<std::shared_ptr<Reader::File>> Reader::open_file(const std::string& name) const {
+  auto f = std::make_shared<File>();
+  f->path = (fs::path(dir_) / name).string();
+  f->fd = ::open(f->path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (f->fd < 0) return Error{ErrorKind::kIo, fmt::format("{}: {}", f->path, std::strerror(errno))};
+  f->direct_fd = ::open(f->path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+  return f;
+}
+
+// Reads [from, from+len) of one stored blob, whole chunks at a time so each is
+// checked against its checksum as it arrives; the next chunk is read while
+// this one is checked. dst == nullptr: read and check only.
+Status Reader::read_piece(const BlobInfo& b, std::uint64_t from, std::uint64_t len, unsigned char* dst, HostBuffer* kept) {
   if (len == 0) return {};
-  const std::string path = (fs::path(dir_) / b.file).string();
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Error{ErrorKind::kIo, fmt::format("{}: {}", path, std::strerror(errno))};
+  std::uint64_t file_size = 0;
+  bool listed = false;
+  for (const auto& [f, size] : manifest_.files)
+    if (f == b.file) listed = true, file_size = size;
+  // The manifest is untrusted: a blob must lie inside its (size-checked) file
+  // before its sizes decide how much memory to use.
+  if (!listed || b.offset > file_size || b.size > file_size - b.offset)
+    return Error{ErrorKind::kConfig, fmt::format("{}: blob '{}' (rank {}) lies outside its file {}", dir_, b.name, b.rank, b.file)};
+  auto file = open_file(b.file);
+  if (!file) return file.error();
+  File& io = **file;
   const std::uint64_t cb = manifest_.chunk_bytes;
   const std::uint64_t first = from / cb;
   const std::uint64_t last = (from + len - 1) / cb;
-  std::vector<unsigned char> scratch;
-  Status st;
-  for (std::uint64_t c = first; c <= last && st; ++c) {
+  // Chunks reaching outside [from, from+len) (and every chunk when only
+  // checking) land in scratch; two, so the next can be read meanwhile.
+  HostBuffer own[2];
+  HostBuffer* scratch = kept ? kept : own;
+  auto target = [&](std::uint64_t c) -> unsigned char* {
     const std::uint64_t c_begin = c * cb;
     const std::uint64_t c_len = std::min(cb, b.size - c_begin);
-    // Read straight into the destination when the chunk lies wholly inside it.
-    const bool direct = c_begin >= from && c_begin + c_len <= from + len;
-    unsigned char* buf = direct ? dst + (c_begin - from) : nullptr;
-    if (!direct) {
-      scratch.resize(c_len);
-      buf = scratch.data();
-    }
-    // Ask for the next chunk now, so the disk reads it while this one is
-    // copied out and checksummed.
-    if (c < last) {
-      const std::uint64_t next_len = std::min(cb, b.size - (c + 1) * cb);
-      ::posix_fadvise(fd, static_cast<off_t>(b.offset + (c + 1) * cb), static_cast<off_t>(next_len), POSIX_FADV_WILLNEED);
-    }
-    std::uint64_t done = 0;
-    while (done < c_len) {
-      const ssize_t n = ::pread(fd, buf + done, c_len - done, static_cast<off_t>(b.offset + c_begin + done));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        st = Error{ErrorKind::kIo, fmt::format("blob '{}': short read at offset {} of {}", b.name, b.offset + c_begin + done, path)};
-        break;
-      }
-      done += static_cast<std::uint64_t>(n);
-    }
+    if (dst && c_begin >= from && c_begin + c_len <= from + len) return dst + (c_begin - from);
+    HostBuffer& s = scratch[c % 2];
+    if (s.size() < c_len) s = HostBuffer(c_len);
+    return s.data();
+  };
+  auto fetch = [&](std::uint64_t c, unsigned char* buf) {
+    const std::uint64_t c_begin = c * cb;
+    Status st = io.read(buf, std::min(cb, b.size - c_begin), b.offset + c_begin);
+    if (!st) return Status(Error{st.error().kind, fmt::format("blob '{}' (rank {}): {}", b.name, b.rank, st.error().message)});
+    return st;
+  };
+  std::future<Status> next;
+  unsigned char* next_buf = target(first);
+  if (!next_buf) return Error{ErrorKind::kIo, "out of memory for a read buffer"};
+  Status st;
+  if (std::min(cb, b.size - first * cb) >= kPipelineBytes) next = std::async(std::launch::async, fetch, first, next_buf);
+  else st = fetch(first, next_buf);
+  for (std::uint64_t c = first; c <= last; ++c) {
+    unsigned char* buf = next_buf;
+    if (next.valid()) st = next.get();
     if (!st) break;
+    const std::uint64_t c_begin = c * cb;
+    const std::uint64_t c_len = std::min(cb, b.size - c_begin);
+    if (c < last) {
+      next_buf = target(c + 1);
+      if (!next_buf) return Error{ErrorKind::kIo, "out of memory for a read buffer"};
+      if (std::min(cb, b.size - (c + 1) * cb) >= kPipelineBytes) next = std::async(std::launch::async, fetch, c + 1, next_buf);
+    }
     if (XXH3_64bits(buf, c_len) != b.chunk_hashes[c]) {
       st = Error{ErrorKind::kConfig, fmt::format("blob '{}' (rank {}): checksum mismatch in bytes {}..{} of the blob, in {}",
-                                                 b.name, b.rank, c_begin, c_begin + c_len, path)};
+                                                 b.name, b.rank, c_begin, c_begin + c_len, io.path)};
       break;
     }
-    if (!direct) {
+    if (dst && !(c_begin >= from && c_begin + c_len <= from + len)) {  // read into scratch: copy out the part asked for
       const std::uint64_t lo = std::max(from, c_begin);
       const std::uint64_t hi = std::min(from + len, c_begin + c_len);
       std::memcpy(dst + (lo - from), buf + (lo - c_begin), hi - lo);
     }
+    if (c < last && !next.valid()) st = fetch(c + 1, next_buf);
   }
-  ::close(fd);
+  if (next.valid()) (void)next.get();  // never leave a read writing into memory we return
   return st;
 }
 
@@ -286,15 +427,22 @@ Status Reader::read(const std::string& name, void* dst, std::uint64_t size, std:
   return {};
 }
 
-Status Reader::verify_all() {
-  std::vector<unsigned char> buf;
+bool Reader::covers(const std::string& name, std::uint64_t size, std::uint64_t offset) const {
+  std::uint64_t covered = 0;
   for (const auto& b : manifest_.blobs) {
-    for (std::uint64_t off = 0; off < b.size; off += manifest_.chunk_bytes) {
-      const std::uint64_t len = std::min(manifest_.chunk_bytes, b.size - off);
-      buf.resize(len);
-      if (Status st = read_piece(b, off, len, buf.data()); !st) return st;
-    }
+    if (b.name != name) continue;
+    if (b.layout == Layout::kReplicated) return offset + size <= b.size;
+    const std::uint64_t lo = std::max(offset, b.shard_offset);
+    const std::uint64_t hi = std::min(offset + size, b.shard_offset + b.size);
+    if (lo < hi) covered += hi - lo;
   }
+  return covered == size && (size > 0 || std::any_of(manifest_.blobs.begin(), manifest_.blobs.end(), [&](const BlobInfo& b) { return b.name == name; }));
+}
+
+Status Reader::verify_all() {
+  HostBuffer scratch[2];  // faulted in once, not once per blob
+  for (const auto& b : manifest_.blobs)
+    if (Status st = read_piece(b, 0, b.size, nullptr, scratch); !st) return st;
   return {};
 }
 

@@ -7,21 +7,12 @@
 #include <string>
 #include <vector>
 
+#include "blob_data.hpp"
 #include "pacer/checkpoint.hpp"
 
 namespace pacer::ckpt::test_blobs {
 
-inline std::vector<unsigned char> pattern(std::size_t n, unsigned seed) {
-  std::vector<unsigned char> v(n);
-  std::uint32_t x = seed * 2654435761u + 1;
-  for (auto& b : v) {
-    x ^= x << 13;
-    x ^= x >> 17;
-    x ^= x << 5;
-    b = static_cast<unsigned char>(x);
-  }
-  return v;
-}
+using test::pattern;
 
 inline BlobView view(const std::string& name, const std::vector<unsigned char>& data, std::string dtype = "bytes",
                      std::vector<std::int64_t> shape = {}) {

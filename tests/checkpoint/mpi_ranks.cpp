@@ -4,8 +4,10 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <string>
 #include <vector>
 
 #include "pacer/checkpoint.hpp"
@@ -110,6 +112,36 @@ int main(int argc, char** argv) {
     check(reader->read("note", got.data(), got.size()).ok() && got == note, "replicated blob", rank);
   }
   ck.reset();
+
+  // A fast tier per "node" (even and odd ranks: two directories): wait()
+  // commits on the fast tiers, the flushers commit on the persistent tier,
+  // and each rank loads its own shard back.
+  pacer::ckpt::Options f = o;
+  f.fast_tier = root + "-fast-" + std::to_string(rank % 2);
+  if (rank < 2) std::filesystem::remove_all(*f.fast_tier);
+  comm->barrier();
+  auto fck = pacer::ckpt::Checkpointer::open(f).value();
+  auto h3 = fck->save(200, blobs, {{"world", size}});
+  check(h3.has_value(), "save(200) with a fast tier", rank);
+  if (h3) {
+    pacer::Status st = h3->wait();
+    check(st.ok(), "wait(200): " + (st ? std::string() : st.error().message), rank);
+    st = h3->wait_persistent();
+    check(st.ok(), "wait_persistent(200): " + (st ? std::string() : st.error().message), rank);
+  }
+  auto whole200 = pacer::ckpt::Reader::open((std::filesystem::path(root) / pacer::ckpt::step_dir_name(200)).string());
+  check(whole200.has_value() && whole200->complete() && whole200->manifest().files.size() == static_cast<std::size_t>(size),
+        "step 200 on the persistent tier holds every rank's file", rank);
+  std::vector<unsigned char> mine(hi - lo);
+  auto got = fck->load([&](const pacer::ckpt::Reader::Logical& l) -> pacer::ckpt::LoadTarget {
+    if (l.name == "weights") return {mine.data(), lo, hi - lo};
+    return {};
+  }, 200);
+  check(got.has_value() && std::equal(mine.begin(), mine.end(), whole.begin() + static_cast<long>(lo)), "own shard of step 200 loads", rank);
+  fck.reset();
+  comm->barrier();
+  if (rank < 2) std::filesystem::remove_all(*f.fast_tier);
+
   const bool all_ok = comm->all_ok(failures == 0);
   if (rank == 0) std::printf("%s: checkpoint across %d MPI ranks\n", all_ok ? "OK" : "FAILED", size);
   return all_ok ? 0 : 1;

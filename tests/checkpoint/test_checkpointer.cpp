@@ -9,6 +9,7 @@
 
 #include "blobs.hpp"
 #include "pacer/checkpoint.hpp"
+#include "blob_data.hpp"
 #include "test_util.hpp"
 #include "thread_comm.hpp"
 
@@ -17,22 +18,13 @@ namespace {
 
 namespace fs = std::filesystem;
 using test::contains;
+using test::flip_byte;
+using test::pattern;
 using test::TempDir;
 
-using test_blobs::pattern;
 using test_blobs::read_all;
 using test_blobs::small_options;
 using test_blobs::view;
-
-void flip_byte(const std::string& file, std::uint64_t offset) {
-  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-  f.seekg(static_cast<std::streamoff>(offset));
-  char c = 0;
-  f.read(&c, 1);
-  c = static_cast<char>(c ^ 0x5a);
-  f.seekp(static_cast<std::streamoff>(offset));
-  f.write(&c, 1);
-}
 
 TEST(Checkpointer, SavesAndReadsBackEveryByte) {
   TempDir dir("pacer-ckpt-");

@@ -1,0 +1,425 @@
+// The fast tier with several ranks (threads as ranks, one fast-tier directory
+// per "node"), and Checkpointer::load reading a checkpoint once.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "pacer/checkpoint.hpp"
+#include "pacer/core/host_buffer.hpp"
+#include "blob_data.hpp"
+#include "test_util.hpp"
+#include "thread_comm.hpp"
+
+namespace pacer::ckpt {
+namespace {
+
+namespace fs = std::filesystem;
+using test::contains;
+using test::flip_byte;
+using test::pattern;
+using test::TempDir;
+
+// A world of `ranks` thread ranks on `nodes` nodes (ranks split evenly, in
+// order), each node with its own fast-tier directory, sharing one
+// persistent root. Each rank saves its shard of one logical blob "w"; rank 0
+// also a replicated blob "note".
+struct Cluster {
+  TempDir dir{"pacer-ckpt-ranks-"};
+  int ranks;
+  int nodes;
+  std::uint64_t total;
+  std::vector<unsigned char> whole;
+  std::vector<unsigned char> note = pattern(777, 9);
+
+  Cluster(int r, int n, std::uint64_t per_rank = 9000)
+      : ranks(r), nodes(n), total(per_rank * static_cast<std::uint64_t>(r) + 123), whole(pattern(total, 5)) {}
+
+  std::string root() const { return dir.path() + "/persistent"; }
+  std::string fast(int node) const { return dir.path() + "/node" + std::to_string(node); }
+  int node_of(int rank) const { return rank * nodes / ranks; }
+  std::uint64_t lo(int rank) const { return total * static_cast<std::uint64_t>(rank) / static_cast<std::uint64_t>(ranks); }
+
+  Options options(int rank, comm::Communicator* comm) const {
+    Options o;
+    o.root = root();
+    o.fast_tier = fast(node_of(rank));
+    o.chunk_bytes = 4096;
+    o.staging_bytes = 64 * 1024;
+    o.comm = comm;
+    o.warn = [](const std::string&) {};
+    return o;
+  }
+
+  std::vector<BlobView> blobs(int rank) const {
+    BlobView shard;
+    shard.name = "w";
+    shard.data = whole.data() + lo(rank);
+    shard.size = lo(rank + 1) - lo(rank);
+    shard.dtype = "uint8";
+    shard.shape = {static_cast<std::int64_t>(shard.size)};
+    shard.layout = Layout::kShard;
+    shard.shard_offset = lo(rank);
+    shard.global_size = total;
+    shard.global_shape = {static_cast<std::int64_t>(total)};
+    std::vector<BlobView> out = {shard};
+    if (rank == 0) {
+      BlobView n;
+      n.name = "note";
+      n.data = note.data();
+      n.size = note.size();
+      out.push_back(n);
+    }
+    return out;
+  }
+
+  // Runs body(rank, checkpointer) on every rank at once; returns each rank's
+  // error text ("" when none).
+  std::vector<std::string> run(const std::function<std::string(int, Checkpointer&)>& body, double flush_timeout_s = 600) {
+    test::ThreadWorld world(ranks);
+    std::vector<std::string> errors(static_cast<std::size_t>(ranks));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < ranks; ++r) {
+      threads.emplace_back([&, r] {
+        auto comm = world.rank(r);
+        Options o = options(r, comm.get());
+        o.flush_timeout_s = flush_timeout_s;
+        auto ck = Checkpointer::open(o);
+        if (!ck) {
+          errors[static_cast<std::size_t>(r)] = ck.error().message;
+          return;
+        }
+        errors[static_cast<std::size_t>(r)] = body(r, **ck);
+      });
+    }
+    for (auto& t : threads) t.join();
+    return errors;
+  }
+};
+
+std::string save_all(Cluster& c, int rank, Checkpointer& ck, std::uint64_t step, bool persistent) {
+  auto h = ck.save(step, c.blobs(rank), {{"step", step}});
+  if (!h) return "save: " + h.error().message;
+  if (Status st = h->wait(); !st) return "wait: " + st.error().message;
+  if (!persistent) return "";
+  if (Status st = h->wait_persistent(); !st) return "wait_persistent: " + st.error().message;
+  return "";
+}
+
+TEST(CheckpointerFastTierRanks, EachNodeCommitsItsRanksThenThePersistentTierHoldsEveryPart) {
+  for (int ranks : {2, 4}) {
+    Cluster c(ranks, 2);
+    auto errors = c.run([&](int r, Checkpointer& ck) { return save_all(c, r, ck, 10, true); });
+    for (int r = 0; r < ranks; ++r) EXPECT_EQ(errors[static_cast<std::size_t>(r)], "") << ranks << " ranks, rank " << r;
+
+    // Each node's fast tier holds its own ranks' parts, and says so.
+    for (int node = 0; node < 2; ++node) {
+      auto fast = Reader::open(c.fast(node) + "/" + step_dir_name(10));
+      ASSERT_TRUE(fast) << fast.error().message;
+      EXPECT_FALSE(fast->complete());
+      std::vector<int> want;
+      for (int r = 0; r < ranks; ++r)
+        if (c.node_of(r) == node) want.push_back(r);
+      EXPECT_EQ(fast->manifest().ranks, want) << "node " << node;
+      EXPECT_EQ(fast->manifest().files.size(), want.size());
+      EXPECT_TRUE(fast->verify_all());
+      // A node's copy reads its own ranks' bytes, not the others'.
+      const int first = want.front();
+      EXPECT_TRUE(fast->covers("w", c.lo(first + 1) - c.lo(first), c.lo(first)));
+      EXPECT_FALSE(fast->covers("w", c.total));
+      EXPECT_EQ(fast->covers("note", c.note.size()), node == 0);
+      // No leftovers of the save on the node.
+      for (const auto& e : fs::directory_iterator(c.fast(node))) EXPECT_EQ(e.path().filename().string(), step_dir_name(10));
+    }
+    // The persistent tier has the whole step, every rank's file in it.
+    auto whole = Reader::open(c.root() + "/" + step_dir_name(10));
+    ASSERT_TRUE(whole) << whole.error().message;
+    EXPECT_TRUE(whole->complete());
+    EXPECT_EQ(whole->manifest().world_size, ranks);
+    EXPECT_EQ(whole->manifest().files.size(), static_cast<std::size_t>(ranks));
+    EXPECT_TRUE(whole->verify_all());
+    std::vector<unsigned char> got(c.total);
+    ASSERT_TRUE(whole->read("w", got.data(), got.size()));
+    EXPECT_EQ(got, c.whole);
+    for (const auto& e : fs::directory_iterator(c.root())) EXPECT_EQ(e.path().filename().string(), step_dir_name(10)) << "leftover";
+  }
+}
+
+TEST(CheckpointerFastTierRanks, OneNodeHoldsACompleteCopyThatReadersPrefer) {
+  Cluster c(2, 1);
+  auto errors = c.run([&](int r, Checkpointer& ck) {
+    std::string e = save_all(c, r, ck, 3, true);
+    if (!e.empty()) return e;
+    auto cands = ck.candidates(3);
+    if (cands.size() != 2) return "expected 2 candidates, got " + std::to_string(cands.size());
+    if (fs::path(cands[0].dir()).parent_path() != fs::path(c.fast(0))) return "fast copy is not first: " + cands[0].dir();
+    return std::string();
+  });
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+  EXPECT_TRUE(Reader::open(c.fast(0) + "/" + step_dir_name(3))->complete());
+}
+
+// Each rank makes its own copy to the persistent tier fail: a directory where
+// its part's data file is to be created, in the temporary directory whose name
+// the save agreed (the same name as the one on the fast tier).
+void block_copy(const Cluster& c, int rank) {
+  for (const auto& e : fs::directory_iterator(c.fast(c.node_of(rank)))) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(".partial-", 0) == 0) fs::create_directories(c.root() + "/" + name + "/rank-0000" + std::to_string(rank) + ".bin");
+  }
+}
+
+TEST(CheckpointerFastTierRanks, ARankWhoseCopyFailsLeavesTheStepOnTheFastTiersAndEveryRankHearsOfIt) {
+  Cluster c(4, 2);
+  auto errors = c.run([&](int r, Checkpointer& ck) {
+    // Every rank goes through every collective call whatever it finds, so
+    // that a failed expectation cannot hang the others.
+    std::string e;
+    auto h = ck.save(1, c.blobs(r));
+    if (!h) return "save: " + h.error().message;
+    if (r == 3) block_copy(c, 3);  // before wait(): the flush starts only after the commit
+    if (Status st = h->wait(); !st) e += "wait: " + st.error().message;
+    Status p = h->wait_persistent();
+    if (p) e += "step 1 reached the persistent tier although rank 3's copy failed; ";
+    else if (!contains(p.error().message, "rank 3")) e += "the error does not name rank 3: " + p.error().message + "; ";
+    if (ck.flush()) e += "flush() reports no error; ";
+    // The next step goes through.
+    if (auto e2 = save_all(c, r, ck, 2, true); !e2.empty()) e += "step 2: " + e2;
+    return e;
+  }, /*flush_timeout_s=*/30);
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(errors[static_cast<std::size_t>(r)], "") << "rank " << r;
+  EXPECT_FALSE(fs::exists(c.root() + "/" + step_dir_name(1)));
+  EXPECT_TRUE(fs::exists(c.root() + "/" + step_dir_name(2) + "/MANIFEST.json"));
+  for (int node = 0; node < 2; ++node) EXPECT_TRUE(Reader::open(c.fast(node) + "/" + step_dir_name(1))) << "node " << node;
+  // The abandoned temporary directory is gone from the persistent tier.
+  for (const auto& e : fs::directory_iterator(c.root())) EXPECT_EQ(e.path().filename().string(), step_dir_name(2)) << "leftover";
+}
+
+TEST(CheckpointerFastTierRanks, ARankThatNeverFinishesItsCopyTimesOutAndNothingIsCommitted) {
+  // Rank 1's copy blocks: its data file on the persistent tier is a FIFO
+  // that nobody opens for reading, so creating it waits. Rank 0 gives the
+  // step up after flush_timeout_s; then the FIFO is opened (through a second
+  // name: rank 0 has removed the directory), rank 1's copy fails (a FIFO
+  // takes no pwrite) and it reports that.
+  Cluster c(2, 2);
+  std::atomic<bool> rank0_done{false};
+  const std::string link = c.dir.path() + "/fifo";
+  std::thread drain;
+  auto errors = c.run([&](int r, Checkpointer& ck) {
+    std::string e;
+    auto h = ck.save(1, c.blobs(r));
+    if (!h) return "save: " + h.error().message;
+    if (r == 1) {
+      for (const auto& d : fs::directory_iterator(c.fast(1))) {
+        const std::string name = d.path().filename().string();
+        if (name.rfind(".partial-", 0) != 0) continue;
+        fs::create_directories(c.root() + "/" + name);
+        const std::string fifo = c.root() + "/" + name + "/rank-00001.bin";
+        if (::mkfifo(fifo.c_str(), 0644) != 0 || ::link(fifo.c_str(), link.c_str()) != 0) return std::string("mkfifo failed");
+        drain = std::thread([&] {
+          while (!rank0_done) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+          const int fd = ::open(link.c_str(), O_RDONLY);  // meets rank 1's open
+          if (fd >= 0) ::close(fd);
+        });
+      }
+    }
+    if (Status st = h->wait(); !st) e += "wait: " + st.error().message;
+    Status p = h->wait_persistent();
+    if (r == 0) {
+      if (p) e += "committed without rank 1's part; ";
+      else if (!contains(p.error().message, "within")) e += "rank 0's error does not say it timed out: " + p.error().message;
+      rank0_done = true;
+    } else if (p) {
+      e += "rank 1 saw a commit; ";
+    }
+    return e;
+  }, /*flush_timeout_s=*/1);
+  if (drain.joinable()) drain.join();
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(errors[static_cast<std::size_t>(r)], "") << "rank " << r;
+  EXPECT_FALSE(fs::exists(c.root() + "/" + step_dir_name(1)));
+  for (int node = 0; node < 2; ++node) EXPECT_TRUE(Reader::open(c.fast(node) + "/" + step_dir_name(1))) << "node " << node;
+}
+
+TEST(CheckpointerFastTierRanks, RetentionOnAFastTierKeepsWhatThePersistentTierLacks) {
+  Cluster c(2, 2);
+  auto errors = c.run([&](int r, Checkpointer& ck) {
+    // Step 1's copy fails; steps 2..4 go through (keep_last is 3).
+    std::string e;
+    auto h = ck.save(1, c.blobs(r));
+    if (!h) return "save: " + h.error().message;
+    block_copy(c, r);
+    if (!h->wait()) e += "wait failed; ";
+    if (h->wait_persistent()) e += "step 1 persisted; ";
+    for (std::uint64_t s = 2; s <= 4; ++s) e += save_all(c, r, ck, s, true);
+    return e;
+  }, 30);
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+  for (int node = 0; node < 2; ++node) {
+    std::set<std::uint64_t> steps;
+    for (const auto& e : list(c.fast(node), false))
+      if (e.committed) steps.insert(e.step);
+    // keep_last 3: 2, 3, 4; and 1, which only the fast tiers hold.
+    EXPECT_EQ(steps, (std::set<std::uint64_t>{1, 2, 3, 4})) << "node " << node;
+  }
+}
+
+TEST(CheckpointerFastTierRanks, ARestartOnOtherNodesReadsThePersistentTier) {
+  Cluster c(4, 2);
+  auto errors = c.run([&](int r, Checkpointer& ck) { return save_all(c, r, ck, 20, true); });
+  for (const auto& e : errors) ASSERT_EQ(e, "");
+  // The nodes are gone; the restart runs on three new ranks, two new nodes.
+  fs::remove_all(c.fast(0));
+  fs::remove_all(c.fast(1));
+  Cluster again(3, 2);
+  for (int r = 0; r < 3; ++r) {
+    Options o;
+    o.root = c.root();
+    o.fast_tier = again.fast(again.node_of(r));
+    o.warn = [](const std::string&) {};
+    auto ck = Checkpointer::open(o).value();
+    EXPECT_EQ(ck->latest(), 20u);
+    // Each new rank reads its third of "w", and the note.
+    const std::uint64_t a = c.total * static_cast<std::uint64_t>(r) / 3, b = c.total * static_cast<std::uint64_t>(r + 1) / 3;
+    std::vector<unsigned char> part(b - a), note(c.note.size());
+    auto got = ck->load([&](const Reader::Logical& l) -> LoadTarget {
+      if (l.name == "w") return {part.data(), a, b - a};
+      if (l.name == "note") return {note.data(), 0, note.size()};
+      return {};
+    });
+    ASSERT_TRUE(got) << got.error().message;
+    EXPECT_EQ(got->manifest().step, 20u);
+    EXPECT_EQ(fs::path(got->dir()).parent_path(), fs::path(c.root()));
+    EXPECT_TRUE(std::equal(part.begin(), part.end(), c.whole.begin() + static_cast<long>(a))) << "rank " << r;
+    EXPECT_EQ(note, c.note);
+  }
+}
+
+TEST(CheckpointerFastTierRanks, LoadUsesANodesPartialCopyOnlyForWhatItHolds) {
+  Cluster c(4, 2);
+  auto errors = c.run([&](int r, Checkpointer& ck) -> std::string {
+    if (auto e = save_all(c, r, ck, 30, true); !e.empty()) return e;  // no collective call follows
+    // Its own shard: the node's copy has it.
+    std::vector<unsigned char> mine(c.lo(r + 1) - c.lo(r));
+    auto own = ck.load([&](const Reader::Logical& l) -> LoadTarget {
+      if (l.name == "w") return {mine.data(), c.lo(r), mine.size()};
+      return {};
+    });
+    if (!own) return "own shard: " + own.error().message;
+    if (fs::path(own->dir()).parent_path() != fs::path(c.fast(c.node_of(r)))) return "own shard not read from the fast tier: " + own->dir();
+    if (!std::equal(mine.begin(), mine.end(), c.whole.begin() + static_cast<long>(c.lo(r)))) return std::string("own shard differs");
+    // The whole blob: only the persistent copy has it.
+    std::vector<unsigned char> all(c.total);
+    auto whole = ck.load([&](const Reader::Logical& l) -> LoadTarget {
+      if (l.name == "w") return {all.data(), 0, all.size()};
+      return {};
+    });
+    if (!whole) return "whole: " + whole.error().message;
+    if (fs::path(whole->dir()).parent_path() != fs::path(c.root())) return "whole blob read from " + whole->dir();
+    if (all != c.whole) return std::string("whole blob differs");
+    // candidates() offers complete copies only.
+    for (const auto& cand : ck.candidates(30))
+      if (!cand.complete()) return "a partial copy among candidates: " + cand.dir();
+    return std::string();
+  });
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(errors[static_cast<std::size_t>(r)], "") << "rank " << r;
+}
+
+TEST(CheckpointerLoad, ReadsOnceAndFallsBackPastACorruptCopy) {
+  TempDir dir("pacer-ckpt-load-");
+  Options o;
+  o.root = dir.path() + "/root";
+  o.chunk_bytes = 4096;
+  o.staging_bytes = 64 * 1024;
+  std::vector<std::string> warnings;
+  o.warn = [&](const std::string& w) { warnings.push_back(w); };
+  o.keep_last = 0;
+  auto ck = Checkpointer::open(o).value();
+  const auto a1 = pattern(50000, 1), a2 = pattern(50000, 2), b = pattern(3000, 3);
+  auto blob = [](const std::string& name, const std::vector<unsigned char>& d) {
+    BlobView v;
+    v.name = name;
+    v.data = d.data();
+    v.size = d.size();
+    return v;
+  };
+  ASSERT_TRUE(ck->save(1, {blob("a", a1), blob("b", b)})->wait());
+  ASSERT_TRUE(ck->save(2, {blob("a", a2), blob("b", b)})->wait());
+  std::map<std::string, std::vector<unsigned char>> out;
+  int asked = 0;
+  auto dest = [&](const Reader::Logical& l) -> LoadTarget {
+    ++asked;
+    out[l.name].assign(l.size, 0);
+    return {out[l.name].data(), 0, l.size};
+  };
+  auto r = ck->load(dest);
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_EQ(r->manifest().step, 2u);
+  EXPECT_EQ(out["a"], a2);
+  EXPECT_EQ(out["b"], b);
+  EXPECT_EQ(asked, 2);
+
+  // The newest step damaged: load falls back to step 1, with a warning naming step 2.
+  flip_byte(dir.path() + "/root/" + step_dir_name(2) + "/rank-00000.bin", 40000);
+  warnings.clear();
+  asked = 0;
+  r = ck->load(dest);
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_EQ(r->manifest().step, 1u);
+  EXPECT_EQ(out["a"], a1);
+  EXPECT_EQ(asked, 4);
+  ASSERT_FALSE(warnings.empty());
+  EXPECT_TRUE(contains(warnings.front(), "step 2"));
+  EXPECT_EQ(ck->latest(), 1u);
+  // A step asked for by number that does not verify: an error, no fallback.
+  auto bad = ck->load(dest, 2);
+  ASSERT_FALSE(bad);
+  EXPECT_TRUE(contains(bad.error().message, "checksum mismatch"));
+  // A target outside the blob is the caller's error.
+  auto outside = ck->load([&](const Reader::Logical& l) -> LoadTarget { return {out[l.name].data(), 1, l.size}; }, 1);
+  ASSERT_FALSE(outside);
+  EXPECT_TRUE(contains(outside.error().message, "load target"));
+}
+
+TEST(CheckpointerLoad, LargeChunksAlignedAndNotReadBackWhole) {
+  // Chunks of 1 MiB and more are read ahead on a helper thread and, into
+  // 4 KiB-aligned memory, with O_DIRECT: the bytes must come out the same,
+  // including a blob whose size is not a multiple of the page size and reads
+  // of unaligned sub-ranges.
+  TempDir dir("pacer-ckpt-load-");
+  Options o;
+  o.root = dir.path();
+  o.chunk_bytes = 1 << 20;
+  o.staging_bytes = 4 << 20;
+  o.warn = [](const std::string&) {};
+  auto ck = Checkpointer::open(o).value();
+  const auto big = pattern((3 << 20) + 1234, 11);
+  BlobView v;
+  v.name = "big";
+  v.data = big.data();
+  v.size = big.size();
+  ASSERT_TRUE(ck->save(1, {v})->wait());
+  HostBuffer aligned_buf(big.size());
+  auto r = ck->load([&](const Reader::Logical&) -> LoadTarget { return {aligned_buf.data(), 0, big.size()}; });
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_TRUE(std::equal(big.begin(), big.end(), aligned_buf.data()));
+  std::vector<unsigned char> mid(2 << 20);
+  ASSERT_TRUE(r->read("big", mid.data(), mid.size(), 777));
+  EXPECT_TRUE(std::equal(mid.begin(), mid.end(), big.begin() + 777));
+  EXPECT_TRUE(r->verify_all());
+  flip_byte(r->dir() + "/rank-00000.bin", (3 << 20) + 1000);  // in the sub-page tail of the last chunk
+  EXPECT_FALSE(r->verify_all());
+  EXPECT_FALSE(r->read("big", aligned_buf.data(), big.size()));
+}
+
+}  // namespace
+}  // namespace pacer::ckpt
