@@ -710,6 +710,15 @@ struct Checkpointer::Impl {
   static std::string part_file(int r) { return fmt::format("rank-{:05d}.part.json", r); }
   static std::string failed_file(int r) { return fmt::format("rank-{:05d}.failed", r); }
   static constexpr const char* kAborted = "ABORTED";
+  // Polls of the shared file system: quick at first (a small step commits in
+  // milliseconds), then at most once a second per rank.
+  struct Backoff {
+    std::chrono::milliseconds delay{10};
+    void sleep() {
+      std::this_thread::sleep_for(delay);
+      delay = std::min(delay * 2, std::chrono::milliseconds(1000));
+    }
+  };
 
   Status flush_part(const SaveHandle::State& s) {
     const std::string tmp = s.flush_dir;
@@ -749,19 +758,32 @@ struct Checkpointer::Impl {
     std::string why = mine ? "" : mine.error().message;
     std::vector<int> ranks(static_cast<std::size_t>(world));
     for (int r = 0; r < world; ++r) ranks[static_cast<std::size_t>(r)] = r;
-    auto reported = [&](int r) { return fs::exists(tmp + "/" + part_file(r)) || fs::exists(tmp + "/" + failed_file(r)); };
+    // One listing per poll, not a stat per rank: with thousands of ranks
+    // the shared file system's metadata server would feel it.
+    std::set<std::string> names;
+    auto look = [&] {
+      names.clear();
+      std::error_code ec;
+      for (const auto& e : fs::directory_iterator(tmp, ec)) names.insert(e.path().filename().string());
+    };
+    auto reported = [&](int r) { return names.count(part_file(r)) || names.count(failed_file(r)); };
+    Backoff backoff;
     while (why.empty()) {
+      look();
       int parts = 0;
       for (int r = 0; r < world && why.empty(); ++r) {
-        if (fs::exists(tmp + "/" + part_file(r))) ++parts;
-        else if (auto f = read_file(tmp + "/" + failed_file(r))) why = *f;
+        if (names.count(part_file(r))) ++parts;
+        else if (names.count(failed_file(r))) {
+          auto text = read_file(tmp + "/" + failed_file(r));
+          why = text ? *text : fmt::format("rank {}: its copy failed", r);
+        }
       }
       if (!why.empty() || parts == world) break;
       if (std::chrono::steady_clock::now() > deadline) {
         why = fmt::format("only {} of {} ranks copied their part within {} s", parts, world, opt.flush_timeout_s);
         break;
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      backoff.sleep();
     }
     if (why.empty()) {
       auto m = merge_parts(tmp, step, ranks);
@@ -773,13 +795,15 @@ struct Checkpointer::Impl {
     // The others learn why from ABORTED; it is removed once every rank has
     // reported, or at the deadline.
     (void)write_file_atomic(tmp + "/" + kAborted, why);
-    for (;;) {
+    for (Backoff wait;;) {
+      look();
       bool all = true;
       for (int r = 0; r < world && all; ++r) all = reported(r);
       if (all || std::chrono::steady_clock::now() > deadline) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      wait.sleep();
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // time for the others to read ABORTED
+    // Longer than the others' longest poll interval, so each reads ABORTED.
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
     std::error_code ec;
     fs::remove_all(tmp, ec);
     return Error{ErrorKind::kIo, fmt::format("step {} was not committed on the persistent tier: {}", step, why)};
@@ -787,7 +811,7 @@ struct Checkpointer::Impl {
 
   Status await_commit(std::uint64_t step, const std::string& tmp, std::chrono::steady_clock::time_point deadline) {
     const std::string final_dir = (fs::path(opt.root) / step_dir_name(step)).string();
-    for (;;) {
+    for (Backoff backoff;; backoff.sleep()) {
       // Looked at in this order: rank 0's rename makes tmp vanish and the
       // step appear at once.
       const bool tmp_there = fs::exists(tmp);
@@ -798,7 +822,6 @@ struct Checkpointer::Impl {
         return Error{ErrorKind::kIo, fmt::format("step {} was not committed on the persistent tier (rank 0 gave it up)", step)};
       if (std::chrono::steady_clock::now() > deadline)
         return Error{ErrorKind::kIo, fmt::format("step {}: no commit on the persistent tier within the timeout", step)};
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   }
 

@@ -155,6 +155,20 @@ TEST(CheckpointerFastTierRanks, EachNodeCommitsItsRanksThenThePersistentTierHold
   }
 }
 
+TEST(CheckpointerFastTierRanks, ARankThatCannotSaveCommitsNothingOnAnyNode) {
+  Cluster c(4, 2);
+  auto errors = c.run([&](int r, Checkpointer& ck) {
+    auto blobs = c.blobs(r);
+    if (r == 3) blobs[0].dtype = "float33";
+    auto h = ck.save(5, blobs);
+    if (h && h->wait()) return std::string("step 5 committed although rank 3 failed");
+    return std::string();
+  });
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(errors[static_cast<std::size_t>(r)], "") << "rank " << r;
+  for (const auto& d : {c.fast(0), c.fast(1), c.root()})
+    for (const auto& e : fs::directory_iterator(d)) ADD_FAILURE() << "left behind: " << e.path();
+}
+
 TEST(CheckpointerFastTierRanks, OneNodeHoldsACompleteCopyThatReadersPrefer) {
   Cluster c(2, 1);
   auto errors = c.run([&](int r, Checkpointer& ck) {
