@@ -32,8 +32,8 @@ using test::TempDir;
 
 // A world of `ranks` thread ranks on `nodes` nodes (ranks split evenly, in
 // order), each node with its own fast-tier directory, sharing one
-// persistent root. Each rank saves its shard of one logical blob "w"; rank 0
-// also a replicated blob "note".
+// persistent root. Each rank saves its shard of one logical blob "w", and
+// every rank the replicated blob "note" (small: one rank, rank 0, writes it).
 struct Cluster {
   TempDir dir{"pacer-ckpt-ranks-"};
   int ranks;
@@ -72,15 +72,11 @@ struct Cluster {
     shard.shard_offset = lo(rank);
     shard.global_size = total;
     shard.global_shape = {static_cast<std::int64_t>(total)};
-    std::vector<BlobView> out = {shard};
-    if (rank == 0) {
-      BlobView n;
-      n.name = "note";
-      n.data = note.data();
-      n.size = note.size();
-      out.push_back(n);
-    }
-    return out;
+    BlobView n;
+    n.name = "note";
+    n.data = note.data();
+    n.size = note.size();
+    return {shard, n};
   }
 
   // Runs body(rank, checkpointer) on every rank at once; returns each rank's
