@@ -280,7 +280,7 @@ def main():
                              capture_output=True, text=True).stdout.strip() if shutil.which("nvidia-smi") else "none"
         try:
             st = ck.stats()
-            pacer_stats = {k: getattr(st, k) for k in ("saves", "bytes_staged", "staging_bytes", "pinned_bytes", "blocked_s")}
+            pacer_stats = dict(st)
         except Exception as e:  # older module without stats()
             pacer_stats = f"{type(e).__name__}: {e}"
         result = {

@@ -187,6 +187,17 @@ class PyCheckpointer {
     unwrap(impl_->flush());
   }
 
+  py::dict stats() const {
+    const auto s = impl_->stats();
+    py::dict d;
+    d["saves"] = s.saves;
+    d["bytes_staged"] = s.bytes_staged;
+    d["staging_bytes"] = s.staging_bytes;
+    d["pinned_bytes"] = s.pinned_bytes;
+    d["blocked_s"] = s.blocked_s;
+    return d;
+  }
+
  private:
   std::unique_ptr<comm::Communicator> comm_;  // outlives impl_, which uses it
   std::unique_ptr<ckpt::Checkpointer> impl_;
@@ -241,7 +252,8 @@ void register_checkpoint(py::module_& m) {
       .def("latest", &PyCheckpointer::latest)
       .def("open_reader", &PyCheckpointer::open_reader, py::arg("step") = py::none())
       .def("candidates", &PyCheckpointer::candidates, py::arg("step") = py::none())
-      .def("flush", &PyCheckpointer::flush);
+      .def("flush", &PyCheckpointer::flush)
+      .def("stats", &PyCheckpointer::stats);
 
   m.def("optimal_interval", &ckpt::optimal_interval, py::arg("save_cost_s"), py::arg("mtbf_s"),
         "Daly's optimal checkpoint interval in seconds");

@@ -1085,6 +1085,15 @@ class Checkpointer:
         """Wait for every save and tier copy; raise the first error."""
         self._impl.flush()
 
+    def stats(self):
+        """{saves, bytes_staged, staging_bytes, pinned_bytes, blocked_s}: what saving has cost this process so far.
+
+        blocked_s is the time save() held the caller inside the library
+        (the Python flattening of the state not included); pinned_bytes the
+        staging memory page-locked for copies from the GPU.
+        """
+        return self._impl.stats()
+
 
 # ---- random number generators -------------------------------------------------
 

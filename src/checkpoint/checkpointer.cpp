@@ -322,6 +322,15 @@ struct Piece {
   std::uint64_t chunk = 0;     // checksum chunk of that blob
   std::uint64_t buf_offset = 0;
   std::uint64_t len = 0;
+  // A chunk that does not fit in what is left of a staging buffer continues
+  // in the next one: this piece is bytes [in_chunk, in_chunk + len) of it, and
+  // `last` says whether it ends the chunk. Whole chunks: in_chunk 0, last.
+  std::uint64_t in_chunk = 0;
+  bool last = true;
+};
+
+struct Xxh3StateFree {
+  void operator()(XXH3_state_t* s) const { XXH3_freeState(s); }
 };
 
 struct Job {
@@ -340,6 +349,9 @@ struct Job {
   // to name the first difference).
   std::string replicated_xxh3;
   std::string replicated_list;
+  // The checksum of a chunk split across staging buffers, fed piece by piece
+  // (the one writer thread takes the buffers in order).
+  std::unique_ptr<XXH3_state_t, Xxh3StateFree> split_hash;
 };
 
 struct Task {
@@ -430,8 +442,20 @@ struct Checkpointer::Impl {
       if (j.failed) break;
       BlobInfo& b = j.manifest.blobs[p.blob];
       const unsigned char* data = t.buf + p.buf_offset;
-      b.chunk_hashes[p.chunk] = XXH3_64bits(data, p.len);
-      const std::uint64_t off = b.offset + p.chunk * j.manifest.chunk_bytes;
+      if (p.in_chunk == 0 && p.last) {
+        b.chunk_hashes[p.chunk] = XXH3_64bits(data, p.len);
+      } else {
+        if (p.in_chunk == 0) {
+          if (!j.split_hash) j.split_hash.reset(XXH3_createState());
+          if (!j.split_hash) throw std::bad_alloc();
+          XXH3_64bits_reset(j.split_hash.get());
+        }
+        XXH3_64bits_update(j.split_hash.get(), data, p.len);
+        if (p.last) b.chunk_hashes[p.chunk] = XXH3_64bits_digest(j.split_hash.get());
+      }
+      // A piece that does not end its chunk ends at a 4 KiB boundary of it
+      // (it filled its buffer, whose size is a multiple of 4 KiB).
+      const std::uint64_t off = b.offset + p.chunk * j.manifest.chunk_bytes + p.in_chunk;
       std::uint64_t len = p.len;
       if (j.direct) {
         // The padding lands in the gap before the next blob's 4 KiB boundary.
@@ -1243,7 +1267,9 @@ Expected<SaveHandle> Checkpointer::save_impl(std::uint64_t step, const std::vect
   std::uint64_t staged = 0;
   auto close_cur = [&] {
     if (cur.buf && !cur.pieces.empty()) {
-      if (cur_queued) landing.push_back(std::move(cur));
+      // Buffers reach the writer in order (a chunk split across two is
+      // checksummed piece by piece): behind a buffer still landing, wait too.
+      if (cur_queued || !landing.empty()) landing.push_back(std::move(cur));
       else im.push(std::move(cur));
     } else if (cur.buf) {
       im.pool->release(cur.buf);
@@ -1293,26 +1319,32 @@ Expected<SaveHandle> Checkpointer::save_impl(std::uint64_t step, const std::vect
     }
     for (std::uint64_t c = 0, off = 0; off < size; ++c, off += m.chunk_bytes) {
       const std::uint64_t len = std::min(m.chunk_bytes, size - off);
-      if (cur.buf && used + align_up(len, kAlign) > cap) close_cur();
-      if (!cur.buf) {
-        cur.kind = Task::Kind::kChunk;
-        cur.job = job;
-        cur.buf = im.pool->try_acquire(b.device);
+      // Packed without gaps: what does not fit in this buffer continues in
+      // the next, so blobs of any mix of sizes fill the budget they are given.
+      for (std::uint64_t done = 0; done < len;) {
+        if (cur.buf && used >= cap) close_cur();
         if (!cur.buf) {
-          if (Status st = land(); !st) return abort_save(st.error());
-          cur.buf = im.pool->acquire(b.device);
+          cur.kind = Task::Kind::kChunk;
+          cur.job = job;
+          cur.buf = im.pool->try_acquire(b.device);
+          if (!cur.buf) {
+            if (Status st = land(); !st) return abort_save(st.error());
+            cur.buf = im.pool->acquire(b.device);
+          }
         }
+        const std::uint64_t take = std::min(len - done, cap - used);
+        if (b.device >= 0) {
+          if (Status st = im.d2h->copy(b.device, cur.buf + used, src + off + done, take); !st)
+            return abort_save(Error{st.error().kind, fmt::format("step {}: blob '{}': {}", step, b.name, st.error().message)});
+          cur_queued = queued = true;
+        } else {
+          std::memcpy(cur.buf + used, src + off + done, take);
+        }
+        cur.pieces.push_back({i, c, used, take, done, done + take == len});
+        used = align_up(used + take, kAlign);  // O_DIRECT needs 4 KiB-aligned sources
+        done += take;
+        staged += take;
       }
-      if (b.device >= 0) {
-        if (Status st = im.d2h->copy(b.device, cur.buf + used, src + off, len); !st)
-          return abort_save(Error{st.error().kind, fmt::format("step {}: blob '{}': {}", step, b.name, st.error().message)});
-        cur_queued = queued = true;
-      } else {
-        std::memcpy(cur.buf + used, src + off, len);
-      }
-      cur.pieces.push_back({i, c, used, len});
-      used = align_up(used + len, kAlign);  // O_DIRECT needs 4 KiB-aligned sources
-      staged += len;
     }
   }
   close_cur();

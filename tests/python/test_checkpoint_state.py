@@ -192,6 +192,16 @@ class TorchStates(TorchBase):
         self.assertIn("optim/state/0/exp_avg", names)
         self.assertIn("rng/torch", names)
 
+    def test_stats_count_the_bytes_staged(self):
+        w = torch.randn(1000, 3)
+        self.assertEqual(self.ck.stats()["saves"], 0)
+        self.ck.save(1, {"w": w, "n": 5}).wait()
+        s = self.ck.stats()
+        self.assertEqual(s["saves"], 1)
+        self.assertEqual(s["bytes_staged"], w.numel() * w.element_size())
+        self.assertGreaterEqual(s["staging_bytes"], s["pinned_bytes"])
+        self.assertGreater(s["blocked_s"], 0)
+
     def test_loaded_state_works_with_load_state_dict(self):
         model, opt, sched, state = self.full_state()
         self.ck.save(1, state).wait()
