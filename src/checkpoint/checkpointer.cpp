@@ -313,6 +313,7 @@ struct SaveHandle::State {
   // rank committed its node's fast-tier copy (and so trims that tier).
   std::string flush_dir;
   bool node_leader = false;
+  std::string replicated_xxh3;  // several ranks: the digest of this rank's replicated list
 };
 
 namespace {
@@ -896,9 +897,23 @@ struct Checkpointer::Impl {
       std::unique_lock lock(s->mu);
       s->cv.wait(lock, [&] { return s->local_done; });
     }
-    const bool mine_ok = !s->error.has_value();
-    const bool all_ok = comm->all_ok(mine_ok);
+    bool mine_ok = !s->error.has_value();
     const bool fast = opt.fast_tier.has_value();
+    if (fast) {
+      // Each node's leader merges only its node's parts, and the persistent
+      // merge only copies: compare every rank's replicated list with rank 0's
+      // here, where all ranks meet, or ranks on other nodes that split other
+      // lists would leave gaps and overlaps behind valid checksums.
+      const std::string digest0 = comm->broadcast(s->replicated_xxh3, 0);
+      if (mine_ok && s->replicated_xxh3 != digest0) {
+        std::lock_guard g(s->mu);
+        s->error = Error{ErrorKind::kUsage,
+                         fmt::format("step {}: rank {} was given other replicated blobs than rank 0; every rank must pass the same; "
+                                     "nothing was committed", s->step, comm->rank())};
+        mine_ok = false;
+      }
+    }
+    const bool all_ok = comm->all_ok(mine_ok);
     std::string result;
     bool leader = false;
     if (!all_ok) result = fmt::format("step {}: a rank failed to write its part; nothing was committed", s->step);
@@ -1214,6 +1229,7 @@ Expected<SaveHandle> Checkpointer::save_impl(std::uint64_t step, const std::vect
   if (several) {
     job->replicated_list = replicated_list(blobs);
     job->replicated_xxh3 = fmt::format("{:016x}", XXH3_64bits(job->replicated_list.data(), job->replicated_list.size()));
+    job->state->replicated_xxh3 = job->replicated_xxh3;
     for (const auto& p : split_replicated(blobs, im.comm->size()))
       if (p.rank == job->rank) shares[p.blob].push_back({p.blob, p.begin, p.end});
   }

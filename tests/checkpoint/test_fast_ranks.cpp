@@ -433,3 +433,32 @@ TEST(CheckpointerLoad, LargeChunksAlignedAndNotReadBackWhole) {
 
 }  // namespace
 }  // namespace pacer::ckpt
+
+namespace pacer::ckpt {
+namespace {
+
+// Ranks on different nodes merge their parts on different fast tiers: a rank
+// given another replicated list must still fail the step everywhere, before
+// any node commits a copy whose replicated bytes were cut differently.
+TEST(CheckpointerFastTierRanks, OtherReplicatedBlobsOnAnotherNodeCommitNothing) {
+  Cluster c(2, 2);
+  const std::vector<unsigned char> other = pattern(555, 11);
+  auto errors = c.run([&](int r, Checkpointer& ck) {
+    auto blobs = c.blobs(r);
+    if (r == 1) {
+      blobs[1].data = other.data();
+      blobs[1].size = other.size();
+    }
+    auto h = ck.save(3, blobs);
+    if (!h) return "save: " + h.error().message;
+    Status st = h->wait();
+    return st ? std::string("committed") : st.error().message;
+  });
+  EXPECT_TRUE(contains(errors[1], "rank 1 was given other replicated blobs than rank 0")) << errors[1];
+  EXPECT_NE(errors[0], "committed");
+  for (int node = 0; node < 2; ++node) EXPECT_FALSE(fs::exists(c.fast(node) + "/" + step_dir_name(3))) << "node " << node;
+  EXPECT_FALSE(fs::exists(c.root() + "/" + step_dir_name(3)));
+}
+
+}  // namespace
+}  // namespace pacer::ckpt
