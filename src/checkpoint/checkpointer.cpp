@@ -769,7 +769,7 @@ struct Checkpointer::Impl {
     auto node = Reader::open(src);
     if (!node) return node.error();
     Manifest part = node->manifest();
-    part.ranks.clear();
+    part.ranks = {rank};  // one rank's share: its shards need not cover their blobs
     std::erase_if(part.blobs, [&](const BlobInfo& b) { return b.rank != rank; });
     const std::string my_file = fmt::format("rank-{:05d}.bin", rank);
     std::erase_if(part.files, [&](const auto& f) { return f.first != my_file; });
@@ -881,6 +881,7 @@ struct Checkpointer::Impl {
       for (auto& f : pm->files) m.files.push_back(std::move(f));
       merged.push_back(part);
     }
+    if (Status st = check_layout(m, static_cast<int>(ranks.size()) == world, dir); !st) return st.error();
     for (const auto& p : merged) ::unlink(p.c_str());
     for (int r : ranks) ::unlink(replicated_list_path(dir, r).c_str());
     return m;

@@ -26,6 +26,14 @@ std::optional<TempName> parse_temp_dir_name(const std::string& name);
 // The manifest without its self-checksum.
 nlohmann::json manifest_body(const Manifest& m);
 
+// The blobs of a manifest fit together: a shape that says the blob's size,
+// one entry per replicated name, and shards of one name that agree on dtype
+// and global size and shape, lie inside it without overlapping and, when the
+// manifest is `complete` (not one node's share), cover it exactly. What the
+// checksums cannot see (pieces cut differently) and what a loader would
+// allocate from (shapes, global sizes) are checked here, before any read.
+Status check_layout(const Manifest& m, bool complete, const std::string& source);
+
 // fsync of a directory, so renames and creations in it are durable.
 void sync_dir(const std::string& dir);
 // Removes a step directory (or a damaged or partial one): false, and nothing

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <future>
 #include <map>
+#include <optional>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -209,9 +210,70 @@ Expected<Reader> Reader::open(const std::string& step_dir) {
   return r;
 }
 
+namespace {
+
+// elements(shape) * itemsize, or nothing on a negative dimension or overflow.
+std::optional<std::uint64_t> shape_bytes(const std::vector<std::int64_t>& shape, std::size_t itemsize) {
+  std::uint64_t n = itemsize;
+  for (auto d : shape) {
+    if (d < 0 || __builtin_mul_overflow(n, static_cast<std::uint64_t>(d), &n)) return std::nullopt;
+  }
+  return n;
+}
+
+}  // namespace
+
+Status check_layout(const Manifest& m, bool complete, const std::string& source) {
+  auto bad = [&](const std::string& name, const std::string& why) {
+    return Error{ErrorKind::kConfig, fmt::format("{}: blob '{}': {}", source, name, why)};
+  };
+  std::map<std::string, std::vector<const BlobInfo*>> by_name;
+  for (const auto& b : m.blobs) by_name[b.name].push_back(&b);
+  for (const auto& [name, entries] : by_name) {
+    const BlobInfo& first = *entries.front();
+    const std::size_t item = std::max<std::size_t>(1, dtype_size(first.dtype));
+    if (!valid_dtype(first.dtype)) return bad(name, fmt::format("unknown dtype '{}'", first.dtype));
+    for (const BlobInfo* e : entries) {
+      if (e->layout != first.layout) return bad(name, "stored both whole and as shards");
+      if (e->dtype != first.dtype) return bad(name, fmt::format("pieces of dtypes {} and {}", first.dtype, e->dtype));
+      if (!e->shape.empty()) {
+        auto want = shape_bytes(e->shape, item);
+        if (!want || *want != e->size) return bad(name, fmt::format("shape {} does not make its {} bytes", json(e->shape).dump(), e->size));
+      }
+    }
+    if (first.layout == Layout::kReplicated) {
+      if (entries.size() > 1) return bad(name, fmt::format("stored {} times", entries.size()));
+      continue;
+    }
+    const std::uint64_t global = first.global_size;
+    if (!first.global_shape.empty()) {
+      auto want = shape_bytes(first.global_shape, item);
+      if (!want || *want != global)
+        return bad(name, fmt::format("global shape {} does not make its {} bytes", json(first.global_shape).dump(), global));
+    }
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> spans;
+    for (const BlobInfo* e : entries) {
+      if (e->global_size != global || e->global_shape != first.global_shape) return bad(name, "shards disagree on the global size or shape");
+      if (e->size > global || e->shard_offset > global - e->size)
+        return bad(name, fmt::format("shard [{}, +{}) lies outside its {} bytes", e->shard_offset, e->size, global));
+      spans.emplace_back(e->shard_offset, e->size);
+    }
+    std::sort(spans.begin(), spans.end());
+    std::uint64_t end = 0;
+    for (const auto& [off, size] : spans) {
+      if (off < end) return bad(name, fmt::format("shards overlap at byte {}", off));
+      if (complete && off != end) return bad(name, fmt::format("no shard holds bytes {}..{}", end, off));
+      end = off + size;
+    }
+    if (complete && end != global) return bad(name, fmt::format("no shard holds bytes {}..{}", end, global));
+  }
+  return {};
+}
+
 Expected<Reader> Reader::open(const std::string& step_dir, Manifest manifest) {
   auto lock = lock_step_dir(step_dir);
   if (!lock) return lock.error();
+  if (Status st = check_layout(manifest, manifest.ranks.empty(), (fs::path(step_dir) / kManifestName).string()); !st) return st.error();
   for (const auto& [name, size] : manifest.files) {
     std::error_code ec;
     const auto actual = fs::file_size(fs::path(step_dir) / name, ec);

@@ -12,6 +12,52 @@ namespace {
 
 using test::contains;
 
+BlobInfo shard(std::uint64_t off, std::uint64_t size, std::uint64_t global) {
+  BlobInfo b;
+  b.name = "w";
+  b.dtype = "float32";
+  b.size = size;
+  b.shape = {static_cast<std::int64_t>(size / 4)};
+  b.layout = Layout::kShard;
+  b.shard_offset = off;
+  b.global_size = global;
+  b.global_shape = {static_cast<std::int64_t>(global / 4)};
+  return b;
+}
+
+// What the checksums cannot see: pieces that each check but do not fit
+// together, and shapes a loader would allocate from.
+TEST(CkptFormat, LayoutCheckRejectsPiecesThatDoNotFitTogether) {
+  Manifest m;
+  m.blobs = {shard(0, 800, 1600), shard(800, 800, 1600)};
+  EXPECT_TRUE(check_layout(m, true, "M"));
+  m.blobs = {shard(0, 800, 1600), shard(400, 800, 1600)};  // an overlap the size of the gap it hides
+  auto st = check_layout(m, true, "M");
+  ASSERT_FALSE(st);
+  EXPECT_TRUE(contains(st.error().message, "blob 'w': shards overlap at byte 400")) << st.error().message;
+  m.blobs = {shard(0, 800, 1600)};
+  EXPECT_TRUE(check_layout(m, false, "M")) << "one node's share need not cover the blob";
+  st = check_layout(m, true, "M");
+  ASSERT_FALSE(st);
+  EXPECT_TRUE(contains(st.error().message, "no shard holds bytes 800..1600")) << st.error().message;
+  m.blobs = {shard(UINT64_MAX - 10, 800, 1600)};
+  EXPECT_FALSE(check_layout(m, false, "M")) << "an offset that overflows";
+  m.blobs = {shard(0, 800, 1600)};
+  m.blobs[0].global_shape = {1 << 30, 1 << 30};  // a loader would allocate 4 EiB
+  EXPECT_FALSE(check_layout(m, false, "M"));
+  BlobInfo r;
+  r.name = "x";
+  r.dtype = "float32";
+  r.size = 16;
+  r.shape = {4};
+  m.blobs = {r};
+  EXPECT_TRUE(check_layout(m, true, "M"));
+  m.blobs[0].shape = {400000000000};
+  EXPECT_FALSE(check_layout(m, true, "M"));
+  m.blobs = {r, r};
+  EXPECT_FALSE(check_layout(m, true, "M")) << "a replicated blob stored twice";
+}
+
 TEST(CkptFormat, StepDirNamesRoundTripAndSortLexically) {
   EXPECT_EQ(step_dir_name(42), "step-000000000042");
   EXPECT_EQ(parse_step_dir_name("step-000000000042"), 42u);
