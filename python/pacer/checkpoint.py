@@ -415,12 +415,20 @@ class _Plan:
         self.after = []    # callables run once every read succeeded: copies out of temporaries, assignments
         cb = reader.chunk_bytes or (64 << 20)
         self.piece = max(cb, ((64 << 20) // cb) * cb)  # whole chunks: each chunk is read and checked once
+        self.claimed = set()  # blobs a node has taken: each is saved for one leaf
+
+    def claim(self, name, path):
+        """A stored tree naming one blob twice would have it allocated and read once per mention."""
+        if name in self.claimed:
+            raise _Bad(f"{_where(path)}: the stored state names blob {name!r} a second time")
+        self.claimed.add(name)
 
     # -- the blob behind a tensor node
     def blob(self, n, path):
         name = n.get("blob")
         if name not in self.specs:
             raise _Bad(f"{_where(path)}: the stored state names blob {name!r}, which the checkpoint lacks")
+        self.claim(name, path)
         dtype, shape, size = self.specs[name]
         want_shape = n.get("shape")
         if dtype != n.get("dtype") or want_shape != shape:
@@ -484,6 +492,7 @@ class _Plan:
             name = n.get("blob")
             if name not in self.specs or self.specs[name][0] != "bytes":
                 raise _Bad(f"{_where(path)}: the stored state names bytes blob {name!r}, which the checkpoint lacks")
+            self.claim(name, path)
             size = self.specs[name][2]
             buf = bytearray(size)
             self.read_host(name, np.frombuffer(buf, dtype=np.uint8) if size else np.zeros(0, np.uint8))

@@ -139,6 +139,9 @@ class Scalars(StateTestCase):
             tree(1, schema="pacer.state/99"),
             json.dumps({"pacer": {"schema": "pacer.state/1", "tree": [1]}}),
             '{"pacer": {"schema": "pacer.state/1", "tree": ' + '[' * 5000 + ']' * 5000 + '}}',
+            # one blob named by many leaves: each would be allocated and read again
+            json.dumps({"pacer": {"schema": "pacer.state/1", "tree": {"t": "dict", "items": [
+                [f"w{k}", {"t": "ndarray", "blob": "w", "dtype": "float32", "shape": [4]}] for k in range(3)]}}}),
         ]
         for i, meta in enumerate(bad):
             step = 2 + i
