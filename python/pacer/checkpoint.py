@@ -93,6 +93,27 @@ class Shard:
         return f"pacer.Shard(rows {self.offset}..{self.offset + self.tensor.shape[0]} of {self.global_shape})"
 
 
+class PerRank:
+    """A value that differs between ranks (each rank's RNG states, its own counters), saved per rank.
+
+    Every rank passes a PerRank at the same place of its state; each rank's
+    value (any state: dicts, tensors, scalars) is stored as that rank's own,
+    and a load gives each rank back the value it saved. Replicated state must
+    hold the same bytes on every rank; this is for what does not. Loading at
+    another world size fails for a rank that saved nothing there.
+    """
+
+    def __init__(self, value):
+        self.value = value
+
+    def __repr__(self):
+        return f"pacer.PerRank({self.value!r})"
+
+
+def _per_rank_tree_name(prefix, rank):
+    return f"{prefix}/rank-{rank}.tree"
+
+
 # ---- naming the leaves --------------------------------------------------------
 
 
@@ -129,6 +150,8 @@ class _Flattener:
         self.keep = []
         self.cuda_devices = []
         self.active = set()  # containers on the current path: a state that contains itself cannot be saved
+        self.rank = 0
+        self.in_per_rank = False
 
     def name_for(self, path):
         base = "/".join(str(k) for k in path) or "~"
@@ -184,6 +207,8 @@ class _Flattener:
             return {"t": "bytearray" if isinstance(x, bytearray) else "bytes", "blob": name}
         if isinstance(x, Shard):
             return self.array(x.tensor, path, shard=x)
+        if isinstance(x, PerRank):
+            return self.per_rank(x, path)
         if isinstance(x, np.ndarray) or (torch is not None and isinstance(x, torch.Tensor)):
             return self.array(x, path)
         if torch is not None:
@@ -202,6 +227,31 @@ class _Flattener:
             finally:
                 self.active.discard(id(x))
         raise Error(f"{_where(path)}: cannot save {_what(x)}")
+
+    def per_rank(self, x, path):
+        """This rank's value under names only it writes: each blob a shard that is the whole of its own blob,
+        and the value's tree a bytes blob beside them (the state's tree, rank 0's, holds only the node)."""
+        if self.in_per_rank:
+            raise Error(f"{_where(path)}: a PerRank inside a PerRank")
+        prefix = self.name_for(path)
+        tree_name = _per_rank_tree_name(prefix, self.rank)
+        self.names.add(tree_name)
+        start = len(self.blobs)
+        self.in_per_rank = True
+        try:
+            sub = self.node(x.value, path + (f"rank-{self.rank}",))
+        finally:
+            self.in_per_rank = False
+        for i in range(start, len(self.blobs)):
+            name, data, dtype, shape, layout, _, _, _ = self.blobs[i]
+            if layout != "replicated":
+                raise Error(f"{_where(path)}: a Shard or DTensor inside a PerRank (each rank's value is its own)")
+            nbytes = data[2] if isinstance(data, tuple) else data.nbytes
+            self.blobs[i] = (name, data, dtype, shape, "shard", 0, nbytes, list(shape))
+        raw = np.frombuffer(json.dumps(sub, allow_nan=False).encode(), dtype=np.uint8)
+        self.keep.append(raw)
+        self.blobs.append((tree_name, raw, "bytes", [raw.nbytes], "shard", 0, raw.nbytes, [raw.nbytes]))
+        return {"t": "perrank", "prefix": prefix}
 
     def container(self, x, path):
         if isinstance(x, dict):
@@ -406,8 +456,9 @@ def _torch_dtype(name, path):
 class _Plan:
     """The reads that one load makes, run in parallel once the whole structure is checked."""
 
-    def __init__(self, reader, map_location):
+    def __init__(self, reader, map_location, rank=0):
         self.reader = reader
+        self.rank = rank
         self.specs = {name: (dtype, list(shape), size) for name, dtype, shape, size in reader.blobs()}
         self.map_location = map_location
         self.host = []     # (blob, uint8 numpy view, offset)
@@ -503,6 +554,8 @@ class _Plan:
             return _Later(holder)
         if t in ("tensor", "ndarray"):
             return self.new_array(n, path)
+        if t == "perrank":
+            return self.build(self.per_rank_node(n, path), path + (f"rank-{self.rank}",))
         if t == "size":
             return _torch_size(n, path)
         if t == "dtype":
@@ -511,6 +564,23 @@ class _Plan:
             torch = _torch() or __import__("torch")
             return torch.device(str(n.get("v")))
         raise _Bad(f"{_where(path)}: unknown node type {t!r} in the stored state (written by a newer pacer?)")
+
+    def per_rank_node(self, n, path):
+        """The tree of the value this rank saved under a PerRank node, read now (it is small)."""
+        prefix = n.get("prefix")
+        name = _per_rank_tree_name(prefix, self.rank) if isinstance(prefix, str) else None
+        if name not in self.specs or self.specs[name][0] != "bytes":
+            raise _Mismatch(f"{_where(path)}: saved per rank, and rank {self.rank} saved nothing here "
+                            "(saved by fewer ranks?)")
+        self.claim(name, path)
+        size = self.specs[name][2]
+        buf = bytearray(size)
+        if size:
+            self.reader.read_into(name, np.frombuffer(buf, dtype=np.uint8), 0)
+        try:
+            return json.loads(bytes(buf).decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            raise _Bad(f"{_where(path)}: rank {self.rank}'s stored value is not a tree") from None
 
     def new_array(self, n, path):
         name, dtype, shape, size = self.blob(n, path)
@@ -539,6 +609,16 @@ class _Plan:
     # -- restoring into what the caller has
     def restore(self, n, target, path):
         """The value for `target`'s place: target itself, filled in place, or a new value."""
+        if isinstance(n, dict) and n.get("t") == "perrank":
+            sub = self.per_rank_node(n, path)
+            inner = path + (f"rank-{self.rank}",)
+            if isinstance(target, PerRank):
+                value = self.restore(sub, target.value, inner)
+                self.after.append(lambda: setattr(target, "value", _resolve(value)))
+                return target
+            return self.restore(sub, target, inner)
+        if isinstance(target, PerRank):
+            raise _Mismatch(f"{_where(path)}: a PerRank here, {_describe(n)} in the checkpoint")
         if _is_array(target):
             return self.fill(n, target, path)
         if isinstance(target, dict):
@@ -1008,6 +1088,7 @@ class Checkpointer:
         except (TypeError, ValueError) as e:
             raise Error(f"meta cannot be stored as JSON: {e}") from None
         flat = _Flattener()
+        flat.rank = self.rank
         try:
             tree = flat.node(state, ())
         except RecursionError:
@@ -1072,7 +1153,7 @@ class Checkpointer:
                     raise _Bad(f"the stored state has schema {schema!r}, not {SCHEMA} (written by a newer pacer?)")
                 if not (isinstance(tree, dict) and tree.get("t") in ("dict", "odict")):
                     raise _Bad("the stored state is not a dict")
-                plan = _Plan(reader, map_location)
+                plan = _Plan(reader, map_location, self.rank)
                 try:
                     if into is None:
                         state = plan.build(tree, ())

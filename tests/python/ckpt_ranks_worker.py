@@ -1,6 +1,7 @@
 """One rank of test_checkpoint_ranks: torch.distributed over gloo from MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE.
 
-    ckpt_ranks_worker.py ROOT save       replicated model + optimizer state, a row-sharded tensor, one save
+    ckpt_ranks_worker.py ROOT save       replicated model + optimizer state, a row-sharded tensor, a PerRank value,
+                                         one save, then each rank loads its own value back
     ckpt_ranks_worker.py ROOT die        rank 1 dies inside the save; rank 0 reports what wait() said
     ckpt_ranks_worker.py ROOT hang       rank 1 stays alive but never commits; rank 0 reports what wait() said
     ckpt_ranks_worker.py ROOT dtensor    torch 2.x: DTensors placed Shard(0) and Replicate(), saved and loaded back into
@@ -72,7 +73,8 @@ def main():
     full = torch.arange(ROWS * COLS, dtype=torch.float32).reshape(ROWS, COLS)
     lo, hi = sharded_rows(rank, world)
     state = {"model": model.state_dict(), "optim": opt.state_dict(),
-             "emb": pacer.Shard(full[lo:hi].clone(), lo, (ROWS, COLS)), "world": world}
+             "emb": pacer.Shard(full[lo:hi].clone(), lo, (ROWS, COLS)), "world": world,
+             "own": pacer.PerRank({"gen": torch.Generator().manual_seed(100 + rank).get_state(), "rank": rank})}
     ck = pacer.Checkpointer(root, keep_last=0, timeout=HANG_TIMEOUT if mode == "hang" else TIMEOUT)
     assert (ck.rank, ck.world_size) == (rank, world), (ck.rank, ck.world_size)
     t0 = time.monotonic()
@@ -85,6 +87,12 @@ def main():
             time.sleep(2 * HANG_TIMEOUT)
             os._exit(0)
         h.wait()
+        if mode == "save":  # each rank gets back the value it saved, not rank 0's
+            own = pacer.PerRank({"gen": None, "rank": -1})  # None: replaced by what was saved
+            ck.load(into={"model": model.state_dict(), "optim": opt.state_dict(),
+                          "emb": pacer.Shard(torch.zeros(hi - lo, COLS), lo, (ROWS, COLS)), "world": 0, "own": own})
+            want = torch.Generator().manual_seed(100 + rank).get_state()
+            assert own.value["rank"] == rank and torch.equal(own.value["gen"], want), own.value["rank"]
     except pacer.Error as e:
         result.update(ok=False, error=str(e))
     result["seconds"] = time.monotonic() - t0

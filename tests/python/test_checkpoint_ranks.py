@@ -89,6 +89,8 @@ class TwoRanks(unittest.TestCase):
         self.assertEqual(ck.world_size, 1)
         step, state, meta = ck.load()
         self.assertEqual((step, meta, state["world"]), (5, {"ranks": 2}, 2))
+        self.assertEqual(state["own"]["rank"], 0)  # rank 0's own value, at world size one
+        self.assertTrue(torch.equal(state["own"]["gen"], torch.Generator().manual_seed(100).get_state()))
         full = torch.arange(40, dtype=torch.float32).reshape(10, 4)
         self.assertTrue(torch.equal(state["emb"], full))
         torch.manual_seed(0)

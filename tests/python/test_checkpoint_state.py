@@ -195,6 +195,22 @@ class TorchStates(TorchBase):
         self.assertIn("optim/state/0/exp_avg", names)
         self.assertIn("rng/torch", names)
 
+    def test_per_rank_values_round_trip(self):
+        gen = torch.Generator().manual_seed(7).get_state()
+        self.ck.save(1, {"w": torch.ones(2), "own": pacer.PerRank({"gen": gen, "n": 3, "t": (1, "a")})}).wait()
+        _, got, _ = self.ck.load()
+        self.assertEqual((got["own"]["n"], got["own"]["t"]), (3, (1, "a")))  # without into: the value itself
+        self.assertTrue(torch.equal(got["own"]["gen"], gen))
+        into = {"w": torch.zeros(2), "own": pacer.PerRank({"gen": torch.zeros_like(gen), "n": 0, "t": None})}
+        self.ck.load(into=into)
+        self.assertTrue(torch.equal(into["own"].value["gen"], gen))  # filled in place
+        self.assertEqual(into["own"].value["n"], 3)
+        names = {b["name"] for b in manifest(self.root, 1)["blobs"]}
+        self.assertIn("own/rank-0/gen", names)
+        self.assertIn("own/rank-0.tree", names)
+        with self.assertRaisesRegex(pacer.Error, r"state\['own'\]\['rank-0'\]\['x'\]: a PerRank inside a PerRank"):
+            self.ck.save(2, {"own": pacer.PerRank({"x": pacer.PerRank(1)})})
+
     def test_stats_count_the_bytes_staged(self):
         w = torch.randn(1000, 3)
         self.assertEqual(self.ck.stats()["saves"], 0)
