@@ -1,5 +1,6 @@
 """Several ranks from Python: two processes with torch.distributed over gloo save one checkpoint collectively
-(replicated and row-sharded state); it loads back at world size 1; a rank that dies or hangs inside the
+(replicated, row-sharded and per-rank state); it loads back at world size 1; a data-parallel run (DDP)
+resumed from a collective save repeats the uninterrupted run's losses bit for bit on every rank; a rank that dies or hangs inside the
 collective save makes the other return an error within the timeout, and nothing is committed. Under mpirun
 without torch.distributed, pacer's MPI world commits.
 
@@ -107,6 +108,32 @@ class TwoRanks(unittest.TestCase):
         ck.load(into={"model": model.state_dict(), "optim": opt.state_dict(), "emb": pacer.Shard(part, 4, (10, 4)),
                       "world": 0})
         self.assertTrue(torch.equal(part, full[4:7]))
+
+    def test_data_parallel_resume_is_bit_identical_on_every_rank(self):
+        data = os.path.join(self.tmp.name, "tokens")
+        rng = np.random.default_rng(0)
+        pacer.data.write_tokens(data, [rng.integers(1, 97, size=int(n)).tolist()
+                                       for n in rng.integers(5, 40, size=300)], dtype="int32")
+
+        def run(root, mode, world=2):
+            port = free_port()
+            procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "ckpt_ddp_resume.py"), data, root, mode],
+                                      env=dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r),
+                                               WORLD_SIZE=str(world), OMP_NUM_THREADS="1"),
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(world)]
+            out = []
+            for p in procs:
+                stdout, stderr = p.communicate(timeout=180)
+                self.assertEqual(p.returncode, 0, stderr)
+                out.append(json.loads(stdout) if stdout.strip() else None)
+            return out
+
+        full = run(os.path.join(self.tmp.name, "unused"), "full")
+        run(self.root, "first")
+        resumed = run(self.root, "resume")
+        self.assertEqual(len(full[0]), 20)
+        self.assertNotEqual(full[0], full[1])  # the ranks' losses differ: their data and dropout are their own
+        self.assertEqual(resumed, full)  # == on floats, every rank: bit-identical
 
     @unittest.skipIf(dist is None or not has_dtensor(), "torch has no public DTensor (torch < 2.4)")
     def test_dtensors_shard0_and_replicate(self):
