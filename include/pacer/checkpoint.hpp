@@ -102,7 +102,7 @@ std::optional<std::uint64_t> parse_step_dir_name(const std::string& name);
 // against its chunk's checksum; a mismatch is an error naming the blob, the
 // file and the offset. read() and verify_all() may run on several threads at
 // once (each read opens its own descriptor). While any copy of a Reader lives
-// it holds a shared lock (flock) on its step directory: retention, prune and
+// it holds a shared lock (flock) on its step's manifest: retention, prune and
 // the fast-tier flush, in this process or another, leave that step alone.
 class Reader {
  public:

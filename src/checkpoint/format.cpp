@@ -162,29 +162,49 @@ Expected<Manifest> manifest_from_json(const std::string& text, const std::string
 
 namespace {
 
-// The shared lock a Reader holds on its step directory, so that nobody
-// deletes the step under it (deleters take it exclusively, without waiting,
-// and skip a step that is being read). Where the filesystem has no flock
-// (some network filesystems) deletion is not held off; out of descriptors
-// (candidates() of a root that keeps thousands of steps) the step is opened
-// unlocked rather than not at all (a null lock).
+// What readers and deleters lock: the step's manifest, which every committed
+// step has (a directory without one is locked by its own descriptor). A file,
+// not the directory: on NFS flock() is emulated with fcntl() locks, and an
+// exclusive one needs a descriptor open for writing, which a directory
+// cannot have. The path locked is returned in `locked_path`.
+int open_lock_target(const std::string& step_dir, bool for_removal, std::string& locked_path) {
+  locked_path = (fs::path(step_dir) / kManifestName).string();
+  int fd = -1;
+  if (for_removal) fd = ::open(locked_path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0 && (!for_removal || errno == EACCES || errno == EROFS)) fd = ::open(locked_path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd >= 0 || errno != ENOENT) return fd;
+  locked_path = step_dir;
+  return ::open(step_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+}
+
+std::shared_ptr<const int> own_fd(int fd) {
+  return std::shared_ptr<const int>(new int(fd), [](const int* p) {
+    ::close(*p);
+    delete p;
+  });
+}
+
+// The shared lock a Reader holds on its step, so that nobody deletes the step
+// under it (deleters take it exclusively, without waiting, and skip a step
+// that is being read). Where the filesystem has no locks (some Lustre
+// mounts) deletion is not held off; out of descriptors (candidates() of a
+// root that keeps thousands of steps) the step is opened unlocked rather than
+// not at all (a null lock).
 Expected<std::shared_ptr<const int>> lock_step_dir(const std::string& step_dir) {
-  const int dfd = ::open(step_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0 && errno != EMFILE && errno != ENFILE)
+  std::string locked_path;
+  const int fd = open_lock_target(step_dir, false, locked_path);
+  if (fd < 0 && errno != EMFILE && errno != ENFILE)
     return Error{ErrorKind::kConfig, fmt::format("{}: cannot open: {} (no manifest: not a committed checkpoint)", step_dir, std::strerror(errno))};
   std::shared_ptr<const int> lock;
-  if (dfd < 0) return lock;
-  lock.reset(new int(dfd), [](const int* fd) {
-    ::close(*fd);
-    delete fd;
-  });
-  while (::flock(dfd, LOCK_SH) != 0 && errno == EINTR) {
+  if (fd < 0) return lock;
+  lock = own_fd(fd);
+  while (::flock(fd, LOCK_SH) != 0 && errno == EINTR) {
   }
   // A deleter that won the lock has renamed the directory away by now, and
   // a new save may have put another directory under the name: read only
-  // the directory that is locked.
+  // the step that is locked.
   struct stat locked {}, named {};
-  if (::fstat(dfd, &locked) != 0 || ::stat(step_dir.c_str(), &named) != 0 || locked.st_ino != named.st_ino ||
+  if (::fstat(fd, &locked) != 0 || ::stat(locked_path.c_str(), &named) != 0 || locked.st_ino != named.st_ino ||
       locked.st_dev != named.st_dev)
     return Error{ErrorKind::kConfig, fmt::format("{}: removed while being opened (no manifest: not a committed checkpoint)", step_dir)};
   return lock;
@@ -574,20 +594,20 @@ std::vector<Entry> list(const std::string& root, bool verify) {
 
 namespace {
 
-// Opens the directory and takes its lock exclusively without waiting: false
-// when a Reader holds it. Filesystems without flock count as unlocked.
+// Takes the step's lock exclusively without waiting: a null lock when a
+// Reader holds it. Filesystems without locks count as unlocked.
 Expected<std::shared_ptr<const int>> lock_for_removal(const std::string& path) {
-  const int dfd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) return Error{ErrorKind::kIo, fmt::format("{}: cannot open: {}", path, std::strerror(errno))};
-  std::shared_ptr<const int> fd(new int(dfd), [](const int* p) {
-    ::close(*p);
-    delete p;
-  });
+  std::string locked_path;
+  const int fd = open_lock_target(path, true, locked_path);
+  if (fd < 0) return Error{ErrorKind::kIo, fmt::format("{}: cannot open: {}", locked_path, std::strerror(errno))};
+  auto lock = own_fd(fd);
   int rc;
-  while ((rc = ::flock(dfd, LOCK_EX | LOCK_NB)) != 0 && errno == EINTR) {
+  while ((rc = ::flock(fd, LOCK_EX | LOCK_NB)) != 0 && errno == EINTR) {
   }
+  // Held by a reader: busy. Any other failure means no locks here (ENOLCK,
+  // a filesystem without them): deletion is not held off.
   if (rc != 0 && errno == EWOULDBLOCK) return std::shared_ptr<const int>();
-  return fd;
+  return lock;
 }
 
 }  // namespace
@@ -597,13 +617,17 @@ Expected<bool> remove_checkpoint_dir(const std::string& path) {
   if (!lock) return Error{ErrorKind::kIo, fmt::format("{}: cannot remove: {}", path, lock.error().message)};
   if (!*lock) return false;  // being read: the next retention tries again
   // Renamed away first: a directory that is half deleted must not keep a
-  // name that looks like a checkpoint. The lock stays held until it is gone,
-  // so a reader that opened the name just before the rename finds it moved.
+  // name that looks like a checkpoint. The lock stays held until the rename,
+  // so a reader that opened the name just before it finds it moved.
   const fs::path p(path);
   const fs::path doomed = p.parent_path() / fmt::format(".deleting-{}-{}", p.filename().string(), ::getpid());
   if (::rename(path.c_str(), doomed.c_str()) != 0)
     return Error{ErrorKind::kIo, fmt::format("{}: cannot remove: {}", path, std::strerror(errno))};
   sync_dir(p.parent_path().string());
+  // Renamed: a reader still waiting for the lock finds the name gone. Let it
+  // go before removing, or NFS keeps the open manifest as a silly-renamed
+  // file and the directory cannot be removed.
+  (*lock).reset();
   std::error_code ec;
   fs::remove_all(doomed, ec);
   return true;
