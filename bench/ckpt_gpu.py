@@ -97,14 +97,6 @@ def files_in(d):
     return sorted(os.path.join(d, n) for n in os.listdir(d) if os.path.isfile(os.path.join(d, n)))
 
 
-def fsync_file(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def rm(path):
     if os.path.isdir(path):
         shutil.rmtree(path, ignore_errors=True)

@@ -17,8 +17,7 @@ import torch
 import torch.distributed as dist
 
 import pacer
-
-STEPS, HALF, VOCAB, SEQ = 40, 20, 97, 16
+from ckpt_resume_train import HALF, SEQ, STEPS, VOCAB, train  # the same model and step as the one-rank test
 
 
 def main():
@@ -46,25 +45,11 @@ def main():
         while True:
             yield from loader
 
-    def train(it, steps):
-        losses = []
-        for _ in range(steps):
-            tokens = torch.from_numpy(next(it)["tokens"] % VOCAB)
-            logits = ddp(tokens[:, :-1])
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
-            loss = loss * (1 + 1e-3 * (np.random.rand() + random.random()))
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            sched.step()
-            losses.append(loss.item())
-        return losses
-
     ck = pacer.Checkpointer(root, timeout=60)
     if mode == "full":
-        print(json.dumps(train(batches(), STEPS)[HALF:]), flush=True)
+        print(json.dumps(train(ddp, opt, sched, batches(), STEPS)[HALF:]), flush=True)
     elif mode == "first":
-        train(batches(), HALF)
+        train(ddp, opt, sched, batches(), HALF)
         ck.save(HALF, state()).wait()
     else:
         s = state()
@@ -75,7 +60,7 @@ def main():
         sched.load_state_dict(s["sched"])
         loader.load_state_dict(s["loader"].value)
         pacer.set_rng_state(s["rng"].value)
-        print(json.dumps(train(batches(), STEPS - HALF)), flush=True)
+        print(json.dumps(train(ddp, opt, sched, batches(), STEPS - HALF)), flush=True)
     dist.destroy_process_group()
 
 
