@@ -28,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "checkpoint/blob_data.hpp"
 #include "checkpoint/crash_data.hpp"
 #include "pacer/checkpoint.hpp"
 #include "test_util.hpp"
@@ -37,6 +38,7 @@ extern char** environ;
 namespace {
 
 namespace fs = std::filesystem;
+using pacer::test::flip_byte;
 namespace ckpt = pacer::ckpt;
 namespace crash = pacer::test::crash;
 using pacer::test::contains;
@@ -467,16 +469,6 @@ class ReliabilityCorruption : public ::testing::Test {
     auto l = o.ck->latest();
     if (warnings) *warnings = *o.warnings;
     return l;
-  }
-
-  static void flip_byte(const std::string& path, std::uint64_t offset) {
-    const int fd = ::open(path.c_str(), O_RDWR);
-    ASSERT_GE(fd, 0) << path;
-    unsigned char c = 0;
-    ASSERT_EQ(::pread(fd, &c, 1, static_cast<off_t>(offset)), 1);
-    c ^= 0x01;
-    ASSERT_EQ(::pwrite(fd, &c, 1, static_cast<off_t>(offset)), 1);
-    ::close(fd);
   }
 
   static void write_bytes(const std::string& path, const std::string& bytes) {

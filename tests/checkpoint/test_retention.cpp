@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "checkpoint/blob_data.hpp"
 #include "checkpoint/crash_data.hpp"
 #include "pacer/checkpoint.hpp"
 #include "test_util.hpp"
@@ -30,6 +31,7 @@
 namespace {
 
 namespace fs = std::filesystem;
+using pacer::test::flip_byte;
 namespace ckpt = pacer::ckpt;
 using pacer::test::contains;
 using pacer::test::TempDir;
@@ -109,16 +111,6 @@ std::vector<std::string> damaged_dirs(const std::string& root) {
   for (const auto& e : fs::directory_iterator(root, ec))
     if (e.path().filename().string().rfind(".damaged-", 0) == 0) out.push_back(e.path().string());
   return out;
-}
-
-void flip_byte(const std::string& path, std::uint64_t offset) {
-  const int fd = ::open(path.c_str(), O_RDWR);
-  ASSERT_GE(fd, 0) << path;
-  unsigned char c = 0;
-  ASSERT_EQ(::pread(fd, &c, 1, static_cast<off_t>(offset)), 1);
-  c ^= 0x80;
-  ASSERT_EQ(::pwrite(fd, &c, 1, static_cast<off_t>(offset)), 1);
-  ::close(fd);
 }
 
 // The step opens, verifies and holds data_of(step).
