@@ -936,7 +936,15 @@ struct Checkpointer::Impl {
       if (all_ok && !nodes_ok) {
         result = mine.empty() ? fmt::format("step {}: the commit on another node's fast tier failed; nothing was committed", s->step) : mine;
         // No node may keep a step that another could not commit.
-        if (leader && mine.empty()) (void)remove_checkpoint_dir((fs::path(*opt.fast_tier) / step_dir_name(s->step)).string());
+        if (leader && mine.empty()) {
+          const std::string dir = (fs::path(*opt.fast_tier) / step_dir_name(s->step)).string();
+          auto gone = remove_checkpoint_dir(dir);
+          // Kept, it would stay for good: retention keeps a fast-tier step
+          // until the persistent tier has it, which this one never will.
+          if (!gone || !*gone)
+            warn(fmt::format("step {}: {} is a copy that the other nodes could not commit, and it cannot be removed now ({}): "
+                             "remove it by hand", s->step, dir, gone ? "a reader holds it" : gone.error().message));
+        }
       }
       if (!result.empty()) {
         std::error_code ec;
