@@ -136,12 +136,14 @@ class Reader {
 
  private:
   struct File;
+  // Both open()s end here, with the step's lock already taken.
+  static Expected<Reader> open_locked(const std::string& dir, Manifest manifest, std::shared_ptr<const int> lock);
   Expected<std::shared_ptr<File>> open_file(const std::string& name) const;
   // scratch: two buffers kept across calls (verify_all), or nullptr.
   Status read_piece(const BlobInfo& b, std::uint64_t from, std::uint64_t len, unsigned char* dst, HostBuffer* scratch = nullptr);
   std::string dir_;
   Manifest manifest_;
-  std::shared_ptr<const int> dir_lock_;  // the locked directory descriptor, shared by copies
+  std::shared_ptr<const int> dir_lock_;  // the locked manifest's descriptor, shared by copies
 };
 
 // What a directory of checkpoints holds, for `pacer ckpt ls` and retention.

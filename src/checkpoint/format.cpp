@@ -225,9 +225,7 @@ Expected<Reader> Reader::open(const std::string& step_dir) {
   // for that step.
   if (auto named = parse_step_dir_name(fs::path(step_dir).filename().string()); named && *named != m->step)
     return Error{ErrorKind::kConfig, fmt::format("{}: manifest is for step {}, but the directory is step {}", path, m->step, *named)};
-  auto r = open(step_dir, std::move(*m));
-  if (r && !r->dir_lock_) r->dir_lock_ = std::move(*lock);
-  return r;
+  return open_locked(step_dir, std::move(*m), std::move(*lock));
 }
 
 namespace {
@@ -293,6 +291,10 @@ Status check_layout(const Manifest& m, bool complete, const std::string& source)
 Expected<Reader> Reader::open(const std::string& step_dir, Manifest manifest) {
   auto lock = lock_step_dir(step_dir);
   if (!lock) return lock.error();
+  return open_locked(step_dir, std::move(manifest), std::move(*lock));
+}
+
+Expected<Reader> Reader::open_locked(const std::string& step_dir, Manifest manifest, std::shared_ptr<const int> lock) {
   if (Status st = check_layout(manifest, manifest.ranks.empty(), (fs::path(step_dir) / kManifestName).string()); !st) return st.error();
   for (const auto& [name, size] : manifest.files) {
     std::error_code ec;
@@ -304,7 +306,7 @@ Expected<Reader> Reader::open(const std::string& step_dir, Manifest manifest) {
   Reader r;
   r.dir_ = step_dir;
   r.manifest_ = std::move(manifest);
-  r.dir_lock_ = std::move(*lock);
+  r.dir_lock_ = std::move(lock);
   return r;
 }
 
