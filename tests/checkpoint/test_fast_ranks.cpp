@@ -82,24 +82,12 @@ struct Cluster {
   // Runs body(rank, checkpointer) on every rank at once; returns each rank's
   // error text ("" when none).
   std::vector<std::string> run(const std::function<std::string(int, Checkpointer&)>& body, double flush_timeout_s = 600) {
-    test::ThreadWorld world(ranks);
-    std::vector<std::string> errors(static_cast<std::size_t>(ranks));
-    std::vector<std::thread> threads;
-    for (int r = 0; r < ranks; ++r) {
-      threads.emplace_back([&, r] {
-        auto comm = world.rank(r);
-        Options o = options(r, comm.get());
-        o.flush_timeout_s = flush_timeout_s;
-        auto ck = Checkpointer::open(o);
-        if (!ck) {
-          errors[static_cast<std::size_t>(r)] = ck.error().message;
-          return;
-        }
-        errors[static_cast<std::size_t>(r)] = body(r, **ck);
-      });
-    }
-    for (auto& t : threads) t.join();
-    return errors;
+    return test::on_thread_ranks(ranks, [&](int r, comm::Communicator* comm) {
+      Options o = options(r, comm);
+      o.flush_timeout_s = flush_timeout_s;
+      auto ck = Checkpointer::open(o);
+      return ck ? body(r, **ck) : ck.error().message;
+    });
   }
 };
 

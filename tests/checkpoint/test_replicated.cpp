@@ -123,18 +123,10 @@ Options rank_options(const std::string& root, comm::Communicator* comm) {
 // Runs `body(rank, checkpointer)` on `ranks` thread ranks; returns each rank's error text.
 template <class Body>
 std::vector<std::string> on_ranks(int ranks, const std::string& root, Body body) {
-  test::ThreadWorld world(ranks);
-  std::vector<std::string> errors(static_cast<std::size_t>(ranks));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r) {
-    threads.emplace_back([&, r] {
-      auto comm = world.rank(r);
-      auto ck = Checkpointer::open(rank_options(root, comm.get())).value();
-      errors[static_cast<std::size_t>(r)] = body(r, *ck);
-    });
-  }
-  for (auto& t : threads) t.join();
-  return errors;
+  return test::on_thread_ranks(ranks, [&](int r, comm::Communicator* comm) {
+    auto ck = Checkpointer::open(rank_options(root, comm)).value();
+    return body(r, *ck);
+  });
 }
 
 class ReplicatedAcrossRanks : public ::testing::TestWithParam<int> {};

@@ -2,9 +2,11 @@
 #pragma once
 
 #include <barrier>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "pacer/comm/communicator.hpp"
@@ -50,5 +52,20 @@ class ThreadWorld {
   std::vector<int> oks_;
   std::string shared_;
 };
+
+// Runs body(rank, communicator) on n thread ranks at once and joins them;
+// returns what each rank's body returned (its error text, "" when none).
+inline std::vector<std::string> on_thread_ranks(int n, const std::function<std::string(int, comm::Communicator*)>& body) {
+  ThreadWorld world(n);
+  std::vector<std::string> out(static_cast<std::size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      auto comm = world.rank(r);
+      out[static_cast<std::size_t>(r)] = body(r, comm.get());
+    });
+  for (auto& t : threads) t.join();
+  return out;
+}
 
 }  // namespace pacer::test
