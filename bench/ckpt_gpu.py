@@ -13,7 +13,7 @@ times each contender once, in an order that rotates between rounds:
 - loads, each from a cold page cache back into the GPU state: pacer load(into=),
   torch.load(map_location=cuda), dcp.load, and cat of pacer's files
 
-    PYTHONPATH=... python3 bench/ckpt_gpu.py --dir SCRATCH --out RESULT.json [--rounds 2]
+    PYTHONPATH=... python3 bench/ckpt_gpu.py --dir SCRATCH --out RESULT.json [--rounds 3]
 
 Writes one JSON file with the machine, versions, raw per-round numbers,
 medians, spreads, ratios and the issue's targets with `met`.
