@@ -10,6 +10,10 @@
 #   CKPT_BENCH_BYTES=N    total tensor bytes (default 2147483648 = 2 GiB)
 #   CKPT_BENCH_TENSORS=N  number of float32 tensors (default 8)
 #   CKPT_BENCH_SETTLE_S=S idle seconds (after a sync) before every timed step (default 3)
+#   CKPT_BENCH_STAGING=N  pacer's staging budget in bytes (default: the tensors plus a chunk each,
+#                         so save() never waits for the disk; smaller measures a checkpoint larger
+#                         than the pool)
+#   CKPT_BENCH_NAME=NAME  result file names, NAME.json and NAME.md (default ckpt_vs_torch-DAY)
 #   BENCH_DIR=DIR         where the files are written (default: a temporary
 #                         directory under the repository root, removed at exit)
 #   PACER_PYTHON=PATH     python with numpy and torch that the module was built
@@ -30,10 +34,12 @@ ROUNDS=${ROUNDS:-3}
 BYTES=${CKPT_BENCH_BYTES:-2147483648}
 TENSORS=${CKPT_BENCH_TENSORS:-8}
 SETTLE=${CKPT_BENCH_SETTLE_S:-3}
+STAGING=${CKPT_BENCH_STAGING:-0}
 RESULTS=$REPO/bench/results
 DAY=$(date -u +%Y-%m-%d)
-OUT_JSON=$RESULTS/ckpt_vs_torch-$DAY.json
-OUT_MD=$RESULTS/ckpt_vs_torch-$DAY.md
+NAME=${CKPT_BENCH_NAME:-ckpt_vs_torch-$DAY}
+OUT_JSON=$RESULTS/$NAME.json
+OUT_MD=$RESULTS/$NAME.md
 
 die() { echo "ckpt_vs_torch: $*" >&2; exit 1; }
 [[ -f $BUILD/python/pacer/__init__.py ]] || die "no pacer Python module in $BUILD/python (build first: make build, or pass the build directory)"
@@ -43,6 +49,8 @@ for tool in dd fincore findmnt; do command -v "$tool" >/dev/null || die "$tool n
 [[ $BYTES =~ ^[1-9][0-9]*$ ]] || die "CKPT_BENCH_BYTES must be a positive number of bytes"
 [[ $TENSORS =~ ^[1-9][0-9]*$ ]] || die "CKPT_BENCH_TENSORS must be a positive integer"
 [[ $SETTLE =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "CKPT_BENCH_SETTLE_S must be a number of seconds"
+[[ $STAGING =~ ^[0-9]+$ ]] || die "CKPT_BENCH_STAGING must be a number of bytes"
+[[ $NAME =~ ^[A-Za-z0-9._-]+$ ]] || die "CKPT_BENCH_NAME must be letters, digits, '.', '_' and '-'"
 PYTHONPATH=$BUILD/python "$PY" -c 'import numpy, torch, pacer' || die "$PY cannot import numpy, torch and pacer from $BUILD/python"
 
 if [[ -n ${BENCH_DIR:-} ]]; then
@@ -97,6 +105,6 @@ PY
 
 mkdir -p "$RESULTS"
 PYTHONPATH=$BUILD/python "$PY" "$REPO/bench/ckpt_vs_torch.py" --scratch "$SCRATCH/run" --bytes "$BYTES" \
-  --tensors "$TENSORS" --rounds "$ROUNDS" --settle "$SETTLE" --out-json "$OUT_JSON" --out-md "$OUT_MD" --facts "$FACTS" \
-  --command "ROUNDS=$ROUNDS CKPT_BENCH_BYTES=$BYTES CKPT_BENCH_TENSORS=$TENSORS CKPT_BENCH_SETTLE_S=$SETTLE bash bench/ckpt_vs_torch.sh ${1:-}"
+  --tensors "$TENSORS" --rounds "$ROUNDS" --settle "$SETTLE" --staging "$STAGING" --out-json "$OUT_JSON" --out-md "$OUT_MD" --facts "$FACTS" \
+  --command "ROUNDS=$ROUNDS CKPT_BENCH_BYTES=$BYTES CKPT_BENCH_TENSORS=$TENSORS CKPT_BENCH_SETTLE_S=$SETTLE CKPT_BENCH_STAGING=$STAGING bash bench/ckpt_vs_torch.sh ${1:-}"
 echo "ckpt_vs_torch: wrote $OUT_JSON and $OUT_MD"

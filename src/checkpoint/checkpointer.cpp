@@ -1285,23 +1285,22 @@ Expected<SaveHandle> Checkpointer::save_impl(std::uint64_t step, const std::vect
   const std::uint64_t cap = im.pool->buffer_bytes();
   Task cur;
   std::uint64_t used = 0;
-  bool cur_queued = false;      // cur has device copies that may not have landed
   bool queued = false;          // device copies queued since the last landing
-  std::vector<Task> landing;    // full buffers whose device copies may not have landed
+  std::vector<Task> landing;    // full buffers not yet handed to the writer
   std::set<int> ordered;        // devices whose side stream waits for the producer stream
   std::uint64_t staged = 0;
   auto close_cur = [&] {
     if (cur.buf && !cur.pieces.empty()) {
-      // Buffers reach the writer in order (a chunk split across two is
-      // checksummed piece by piece): behind a buffer still landing, wait too.
-      if (cur_queued || !landing.empty()) landing.push_back(std::move(cur));
-      else im.push(std::move(cur));
+      // Buffers reach the writer once staging ends or the pool runs dry, in
+      // order (a chunk split across two is checksummed piece by piece): a
+      // writer hashing and writing while the caller copies takes the memory
+      // bandwidth and the core that save() is blocking on.
+      landing.push_back(std::move(cur));
     } else if (cur.buf) {
       im.pool->release(cur.buf);
     }
     cur = Task{};
     used = 0;
-    cur_queued = false;
   };
   auto land = [&]() -> Status {
     if (queued) {
@@ -1311,7 +1310,6 @@ Expected<SaveHandle> Checkpointer::save_impl(std::uint64_t step, const std::vect
     }
     for (auto& t : landing) im.push(std::move(t));
     landing.clear();
-    cur_queued = false;
     return {};
   };
   // A failure while staging: no copy may land in a buffer after it is handed
@@ -1361,7 +1359,7 @@ Expected<SaveHandle> Checkpointer::save_impl(std::uint64_t step, const std::vect
         if (b.device >= 0) {
           if (Status st = im.d2h->copy(b.device, cur.buf + used, src + off + done, take); !st)
             return abort_save(Error{st.error().kind, fmt::format("step {}: blob '{}': {}", step, b.name, st.error().message)});
-          cur_queued = queued = true;
+          queued = true;
         } else {
           std::memcpy(cur.buf + used, src + off + done, take);
         }
