@@ -255,6 +255,46 @@ void register_checkpoint(py::module_& m) {
       .def("flush", &PyCheckpointer::flush)
       .def("stats", &PyCheckpointer::stats);
 
+  m.def("_prune", [](const std::string& root, int keep_last, int keep_every, bool remove_damaged, bool dry_run) {
+    ckpt::PruneOptions o;
+    o.keep_last = keep_last;
+    o.keep_every = keep_every;
+    o.remove_damaged = remove_damaged;
+    o.dry_run = dry_run;
+    ckpt::PruneResult r;
+    {
+      py::gil_scoped_release nogil;
+      r = unwrap(ckpt::prune(root, o));
+    }
+    py::list damaged;
+    for (const auto& e : r.damaged) damaged.append(py::make_tuple(e.path, e.problem));
+    py::dict d;
+    d["newest_valid"] = r.newest_valid ? py::cast(*r.newest_valid) : py::none();
+    d["removed"] = r.removed;
+    d["kept"] = r.kept;
+    d["damaged"] = damaged;
+    d["removed_damaged"] = r.removed_damaged;
+    d["busy"] = r.busy;
+    return d;
+  }, py::arg("root"), py::arg("keep_last"), py::arg("keep_every"), py::arg("remove_damaged"), py::arg("dry_run"));
+  m.def("_export_safetensors", [](const std::string& root, std::optional<std::uint64_t> step, const std::string& out_dir,
+                                  const std::string& prefix, std::uint64_t max_shard_bytes) {
+    ckpt::ExportOptions o;
+    o.prefix = prefix;
+    o.max_shard_bytes = max_shard_bytes;
+    ckpt::ExportResult r;
+    {
+      py::gil_scoped_release nogil;
+      r = unwrap(ckpt::export_safetensors(root, step, out_dir, o));
+    }
+    py::dict d;
+    d["step"] = r.step;
+    d["files"] = r.files;
+    d["tensors"] = r.tensors;
+    d["bytes"] = r.bytes;
+    d["skipped"] = r.skipped;
+    return d;
+  }, py::arg("root"), py::arg("step"), py::arg("out_dir"), py::arg("prefix"), py::arg("max_shard_bytes"));
   m.def("optimal_interval", &ckpt::optimal_interval, py::arg("save_cost_s"), py::arg("mtbf_s"),
         "Daly's optimal checkpoint interval in seconds");
   m.def("dtype_size", &ckpt::dtype_size, py::arg("dtype"), "Bytes per element of a blob dtype; 0 when unknown");

@@ -13,10 +13,11 @@ Checkpointing (see pacer.checkpoint and docs/checkpoint.md)::
 """
 from ._pacer import Error, Reader, SaveHandle, __version__, optimal_interval
 from . import checkpoint  # pacer.checkpoint: states as trees of blobs
-from .checkpoint import Checkpointer, Loaded, PerRank, Shard, TorchCommunicator, rng_state, set_rng_state
+from .checkpoint import (Checkpointer, Loaded, PerRank, Shard, TorchCommunicator, export_safetensors, prune, rng_state,
+                         set_rng_state)
 from . import data  # pacer.data: shards and the loader
 from . import telemetry  # pacer.telemetry: training metrics into the job catalog
 from . import run  # pacer.run: the checkpoint request contract of `pacer run`
 
-__all__ = ["Checkpointer", "Error", "Loaded", "PerRank", "Reader", "SaveHandle", "Shard", "TorchCommunicator", "optimal_interval",
-           "rng_state", "set_rng_state", "__version__"]
+__all__ = ["Checkpointer", "Error", "Loaded", "PerRank", "Reader", "SaveHandle", "Shard", "TorchCommunicator", "export_safetensors",
+           "optimal_interval", "prune", "rng_state", "set_rng_state", "__version__"]

@@ -24,7 +24,7 @@ import warnings
 
 import numpy as np
 
-from ._pacer import Error, HostBuffer, _Checkpointer, built_with_mpi, dtype_size
+from ._pacer import Error, HostBuffer, _Checkpointer, _export_safetensors, _prune, built_with_mpi, dtype_size
 
 SCHEMA = "pacer.state/1"
 META_KEY = "pacer"
@@ -1183,6 +1183,35 @@ class Checkpointer:
         staging memory page-locked for copies from the GPU.
         """
         return self._impl.stats()
+
+
+# ---- retention and export by hand ---------------------------------------------
+
+
+def prune(root, keep_last=3, keep_every=0, remove_damaged=False, dry_run=False):
+    """Retention by hand, as `pacer ckpt prune`: only valid steps count, and the newest valid step always stays.
+
+    The newest keep_last valid steps and every multiple of keep_every (when > 0) stay. Damaged steps are reported
+    and left unless remove_damaged; a step that a reader holds is skipped (busy). With dry_run nothing is removed.
+    Returns a dict: newest_valid (a step or None), removed and kept (steps, newest first; with dry_run: would be
+    removed), damaged ((path, problem) pairs), removed_damaged (paths) and busy (steps).
+    """
+    if keep_last < 1:
+        raise Error("keep_last must be at least 1")
+    if keep_every < 0:
+        raise Error("keep_every must be 0 or more")
+    return _prune(os.fspath(root), int(keep_last), int(keep_every), bool(remove_damaged), bool(dry_run))
+
+
+def export_safetensors(root, out_dir, step=None, prefix="model", max_shard_bytes=5_000_000_000):
+    """Writes a step's model tensors in the safetensors format, as `pacer ckpt export --safetensors`.
+
+    The tensors saved under `prefix` (the "model" entry of the state by default; "" exports every tensor) go to
+    out_dir/model.safetensors, or, above max_shard_bytes, to numbered files and model.safetensors.index.json, each
+    read back and compared before the next. step=None: the newest step that reads back whole. Returns a dict: step,
+    files, tensors, bytes and skipped (newer damaged steps passed over, each with why).
+    """
+    return _export_safetensors(os.fspath(root), step, os.fspath(out_dir), prefix, int(max_shard_bytes))
 
 
 # ---- random number generators -------------------------------------------------

@@ -503,6 +503,59 @@ class Corruption(CheckpointTestCase):
         self.assertIn("truncated", err[0])
 
 
+class PruneAndExport(CheckpointTestCase):
+    def test_prune_keeps_the_newest_valid_step_behind_a_damaged_one(self):
+        ck = pacer.Checkpointer(self.root, keep_last=0)
+        for s in (1, 2, 3):
+            ck.save(s, {"x": random_array(self.rng, "int64", (1000,))}).wait()
+        flip_byte(os.path.join(step_dir(self.root, 3), DATA_FILE), 100)
+        with captured_stderr([]):
+            r = pacer.prune(self.root, keep_last=1, dry_run=True)
+        self.assertEqual(r["newest_valid"], 2)
+        self.assertEqual(r["removed"], [1])
+        self.assertEqual(r["kept"], [2])
+        self.assertEqual([os.path.basename(p) for p, _ in r["damaged"]], [os.path.basename(step_dir(self.root, 3))])
+        self.assertIn("checksum", r["damaged"][0][1])
+        self.assertTrue(os.path.isdir(step_dir(self.root, 1)))  # a dry run removes nothing
+        with captured_stderr([]):
+            r = pacer.prune(self.root, keep_last=1)
+        self.assertFalse(os.path.exists(step_dir(self.root, 1)))
+        self.assertTrue(os.path.isdir(step_dir(self.root, 2)))
+        self.assertTrue(os.path.isdir(step_dir(self.root, 3)))  # damaged: left for the user
+        with captured_stderr([]):
+            r = pacer.prune(self.root, keep_last=1, remove_damaged=True)
+        self.assertFalse(os.path.exists(step_dir(self.root, 3)))
+        self.assertEqual(ck.latest(), 2)
+        with self.assertRaisesRegex(pacer.Error, "keep_last"):
+            pacer.prune(self.root, keep_last=0)
+
+    def test_export_safetensors_writes_the_model_tensors(self):
+        ck = pacer.Checkpointer(self.root)
+        w = random_array(self.rng, "float32", (3, 4))
+        b = random_array(self.rng, "int64", (5,))
+        ck.save(7, {"model": {"layer.w": w, "layer.b": b}, "optim": {"m": random_array(self.rng, "float32", (2,))}}).wait()
+        out = os.path.join(self.tmp.name, "hf")
+        r = pacer.export_safetensors(self.root, out)
+        self.assertEqual(r["step"], 7)
+        self.assertEqual(r["tensors"], 2)
+        self.assertEqual(r["bytes"], w.nbytes + b.nbytes)
+        self.assertEqual([os.path.basename(f) for f in r["files"]], ["model.safetensors"])
+        with open(os.path.join(out, "model.safetensors"), "rb") as f:
+            blob = f.read()
+        n = int.from_bytes(blob[:8], "little")
+        header = json.loads(blob[8:8 + n])
+        data = blob[8 + n:]
+        self.assertEqual(sorted(k for k in header if k != "__metadata__"), ["layer.b", "layer.w"])
+        for name, arr, dt in (("layer.w", w, "F32"), ("layer.b", b, "I64")):
+            h = header[name]
+            self.assertEqual(h["dtype"], dt)
+            self.assertEqual(h["shape"], list(arr.shape))
+            lo, hi = h["data_offsets"]
+            self.assertEqual(data[lo:hi], arr.tobytes())
+        with self.assertRaisesRegex(pacer.Error, "step-000000000009: cannot open"):
+            pacer.export_safetensors(self.root, out, step=9)
+
+
 class Errors(CheckpointTestCase):
     def test_duplicate_step(self):
         ck = pacer.Checkpointer(self.root)
