@@ -133,7 +133,7 @@ class PyLoader {
   PyLoader(std::shared_ptr<Dataset> ds, const py::dict& options, bool copy) : copy_(copy) {
     impl_ = unwrap(data::Loader::open(std::move(ds), loader_options(options)));
   }
-  PyLoader(std::shared_ptr<TokenDataset> ds, const py::dict& options) {
+  PyLoader(std::shared_ptr<TokenDataset> ds, const py::dict& options) : tokens_(true) {
     impl_ = unwrap(data::Loader::open(std::move(ds), loader_options(options)));
   }
 
@@ -156,7 +156,8 @@ class PyLoader {
     auto& batch = **r;
     if (!batch) return py::none();
     const bool pinned = batch->buffer && batch->buffer->pinned();
-    py::dict d = batch->rows ? token_batch(*batch) : sample_batch(*batch, copy_);
+    // By the loader's kind, not the batch's rows: an empty last batch of a token loader still has "tokens".
+    py::dict d = tokens_ ? token_batch(*batch) : sample_batch(*batch, copy_);
     return py::make_tuple(d, pinned);
   }
 
@@ -200,6 +201,7 @@ class PyLoader {
  private:
   std::unique_ptr<data::Loader> impl_;
   bool copy_ = false;
+  bool tokens_ = false;
 };
 
 }  // namespace
@@ -219,19 +221,23 @@ void register_data(py::module_& m) {
         return sample_dict(**r);
       }, py::arg("i"));
 
-  py::class_<TokenDataset, std::shared_ptr<TokenDataset>>(m, "_TokenDataset", "A memory-mapped Megatron-Core indexed dataset")
+  py::class_<TokenDataset, std::shared_ptr<TokenDataset>>(m, "_TokenDataset", "A Megatron-Core indexed dataset (PREFIX.bin + PREFIX.idx)")
       .def(py::init([](const std::string& prefix) { return unwrap(TokenDataset::open(prefix)); }), py::arg("prefix"))
       .def_property_readonly("dtype", &TokenDataset::dtype)
       .def_property_readonly("documents", &TokenDataset::documents)
       .def_property_readonly("tokens", &TokenDataset::tokens)
       .def("__len__", &TokenDataset::sequences)
       .def("document", &TokenDataset::document, py::arg("d"))
-      // A read-only view into the mapping; the array keeps the dataset alive.
-      .def("sequence_view", [](std::shared_ptr<TokenDataset> ds, std::uint64_t i) {
-        if (i >= ds->sequences()) throw Exception(Error{ErrorKind::kUsage, fmt::format("sequence {} of {}", i, ds->sequences())});
-        const auto n = static_cast<py::ssize_t>(ds->length(i) * ds->itemsize());
-        return py::memoryview::from_memory(const_cast<void*>(ds->data(i)), n, /*readonly=*/true);
-      }, py::keep_alive<0, 1>(), py::arg("i"));
+      // A copy read with pread: a view into a mapping would SIGBUS once the .bin is truncated.
+      .def("sequence_bytes", [](const TokenDataset& ds, std::uint64_t i) {
+        std::optional<Expected<std::string>> r;
+        {
+          py::gil_scoped_release nogil;
+          r.emplace(ds.bytes(i));
+        }
+        if (!*r) throw Exception(r->error());
+        return py::bytes(**r);
+      }, py::arg("i"));
   m.def("_write_token_dataset", [](const std::string& prefix, const std::string& dtype,
                                    const std::vector<std::vector<std::int64_t>>& docs) { unwrap(write_token_dataset(prefix, dtype, docs)); },
         py::arg("prefix"), py::arg("dtype"), py::arg("documents"));

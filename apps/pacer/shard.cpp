@@ -118,7 +118,7 @@ int verify(const ShardArgs& a) {
   const auto r = unwrap(data::verify_shards(a.spec, step_line(progress)));
   progress.clear();
   Table t({{"SHARD"}, {"SAMPLES", true}, {"SIZE", true}, {"STATUS"}});
-  for (const auto& s : r.shards) t.add_row({s.path, std::to_string(s.samples), format_bytes(double(s.bytes)), s.ok() ? "ok" : "BAD"});
+  for (const auto& s : r.shards) t.add_row({s.path, std::to_string(s.samples), format_bytes(double(s.bytes)), s.ok() ? (s.indexed ? "ok" : "ok (no index)") : "BAD"});
   std::string text = t.render();
   for (const auto& f : r.failures) text += "FAILED: " + f + "\n";
   if (!r.ok()) text += fmt::format("FAILED: {} problem(s) in {} shard(s) of {}\n", r.failures.size(), r.shards.size(), a.spec);

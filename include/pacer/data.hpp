@@ -32,8 +32,11 @@ struct TarMember {
 
 // Reads every header of a tar file (POSIX ustar, pax extended headers, GNU
 // long names; base-256 sizes). Directories, links and pax global headers are
-// skipped. A truncated archive, a bad header checksum or a member whose name
-// is absolute or contains "..", is an error naming the shard and the offset.
+// skipped. A truncated archive, a bad header checksum, a size past the end of
+// the file, a malformed pax record, a GNU sparse or multi-volume member, a
+// name over 65535 bytes, or a member whose name is absolute or contains "..",
+// is an error naming the shard and the offset. Nothing is allocated beyond
+// the file's size (pax headers at most 1 MiB).
 Expected<std::vector<TarMember>> scan_tar(const std::string& path);
 
 // One WebDataset sample: consecutive members sharing a key, the name up to the
@@ -47,24 +50,37 @@ struct SampleEntry {
   std::string key;
   std::vector<Field> fields;
 };
-std::vector<SampleEntry> group_samples(const std::vector<TarMember>& members);
+// A sample with the same extension twice (or over 65535 fields) is an error
+// naming the shard, the member's offset and the key.
+Expected<std::vector<SampleEntry>> group_samples(const std::string& shard, const std::vector<TarMember>& members);
 
 // The index of one shard, stored beside it as SHARD.pidx (binary, see
 // docs/data.md). `samples` is enough to open a dataset; the entries are read
-// only when the shard is used.
+// only when the shard is used. The index is bound to its shard by the
+// shard's size, mtime and a checksum of its member headers, and checksums
+// itself.
 struct ShardIndex {
   std::string shard;
   std::uint64_t shard_bytes = 0;
   std::uint64_t samples = 0;
-  std::vector<SampleEntry> entries;  // empty when only the header was read
+  std::int64_t shard_mtime_ns = 0;   // the shard's mtime when it was indexed
+  std::uint64_t headers_xxh3 = 0;    // XXH3-64 of the header block in front of each field's data
+  std::vector<SampleEntry> entries;  // may be empty when only the header was read
 };
 std::string index_path(const std::string& shard);
 // Scans the shard and writes its index atomically.
 Expected<ShardIndex> build_index(const std::string& shard);
-// Reads SHARD.pidx; with `header_only` just the sample count. An index that
-// does not match the shard's size is an error (the shard changed).
+// Reads SHARD.pidx and checks it: its checksums, the shard's size, and (when
+// the entries are read, or the shard's mtime is not the indexed one) the
+// shard's member headers at the indexed offsets. With `header_only` just the
+// sample count when the size and mtime match. An index that does not fit is
+// a kConfig error naming it (the shard changed, or the index is corrupt); a
+// file that cannot be read is kIo.
 Expected<ShardIndex> read_index(const std::string& shard, bool header_only);
-// read_index, or build_index when the index is missing (and writable).
+// read_index; a missing index is built (and written when the directory is
+// writable, else kept in memory); an index that does not fit is rebuilt and
+// replaced, or, when it cannot be replaced (a read-only dataset), an error
+// naming the shard.
 Expected<ShardIndex> load_or_build_index(const std::string& shard, bool header_only);
 
 // ---------------------------------------------------------------------------
@@ -85,6 +101,8 @@ class Dataset {
   ~Dataset();
 
   std::uint64_t size() const { return total_; }
+  // What it was opened from, for messages: the spec, or its shards.
+  const std::string& name() const { return name_; }
   const std::vector<std::string>& shards() const { return shards_; }
   const std::vector<std::uint64_t>& shard_samples() const { return counts_; }
 
@@ -108,6 +126,7 @@ class Dataset {
   // with one pread into room(bytes); field offsets are relative to the span.
   Expected<SampleEntry> read_span(std::uint64_t i, const std::function<unsigned char*(std::uint64_t)>& room) const;
   Dataset() = default;
+  std::string name_;
   std::vector<std::string> shards_;
   std::vector<std::uint64_t> counts_;
   std::vector<std::uint64_t> starts_;
@@ -117,7 +136,9 @@ class Dataset {
 
 // ---------------------------------------------------------------------------
 // Token datasets: Megatron-Core indexed datasets (PREFIX.bin + PREFIX.idx,
-// the "MMIDIDX" layout), memory-mapped.
+// the "MMIDIDX" layout). The .idx is read whole; the .bin stays open and
+// tokens are read from it with pread, not through a mapping, so a .bin
+// truncated while it is open is an error naming it, never a SIGBUS.
 //
 // PREFIX.idx: 9-byte header "MMIDIDX\0\0", u64 version 1, u8 dtype code
 // (1 uint8, 2 int8, 3 int16, 4 int32, 5 int64, 6 float64, 7 float32,
@@ -127,21 +148,22 @@ class Dataset {
 // at 0: document d is sequences [doc[d], doc[d+1])). Little-endian.
 class TokenDataset {
  public:
-  // Maps both files; every length, offset and boundary is checked against
-  // the file sizes, so reads never leave the mapping. Errors name the file.
+  // Every length, offset and boundary is checked against the file sizes, so
+  // a .bin shorter than its .idx claims is an error here. Errors name the file.
   static Expected<std::shared_ptr<TokenDataset>> open(const std::string& prefix);
   ~TokenDataset();
   TokenDataset(const TokenDataset&) = delete;
   TokenDataset& operator=(const TokenDataset&) = delete;
 
+  const std::string& prefix() const { return prefix_; }
   const std::string& dtype() const { return dtype_; }
   std::size_t itemsize() const { return itemsize_; }
   std::uint64_t sequences() const { return lengths_.size(); }
   std::uint64_t documents() const { return doc_index_.empty() ? 0 : doc_index_.size() - 1; }
   std::uint64_t tokens() const { return total_tokens_; }
   std::uint64_t length(std::uint64_t seq) const { return static_cast<std::uint64_t>(lengths_.at(seq)); }
-  // The raw elements of a sequence, inside the mapping (valid while this lives).
-  const void* data(std::uint64_t seq) const;
+  // The raw elements of a sequence (length(seq) * itemsize() bytes).
+  Expected<std::string> bytes(std::uint64_t seq) const;
   // A sequence's tokens widened to int64 (float datasets are refused).
   Expected<std::vector<std::int64_t>> read(std::uint64_t seq) const;
   // Sequences [first, last) of document d.
@@ -161,8 +183,12 @@ class TokenDataset {
   std::vector<std::int64_t> pointers_;
   std::vector<std::int64_t> doc_index_;
   std::uint64_t total_tokens_ = 0;
-  void* bin_ = nullptr;
-  std::size_t bin_size_ = 0;
+  int bin_fd_ = -1;
+  std::uint64_t bin_size_ = 0;  // when opened
+  // Reads n bytes of the .bin at `offset` (of sequence `seq`, for messages).
+  Status read_bin(std::uint64_t offset, std::size_t n, void* out, std::uint64_t seq) const;
+  // Elements [first, first + n) of sequence seq, widened to int64.
+  Status widen(std::uint64_t seq, std::uint64_t first, std::uint64_t n, std::int64_t* out) const;
 };
 
 // One packed training sequence: pieces of documents laid end to end.
@@ -550,6 +576,7 @@ struct VerifiedShard {
   std::uint64_t bytes = 0;
   std::string xxh3;           // 16 hex digits, when the manifest asked for a checksum
   std::string problem;        // empty when the shard passed
+  bool indexed = false;       // it has a .pidx (a missing one is no problem: readers build it)
   bool ok() const { return problem.empty(); }
 };
 
@@ -568,7 +595,9 @@ struct VerifyReport {
 // .json, schema pacer.shards/1; shard paths relative to its directory and
 // inside it): every listed shard exists with the listed size, samples and
 // XXH3-64, and the manifest's version and total match its shards. Always:
-// each shard scans cleanly and its index matches the scan. Reads every byte
+// each shard scans cleanly and its index, where it has one, matches the scan
+// (a missing index is reported in `indexed`, not as a failure, so a
+// read-only dataset without indexes verifies). Reads every byte
 // of every shard that has a checksum to check. A missing SPEC, a SPEC that
 // names no shard or a malformed manifest is an Error.
 Expected<VerifyReport> verify_shards(const std::string& spec, const std::function<void(const ShardStep&)>& on_shard = {});

@@ -85,10 +85,12 @@ class Dataset:
 
 
 class TokenDataset:
-    """A Megatron-Core indexed dataset (PREFIX.bin + PREFIX.idx), memory-mapped.
+    """A Megatron-Core indexed dataset (PREFIX.bin + PREFIX.idx).
 
-    ds[i] is sequence i as a read-only numpy array viewing the mapping (no copy);
-    ds.document(d) gives the range of sequences of document d.
+    ds[i] is sequence i as a read-only numpy array (read from PREFIX.bin with
+    pread: a .bin truncated while open raises pacer.Error naming it instead of
+    crashing the process); ds.document(d) gives the range of sequences of
+    document d.
     """
 
     def __init__(self, prefix):
@@ -117,7 +119,7 @@ class TokenDataset:
 
         if i < 0:
             i += len(self)
-        return np.frombuffer(self._impl.sequence_view(i), dtype=np.dtype(self.dtype))
+        return np.frombuffer(self._impl.sequence_bytes(i), dtype=np.dtype(self.dtype))
 
     def __repr__(self):
         return f"pacer.data.TokenDataset({len(self)} sequences, {self.documents} documents, {self.tokens} {self.dtype} tokens)"

@@ -25,15 +25,30 @@ using nlohmann::json;
 
 namespace {
 
-// Expands the first {...} group and recurses: {a,b,c} lists and {000..099}
-// zero-padded numeric ranges.
-Status expand_braces(const std::string& s, std::vector<std::string>& out) {
-  const auto open = s.find('{');
-  if (open == std::string::npos) {
-    out.push_back(s);
-    return {};
+// A spec names at most this many shards: a million 256 MB shards are 256 TB,
+// and a larger expansion is a typo that would only exhaust memory.
+constexpr std::uint64_t kMaxSpecNames = 1'000'000;
+
+// The first {...} group of a spec: a {a,b,c} list or a {000..099}
+// zero-padded numeric range. Groups may nest ("{a,b{0..1}}").
+struct Group {
+  bool none = true;  // the spec has no group
+  std::string head, tail;
+  std::vector<std::string> items;  // a list's items
+  long long from = 0, to = 0;      // a range, when items is empty
+  std::size_t width = 0;
+  // Saturates: {LLONG_MIN..LLONG_MAX} holds 2^64 names, one more than fits.
+  std::uint64_t range_size() const {
+    const std::uint64_t span = static_cast<std::uint64_t>(to) - static_cast<std::uint64_t>(from);
+    return span == ~std::uint64_t{0} ? span : span + 1;
   }
-  // The matching '}' and the commas at this level: groups may nest ("{a,b{0..1}}").
+};
+
+Expected<Group> first_group(const std::string& s) {
+  Group g;
+  const auto open = s.find('{');
+  if (open == std::string::npos) return g;
+  g.none = false;
   std::size_t close = std::string::npos;
   std::vector<std::size_t> commas;
   int depth = 0;
@@ -44,30 +59,71 @@ Status expand_braces(const std::string& s, std::vector<std::string>& out) {
   }
   if (close == std::string::npos) return Error{ErrorKind::kUsage, fmt::format("'{}': unbalanced '{{'", s)};
   const std::string body = s.substr(open + 1, close - open - 1);
-  const std::string head = s.substr(0, open);
-  const std::string tail = s.substr(close + 1);
-  std::vector<std::string> items;
+  g.head = s.substr(0, open);
+  g.tail = s.substr(close + 1);
   if (const auto dots = body.find(".."); commas.empty() && dots != std::string::npos) {
     const std::string a = body.substr(0, dots);
     const std::string b = body.substr(dots + 2);
     char* ea = nullptr;
     char* eb = nullptr;
-    const long long from = std::strtoll(a.c_str(), &ea, 10);
-    const long long to = std::strtoll(b.c_str(), &eb, 10);
-    if (a.empty() || b.empty() || *ea || *eb || to < from)
+    errno = 0;
+    g.from = std::strtoll(a.c_str(), &ea, 10);
+    g.to = std::strtoll(b.c_str(), &eb, 10);
+    if (errno == ERANGE) return Error{ErrorKind::kUsage, fmt::format("'{}': range {{{}}} does not fit 64 bits", s, body)};
+    if (a.empty() || b.empty() || *ea || *eb || g.to < g.from || a.size() > 64)
       return Error{ErrorKind::kUsage, fmt::format("'{}': bad range {{{}}}", s, body)};
-    const std::size_t width = a.size();
-    for (long long v = from; v <= to; ++v) items.push_back(fmt::format("{:0{}d}", v, width));
+    g.width = a.size();
+    return g;
+  }
+  std::size_t pos = open + 1;
+  commas.push_back(close);
+  for (const std::size_t comma : commas) {
+    g.items.push_back(s.substr(pos, comma - pos));
+    pos = comma + 1;
+  }
+  return g;
+}
+
+// How many names s expands to, saturating just past kMaxSpecNames, without
+// expanding it. A group's alternatives are balanced, so the names of
+// head + item + tail number count(item) * count(tail).
+Expected<std::uint64_t> count_names(const std::string& s) {
+  auto g = first_group(s);
+  if (!g) return g.error();
+  if (g->none) return std::uint64_t{1};
+  std::uint64_t here = 0;
+  if (g->items.empty()) {
+    here = std::min<std::uint64_t>(g->range_size(), kMaxSpecNames + 1);
   } else {
-    std::size_t pos = open + 1;
-    commas.push_back(close);
-    for (const std::size_t comma : commas) {
-      items.push_back(s.substr(pos, comma - pos));
-      pos = comma + 1;
+    for (const auto& it : g->items) {
+      auto n = count_names(it);
+      if (!n) return n.error();
+      here = std::min<std::uint64_t>(here + *n, kMaxSpecNames + 1);
     }
   }
-  for (const auto& it : items)
-    if (Status st = expand_braces(head + it + tail, out); !st) return st;
+  auto rest = count_names(g->tail);
+  if (!rest) return rest.error();
+  if (here == 0 || *rest == 0) return std::uint64_t{0};
+  return *rest > (kMaxSpecNames + 1) / here ? kMaxSpecNames + 1 : std::min<std::uint64_t>(here * *rest, kMaxSpecNames + 1);
+}
+
+// Expands the first group and recurses; count_names has bounded the total.
+Status expand_braces(const std::string& s, std::vector<std::string>& out) {
+  auto g = first_group(s);
+  if (!g) return g.error();
+  if (g->none) {
+    out.push_back(s);
+    return {};
+  }
+  if (g->items.empty()) {
+    for (long long v = g->from;; ++v) {
+      if (Status st = expand_braces(g->head + fmt::format("{:0{}d}", v, g->width) + g->tail, out); !st) return st;
+      if (v == g->to) break;  // not v <= to: to may be LLONG_MAX
+    }
+    return {};
+  }
+  for (const auto& it : g->items)
+    if (Status st = expand_braces(g->head + it + g->tail, out); !st) return st;
   return {};
 }
 
@@ -90,7 +146,12 @@ Expected<std::vector<std::string>> expand_shard_spec(const std::string& spec) {
     }
     return out;
   }
+  auto names = count_names(spec);
+  if (!names) return names.error();
+  if (*names > kMaxSpecNames)
+    return Error{ErrorKind::kUsage, fmt::format("'{}' expands to more than {} names, the most a spec may name", spec, kMaxSpecNames)};
   std::vector<std::string> expanded;
+  expanded.reserve(static_cast<std::size_t>(*names));
   if (Status st = expand_braces(spec, expanded); !st) return st.error();
   std::vector<std::string> out;
   for (const auto& e : expanded) {
@@ -144,12 +205,16 @@ Dataset::~Dataset() = default;
 Expected<std::shared_ptr<Dataset>> Dataset::open(const std::string& spec) {
   auto shards = expand_shard_spec(spec);
   if (!shards) return shards.error();
-  return open(*shards);
+  auto ds = open(*shards);
+  if (ds) (*ds)->name_ = spec;
+  return ds;
 }
 
 Expected<std::shared_ptr<Dataset>> Dataset::open(const std::vector<std::string>& shards) {
   std::shared_ptr<Dataset> ds(new Dataset());
   ds->impl_ = std::make_unique<Impl>();
+  if (shards.size() == 1) ds->name_ = shards.front();
+  else if (!shards.empty()) ds->name_ = fmt::format("{} .. {} ({} shards)", shards.front(), shards.back(), shards.size());
   for (const auto& s : shards) {
     if (!fs::exists(s)) return Error{ErrorKind::kUsage, fmt::format("{}: no such shard", s)};
     auto idx = load_or_build_index(s, true);
@@ -182,8 +247,13 @@ Expected<Dataset::Located> Dataset::locate(std::uint64_t i) const {
   {
     std::lock_guard g(sh.mu);
     if (!sh.entries) {
-      auto idx = read_index(shards_[s], false);
+      // Reading the entries checks the shard's member headers too; a shard
+      // rewritten under its index is rebuilt here (or refused, read-only).
+      auto idx = load_or_build_index(shards_[s], false);
       if (!idx) return idx.error();
+      if (idx->entries.size() != counts_[s])
+        return Error{ErrorKind::kConfig, fmt::format("{}: changed since the dataset was opened ({} samples then, {} now; open it again)", shards_[s],
+                                                     counts_[s], idx->entries.size())};
       sh.entries = std::make_shared<const std::vector<SampleEntry>>(std::move(idx->entries));
     }
     if (!sh.file) {

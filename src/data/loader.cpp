@@ -96,10 +96,15 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
 // (a sample, a document or a packed row) that `fill` reads into a batch.
 struct Loader::Source {
   virtual ~Source() = default;
+  // The dataset, for messages.
+  virtual std::string name() const = 0;
   // Items the dataset holds (what a saved state is checked against).
   virtual std::uint64_t items() const = 0;
   // How positions map to items: part of the state, checked on load.
   virtual std::string order() const = 0;
+  // The order string states saved before it named everything it depends on
+  // (the global batch); such a state applies when its global_batch matches.
+  virtual std::string legacy_order() const { return ""; }
   // Positions in epoch `epoch`.
   virtual std::uint64_t epoch_size(std::uint64_t seed, std::uint64_t epoch) = 0;
   // Reads positions [lo, hi) of the epoch into b (its buffer already set);
@@ -113,6 +118,7 @@ namespace {
 class SampleSource : public Loader::Source {
  public:
   SampleSource(std::shared_ptr<Dataset> ds, const LoaderOptions& o) : ds_(std::move(ds)), shuffle_(o.shuffle), skip_bad_(o.skip_bad) {}
+  std::string name() const override { return ds_->name(); }
   std::uint64_t items() const override { return ds_->size(); }
   std::string order() const override { return shuffle_ ? "samples" : "samples in order"; }
   std::uint64_t epoch_size(std::uint64_t, std::uint64_t) override { return ds_->size(); }
@@ -161,13 +167,21 @@ class SampleSource : public Loader::Source {
 class TokenSource : public Loader::Source {
  public:
   TokenSource(std::shared_ptr<TokenDataset> ds, const LoaderOptions& o) : ds_(std::move(ds)), o_(o) {}
+  std::string name() const override { return ds_->prefix(); }
   std::uint64_t items() const override { return ds_->documents(); }
   std::string order() const override {
     const char* sh = o_.shuffle ? "" : " in order";
     if (o_.pack) return fmt::format("packed seq_len={} window={}{}", o_.seq_len, o_.pack_window, sh);
-    if (o_.bucket_window) return fmt::format("documents bucketed window={} seq_len={}{}", o_.bucket_window, o_.seq_len, sh);
+    // Bucket windows hold whole global batches, so the order depends on the global batch too.
+    if (o_.bucket_window)
+      return fmt::format("documents bucketed window={} global_batch={} seq_len={}{}", o_.bucket_window, global_batch(), o_.seq_len, sh);
     return fmt::format("documents seq_len={}{}", o_.seq_len, sh);
   }
+  std::string legacy_order() const override {
+    if (o_.pack || !o_.bucket_window) return "";
+    return fmt::format("documents bucketed window={} seq_len={}{}", o_.bucket_window, o_.seq_len, o_.shuffle ? "" : " in order");
+  }
+  std::uint64_t global_batch() const { return o_.batch_size * static_cast<std::uint64_t>(o_.world_size); }
   std::uint64_t epoch_size(std::uint64_t seed, std::uint64_t epoch) override {
     auto p = plan(seed, epoch);
     return o_.pack ? p->packing.rows() : p->docs.size();
@@ -258,7 +272,7 @@ class TokenSource : public Loader::Source {
   // padding), then shuffles the window's global batches so lengths do not
   // ramp within the window.
   void bucket(std::vector<std::uint64_t>& order, std::uint64_t seed, std::uint64_t epoch) const {
-    const std::uint64_t gb = o_.batch_size * static_cast<std::uint64_t>(o_.world_size);
+    const std::uint64_t gb = global_batch();
     const std::uint64_t w = o_.bucket_window * gb;
     std::vector<std::uint64_t> tmp;
     for (std::uint64_t start = 0; start < order.size(); start += w) {
@@ -431,12 +445,12 @@ Loader::~Loader() {
 
 namespace {
 
-Status check_options(const LoaderOptions& o, std::uint64_t items, const char* what) {
+Status check_options(const LoaderOptions& o, std::uint64_t items, const char* what, const std::string& name) {
   if (o.batch_size == 0) return Error{ErrorKind::kUsage, "batch_size must be positive"};
   if (o.world_size < 1 || o.rank < 0 || o.rank >= o.world_size)
     return Error{ErrorKind::kUsage, fmt::format("rank {} is not in a world of {}", o.rank, o.world_size)};
   if (items < static_cast<std::uint64_t>(o.world_size))
-    return Error{ErrorKind::kUsage, fmt::format("the dataset has {} {}, fewer than the {} ranks that share it", items, what, o.world_size)};
+    return Error{ErrorKind::kUsage, fmt::format("{}: the dataset has {} {}, fewer than the {} ranks that share it", name, items, what, o.world_size)};
   return {};
 }
 
@@ -451,8 +465,8 @@ Expected<std::unique_ptr<Loader>> Loader::start(std::unique_ptr<Source> src, Loa
   impl->opt = o;
   // Looping over epochs without a single batch would schedule forever.
   if (o.loop && impl->partition(0, 0).batches() == 0)
-    return Error{ErrorKind::kUsage, fmt::format("the dataset's {} items make no full global batch of {} (drop_last), so a looping loader has nothing to read",
-                                                impl->src->epoch_size(o.seed, 0), o.batch_size * static_cast<std::uint64_t>(o.world_size))};
+    return Error{ErrorKind::kUsage, fmt::format("{}: the dataset's {} items make no full global batch of {} (drop_last), so a looping loader has nothing to read",
+                                                impl->src->name(), impl->src->epoch_size(o.seed, 0), o.batch_size * static_cast<std::uint64_t>(o.world_size))};
   Impl* raw = impl.get();
   for (int i = 0; i < o.threads; ++i) raw->readers.emplace_back([raw] { raw->reader_loop(); });
   raw->seek(0, 0);
@@ -461,15 +475,15 @@ Expected<std::unique_ptr<Loader>> Loader::start(std::unique_ptr<Source> src, Loa
 
 Expected<std::unique_ptr<Loader>> Loader::open(std::shared_ptr<Dataset> ds, LoaderOptions o) {
   if (!ds) return Error{ErrorKind::kUsage, "no dataset"};
-  if (Status st = check_options(o, ds->size(), "samples"); !st) return st.error();
+  if (Status st = check_options(o, ds->size(), "samples", ds->name()); !st) return st.error();
   return start(std::make_unique<SampleSource>(std::move(ds), o), o);
 }
 
 Expected<std::unique_ptr<Loader>> Loader::open(std::shared_ptr<TokenDataset> ds, LoaderOptions o) {
   if (!ds) return Error{ErrorKind::kUsage, "no dataset"};
-  if (Status st = check_options(o, ds->documents(), "documents"); !st) return st.error();
+  if (Status st = check_options(o, ds->documents(), "documents", ds->prefix()); !st) return st.error();
   if (ds->dtype() == "float32" || ds->dtype() == "float64")
-    return Error{ErrorKind::kUsage, fmt::format("dtype {} holds no token ids", ds->dtype())};
+    return Error{ErrorKind::kUsage, fmt::format("{}: dtype {} holds no token ids", ds->prefix(), ds->dtype())};
   if (o.pack && o.seq_len == 0) return Error{ErrorKind::kUsage, "pack needs seq_len, the length of a packed row"};
   if (o.seq_len > static_cast<std::uint64_t>(std::numeric_limits<std::int32_t>::max())) return Error{ErrorKind::kUsage, "seq_len too large"};
   if (o.pack && o.bucket_window) return Error{ErrorKind::kUsage, "bucket_window is for unpacked rows; packed rows are all seq_len long"};
@@ -539,8 +553,15 @@ Status Loader::load_state(const json& s) {
       return Error{ErrorKind::kConfig, fmt::format("state is for a dataset of {} items, this one has {}", samples, impl_->src->items())};
     // States saved before "order" existed are sample-order states.
     const std::string order = s.value("order", std::string(impl_->opt.shuffle ? "samples" : "samples in order"));
-    if (order != impl_->src->order())
-      return Error{ErrorKind::kConfig, fmt::format("state is for order '{}', this loader reads '{}'", order, impl_->src->order())};
+    const std::uint64_t gb = impl_->opt.batch_size * static_cast<std::uint64_t>(impl_->opt.world_size);
+    const bool legacy = !impl_->src->legacy_order().empty() && order == impl_->src->legacy_order() && s.contains("global_batch") &&
+                        s.at("global_batch").get<std::uint64_t>() == gb;
+    if (order != impl_->src->order() && !legacy) {
+      std::string why = fmt::format("state is for order '{}', this loader reads '{}'", order, impl_->src->order());
+      if (s.contains("global_batch") && s.at("global_batch").get<std::uint64_t>() != gb)
+        why += fmt::format(" (saved at global batch {}, this loader's is {})", s.at("global_batch").get<std::uint64_t>(), gb);
+      return Error{ErrorKind::kConfig, why};
+    }
     const std::uint64_t n = impl_->src->epoch_size(seed, epoch);
     if (position > n) return Error{ErrorKind::kConfig, fmt::format("position {} past the {} items of epoch {}", position, n, epoch)};
     {

@@ -655,12 +655,12 @@ Expected<std::vector<SampleEntry>> entries_of(const std::string& shard) {
     if (auto idx = read_index(shard, false)) return std::move(idx->entries);
   auto members = scan_tar(shard);
   if (!members) return members.error();
-  return group_samples(*members);
+  return group_samples(shard, *members);
 }
 
-// Where a shard's index and a fresh scan disagree, or "".
+// Where a shard's index and a fresh scan disagree, or "". A missing index is
+// no finding: readers build one (in memory when the dataset is read-only).
 std::string compare_index(const std::string& shard, const std::vector<SampleEntry>& scanned) {
-  if (!fs::exists(index_path(shard))) return fmt::format("no index {} (build it with pacer shard index)", index_path(shard));
   auto idx = read_index(shard, false);
   if (!idx) return "index: " + idx.error().message;
   const auto& got = idx->entries;
@@ -744,10 +744,16 @@ VerifiedShard verify_one(const Expect& e) {
     if (!members) {
       v.problem = members.error().message;
     } else {
-      const auto scanned = group_samples(*members);
-      v.samples = scanned.size();
-      if (e.samples && *e.samples != v.samples) v.problem = fmt::format("{} samples, the manifest says {}", v.samples, *e.samples);
-      else v.problem = compare_index(e.path, scanned);
+      auto scanned = group_samples(e.path, *members);
+      if (!scanned) {
+        v.problem = scanned.error().message;
+      } else {
+        v.samples = scanned->size();
+        std::error_code iec;
+        v.indexed = fs::exists(index_path(e.path), iec);
+        if (e.samples && *e.samples != v.samples) v.problem = fmt::format("{} samples, the manifest says {}", v.samples, *e.samples);
+        else if (v.indexed) v.problem = compare_index(e.path, *scanned);
+      }
     }
   }
   return v;
@@ -828,7 +834,7 @@ Expected<VerifyReport> verify_shards(const std::string& spec, const std::functio
 json to_json(const VerifyReport& r) {
   json j = {{"schema", "pacer.shard.verify/1"}, {"spec", r.spec}, {"manifest", r.manifest}, {"shards", json::array()}};
   for (const auto& s : r.shards) {
-    json row = {{"path", s.path}, {"samples", s.samples}, {"bytes", s.bytes}, {"ok", s.ok()}, {"problem", s.problem}};
+    json row = {{"path", s.path}, {"samples", s.samples}, {"bytes", s.bytes}, {"ok", s.ok()}, {"problem", s.problem}, {"indexed", s.indexed}};
     if (!s.xxh3.empty()) row["xxh3"] = s.xxh3;
     j["shards"].push_back(row);
   }

@@ -3,13 +3,17 @@
 #include <fmt/format.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <optional>
+#include <string_view>
+#include <unordered_set>
 
 #include "pacer/core/atomic_file.hpp"
 #include "pacer/data.hpp"
@@ -26,18 +30,22 @@ Error shard_error(const std::string& path, std::uint64_t offset, const std::stri
 }
 
 // Octal, NUL/space terminated; or base-256 when the top bit is set (GNU, for
-// sizes of 8 GiB and more).
+// sizes of 8 GiB and more). A value that does not fit 64 bits is refused.
 bool parse_number(const unsigned char* p, std::size_t n, std::uint64_t& out) {
   out = 0;
   if (p[0] & 0x80) {
     if (p[0] != 0x80) return false;  // negative or too large
-    for (std::size_t i = 1; i < n; ++i) out = (out << 8) | p[i];
+    for (std::size_t i = 1; i < n; ++i) {
+      if (out >> 56) return false;
+      out = (out << 8) | p[i];
+    }
     return true;
   }
   std::size_t i = 0;
   while (i < n && p[i] == ' ') ++i;
   bool any = false;
   for (; i < n && p[i] >= '0' && p[i] <= '7'; ++i) {
+    if (out >> 61) return false;
     out = out * 8 + (p[i] - '0');
     any = true;
   }
@@ -60,26 +68,55 @@ bool checksum_ok(const unsigned char* h) {
   return sum == stored;
 }
 
-// "27 path=some/long/name\n" records.
-void parse_pax(const std::string& data, std::string& path, std::uint64_t& size, bool& has_size) {
+// A decimal byte count, digits only, that fits 64 bits.
+bool parse_decimal(std::string_view s, std::uint64_t& out) {
+  out = 0;
+  if (s.empty()) return false;
+  for (char c : s) {
+    if (c < '0' || c > '9') return false;
+    const std::uint64_t d = static_cast<std::uint64_t>(c - '0');
+    if (out > (~std::uint64_t{0} - d) / 10) return false;
+    out = out * 10 + d;
+  }
+  return true;
+}
+
+struct PaxRecords {
+  std::string path;
+  std::uint64_t size = 0;
+  bool has_size = false;
+};
+
+// "27 path=some/long/name\n" records. Returns what is wrong, or "" when every
+// record is well formed. Sparse files (GNU.sparse.*) are refused: their data
+// is a sparse map and pieces, not the file's bytes.
+std::string parse_pax(std::string_view data, PaxRecords& out) {
   std::size_t pos = 0;
   while (pos < data.size()) {
+    // Some writers pad the records with NULs to the block.
+    if (data.find_first_not_of('\0', pos) == std::string_view::npos) break;
     const std::size_t sp = data.find(' ', pos);
-    if (sp == std::string::npos) break;
-    const std::uint64_t len = std::strtoull(data.c_str() + pos, nullptr, 10);
-    if (len == 0 || pos + len > data.size()) break;
-    const std::string rec = data.substr(sp + 1, pos + len - sp - 2);  // drop the trailing newline
+    std::uint64_t len = 0;
+    if (sp == std::string_view::npos || !parse_decimal(data.substr(pos, sp - pos), len))
+      return fmt::format("malformed pax record at byte {}: no decimal length", pos);
+    if (len > data.size() - pos) return fmt::format("pax record at byte {} claims {} bytes, past the header's end", pos, len);
+    const std::size_t end = pos + static_cast<std::size_t>(len);  // one past the record's newline
+    if (end < sp + 2 || data[end - 1] != '\n') return fmt::format("malformed pax record at byte {}: not 'LEN key=value\\n'", pos);
+    const std::string_view rec = data.substr(sp + 1, end - 1 - (sp + 1));
     const std::size_t eq = rec.find('=');
-    if (eq != std::string::npos) {
-      const std::string key = rec.substr(0, eq);
-      if (key == "path") path = rec.substr(eq + 1);
-      else if (key == "size") {
-        size = std::strtoull(rec.c_str() + eq + 1, nullptr, 10);
-        has_size = true;
-      }
+    if (eq == std::string_view::npos || eq == 0) return fmt::format("malformed pax record at byte {}: no key=value", pos);
+    const std::string_view key = rec.substr(0, eq), value = rec.substr(eq + 1);
+    if (key == "path") {
+      out.path = std::string(value);
+    } else if (key == "size") {
+      if (!parse_decimal(value, out.size)) return fmt::format("pax size '{}' is not a byte count", value);
+      out.has_size = true;
+    } else if (key.starts_with("GNU.sparse.")) {
+      return fmt::format("a GNU sparse file (pax record {}): sparse members are not supported; pack the file without --sparse", key);
     }
-    pos += len;
+    pos = end;
   }
+  return "";
 }
 
 class File {
@@ -88,6 +125,8 @@ class File {
   ~File() {
     if (fd_ >= 0) ::close(fd_);
   }
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
   int fd() const { return fd_; }
 
  private:
@@ -105,6 +144,87 @@ bool read_exact(int fd, void* buf, std::size_t n, std::uint64_t off) {
     off += static_cast<std::uint64_t>(r);
   }
   return true;
+}
+
+// The member name resolved from a pax path, a GNU long name or the header.
+std::string member_name(const unsigned char* h, const PaxRecords& pax, const std::string& long_name) {
+  std::string name;
+  if (!pax.path.empty()) name = pax.path;
+  else if (!long_name.empty()) name = long_name;
+  else {
+    name = field(h, 100);
+    // Only POSIX ustar ("ustar\0") has a name prefix there; old GNU headers
+    // ("ustar  \0") keep atime and ctime in those bytes.
+    const std::string prefix = std::memcmp(h + 257, "ustar", 6) == 0 ? field(h + 345, 155) : "";
+    if (!prefix.empty()) name = prefix + "/" + name;
+  }
+  while (name.rfind("./", 0) == 0) name = name.substr(2);
+  return name;
+}
+
+// Every size read from a header is checked against the bytes the file really
+// has left before it is added to an offset or allocated, so a crafted size
+// can neither wrap an offset nor reserve memory the file does not back.
+Expected<std::vector<TarMember>> scan_fd(int fd, const std::string& path, std::uint64_t file_size) {
+  std::vector<TarMember> out;
+  unsigned char h[kTarBlock];
+  std::uint64_t off = 0;
+  std::string long_name;
+  PaxRecords pax;
+  // Offset of the first 'L'/'x' record before a member; kNone when there is none.
+  constexpr std::uint64_t kNone = ~std::uint64_t{0};
+  std::uint64_t first_header = kNone;
+  for (;;) {
+    if (off > file_size || file_size - off < kTarBlock)
+      return shard_error(path, off, "truncated: the archive ends inside a header (no end-of-archive blocks)");
+    if (!read_exact(fd, h, kTarBlock, off)) return shard_error(path, off, "read failed");
+    bool zero = true;
+    for (unsigned char c : h) zero = zero && c == 0;
+    if (zero) break;  // end of archive
+    if (!checksum_ok(h)) return shard_error(path, off, "bad header checksum (corrupt or not a tar file)");
+    std::uint64_t size = 0;
+    if (!parse_number(h + 124, 12, size)) return shard_error(path, off, "bad size field");
+    const char type = static_cast<char>(h[156]);
+    const bool meta = type == 'x' || type == 'g' || type == 'L' || type == 'K';
+    if (pax.has_size && !meta) size = pax.size;
+    const std::uint64_t data_off = off + kTarBlock;
+    if (size > file_size - data_off)
+      return shard_error(path, off, fmt::format("truncated: member data of {} bytes runs past the end of the file ({} bytes)", size, file_size));
+    const std::uint64_t next = data_off + tar_padded(size);  // no wrap: size < file_size < 2^63
+    if (type == 'L' || type == 'x') {
+      const std::uint64_t limit = type == 'L' ? kMaxMemberName + 1 : kMaxPaxHeader;
+      if (size > limit)
+        return shard_error(path, off, fmt::format("{} of {} bytes (at most {})", type == 'L' ? "GNU long name" : "pax header", size, limit));
+      if (first_header == kNone) first_header = off;
+      std::string data(static_cast<std::size_t>(size), '\0');
+      if (!read_exact(fd, data.data(), data.size(), data_off)) return shard_error(path, off, "read failed");
+      if (type == 'L') {
+        long_name = field(reinterpret_cast<const unsigned char*>(data.data()), data.size());
+      } else if (std::string bad = parse_pax(data, pax); !bad.empty()) {
+        return shard_error(path, off, fmt::format("pax header '{}': {}", field(h, 100), bad));
+      }
+      off = next;
+      continue;
+    }
+    const std::uint64_t header_off = first_header == kNone ? off : first_header;
+    if (type == '0' || type == '\0' || type == '7' || type == 'S' || type == 'M') {
+      const std::string name = member_name(h, pax, long_name);
+      if (type == 'S')
+        return shard_error(path, header_off, fmt::format("member '{}' is a GNU sparse file (type S): not supported; pack it without --sparse", name));
+      if (type == 'M')
+        return shard_error(path, header_off, fmt::format("member '{}' continues a multi-volume archive (type M): not supported", name));
+      if (escapes_root(name)) return shard_error(path, header_off, fmt::format("member '{}' escapes the archive root", name));
+      if (name.size() > kMaxMemberName)
+        return shard_error(path, header_off, fmt::format("member name of {} bytes (at most {})", name.size(), kMaxMemberName));
+      out.push_back({name, header_off, data_off, size});
+    }
+    // Directories, links, devices, 'g' global headers: not samples.
+    first_header = kNone;
+    long_name.clear();
+    pax = PaxRecords{};
+    off = next;
+  }
+  return out;
 }
 
 }  // namespace
@@ -125,77 +245,31 @@ Expected<std::vector<TarMember>> scan_tar(const std::string& path) {
   File f(path);
   if (f.fd() < 0) return Error{ErrorKind::kIo, fmt::format("{}: cannot open: {}", path, std::strerror(errno))};
   struct stat st {};
-  ::fstat(f.fd(), &st);
-  const std::uint64_t file_size = static_cast<std::uint64_t>(st.st_size);
-  std::vector<TarMember> out;
-  unsigned char h[kTarBlock];
-  std::uint64_t off = 0;
-  std::string long_name;
-  std::string pax_path;
-  std::uint64_t pax_size = 0;
-  bool has_pax_size = false;
-  // Offset of the first 'L'/'x' record before a member; kNone when there is none.
-  constexpr std::uint64_t kNone = ~std::uint64_t{0};
-  std::uint64_t first_header = kNone;
-  for (;;) {
-    if (off + kTarBlock > file_size) return shard_error(path, off, "truncated: the archive ends inside a header (no end-of-archive blocks)");
-    if (!read_exact(f.fd(), h, kTarBlock, off)) return shard_error(path, off, "read failed");
-    bool zero = true;
-    for (unsigned char c : h) zero = zero && c == 0;
-    if (zero) break;  // end of archive
-    if (!checksum_ok(h)) return shard_error(path, off, "bad header checksum (corrupt or not a tar file)");
-    std::uint64_t size = 0;
-    if (!parse_number(h + 124, 12, size)) return shard_error(path, off, "bad size field");
-    const char type = static_cast<char>(h[156]);
-    if (has_pax_size && type != 'x' && type != 'g') size = pax_size;
-    const std::uint64_t data_off = off + kTarBlock;
-    if (data_off + size > file_size) return shard_error(path, off, fmt::format("truncated: member data of {} bytes runs past the end of the file", size));
-    const std::uint64_t next = data_off + tar_padded(size);
-    if (type == 'L' || type == 'x') {
-      if (first_header == kNone) first_header = off;
-      std::string data(size, '\0');
-      if (!read_exact(f.fd(), data.data(), size, data_off)) return shard_error(path, off, "read failed");
-      if (type == 'L') long_name = field(reinterpret_cast<const unsigned char*>(data.data()), data.size());
-      else parse_pax(data, pax_path, pax_size, has_pax_size);
-      off = next;
-      continue;
-    }
-    if (type == '0' || type == '\0' || type == '7') {
-      std::string name;
-      if (!pax_path.empty()) name = pax_path;
-      else if (!long_name.empty()) name = long_name;
-      else {
-        name = field(h, 100);
-        // Only POSIX ustar ("ustar\0") has a name prefix there; old GNU headers
-        // ("ustar  \0") keep atime and ctime in those bytes.
-        const std::string prefix = std::memcmp(h + 257, "ustar", 6) == 0 ? field(h + 345, 155) : "";
-        if (!prefix.empty()) name = prefix + "/" + name;
-      }
-      while (name.rfind("./", 0) == 0) name = name.substr(2);
-      const std::uint64_t header_off = first_header == kNone ? off : first_header;
-      if (escapes_root(name)) return shard_error(path, header_off, fmt::format("member '{}' escapes the archive root", name));
-      out.push_back({name, header_off, data_off, size});
-    }
-    // Directories, links, devices, 'g' global headers: not samples.
-    first_header = kNone;
-    long_name.clear();
-    pax_path.clear();
-    has_pax_size = false;
-    off = next;
-  }
-  return out;
+  if (::fstat(f.fd(), &st) != 0) return Error{ErrorKind::kIo, fmt::format("{}: cannot stat: {}", path, std::strerror(errno))};
+  if (!S_ISREG(st.st_mode)) return Error{ErrorKind::kConfig, fmt::format("{}: not a regular file", path)};
+  return scan_fd(f.fd(), path, static_cast<std::uint64_t>(st.st_size));
 }
 
-std::vector<SampleEntry> group_samples(const std::vector<TarMember>& members) {
+Expected<std::vector<SampleEntry>> group_samples(const std::string& shard, const std::vector<TarMember>& members) {
   std::vector<SampleEntry> out;
+  std::unordered_set<std::string> exts;  // of the current sample
   for (const auto& m : members) {
     const std::size_t slash = m.name.rfind('/');
     const std::size_t base = slash == std::string::npos ? 0 : slash + 1;
     const std::size_t dot = m.name.find('.', base);
-    const std::string key = dot == std::string::npos ? m.name : m.name.substr(0, dot);
-    const std::string ext = dot == std::string::npos ? "" : m.name.substr(dot + 1);
-    if (out.empty() || out.back().key != key) out.push_back({key, {}});
-    out.back().fields.push_back({ext, m.offset, m.size});
+    std::string key = dot == std::string::npos ? m.name : m.name.substr(0, dot);
+    std::string ext = dot == std::string::npos ? "" : m.name.substr(dot + 1);
+    if (out.empty() || out.back().key != key) {
+      out.push_back({std::move(key), {}});
+      exts.clear();
+    }
+    SampleEntry& e = out.back();
+    // A reader keyed by extension could only keep one of the two: refuse rather than pick.
+    if (!exts.insert(ext).second)
+      return shard_error(shard, m.header_offset, fmt::format("sample '{}' has field '{}' twice", e.key, ext));
+    if (e.fields.size() == kMaxSampleFields)
+      return shard_error(shard, m.header_offset, fmt::format("sample '{}' has more than {} fields", e.key, kMaxSampleFields));
+    e.fields.push_back({std::move(ext), m.offset, m.size});
   }
   return out;
 }
@@ -289,55 +363,209 @@ std::string tar_member_headers(const std::string& name, std::uint64_t size, std:
 
 std::string index_path(const std::string& shard) { return shard + ".pidx"; }
 
-// Index file: "PACERIDX" magic, u32 version 1, u32 reserved, u64 shard size,
-// u64 sample count, then per sample: u16 key length, key, u16 field count, and
-// per field u16 ext length, ext, u64 offset, u64 size. Little-endian.
+// Index file, version 2 (docs/data.md): a 64-byte header, then per sample u16
+// key length, key, u16 field count, and per field u16 ext length, ext, u64
+// offset, u64 size. Little-endian. The header binds the index to its shard
+// (size, mtime and an XXH3-64 of the header block in front of every indexed
+// member) and checksums itself and the entries, so a flipped bit, or a shard
+// rewritten under its index, is found instead of pairing keys with other
+// samples' bytes.
 namespace {
+
 constexpr char kMagic[8] = {'P', 'A', 'C', 'E', 'R', 'I', 'D', 'X'};
+constexpr std::uint32_t kIndexVersion = 2;
+constexpr std::size_t kIndexHeader = 64;
+// Header fields by offset.
+constexpr std::size_t kAtVersion = 8, kAtShardBytes = 16, kAtSamples = 24, kAtMtime = 32, kAtHeaders = 40, kAtEntries = 48,
+                      kAtSelf = 56;
+
 template <class T>
 void put(std::string& s, T v) {
   s.append(reinterpret_cast<const char*>(&v), sizeof(T));
 }
 template <class T>
+void put_at(std::string& s, std::size_t pos, T v) {
+  std::memcpy(s.data() + pos, &v, sizeof(T));
+}
+template <class T>
+T get_at(const std::string& s, std::size_t pos) {
+  T v;
+  std::memcpy(&v, s.data() + pos, sizeof(T));
+  return v;
+}
+template <class T>
 bool take(const std::string& s, std::size_t& pos, T& v) {
-  if (pos + sizeof(T) > s.size()) return false;
+  if (sizeof(T) > s.size() - pos) return false;
   std::memcpy(&v, s.data() + pos, sizeof(T));
   pos += sizeof(T);
   return true;
 }
-}  // namespace
 
-namespace {
+std::uint64_t xxh3(const char* p, std::size_t n) { return XXH3_64bits(p, n); }
+
+std::int64_t mtime_ns(const struct stat& st) {
+  return static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + static_cast<std::int64_t>(st.st_mtim.tv_nsec);
+}
+
+// An open shard and what fstat says of it.
+struct OpenShard {
+  std::unique_ptr<File> file;
+  std::uint64_t bytes = 0;
+  std::int64_t mtime_ns = 0;
+};
+
+Expected<OpenShard> open_shard(const std::string& shard) {
+  OpenShard s;
+  s.file = std::make_unique<File>(shard);
+  if (s.file->fd() < 0) return Error{ErrorKind::kIo, fmt::format("{}: cannot open: {}", shard, std::strerror(errno))};
+  struct stat st {};
+  if (::fstat(s.file->fd(), &st) != 0) return Error{ErrorKind::kIo, fmt::format("{}: cannot stat: {}", shard, std::strerror(errno))};
+  if (!S_ISREG(st.st_mode)) return Error{ErrorKind::kConfig, fmt::format("{}: not a regular file", shard)};
+  s.bytes = static_cast<std::uint64_t>(st.st_size);
+  s.mtime_ns = mtime_ns(st);
+  return s;
+}
+
+// XXH3-64 of the header block in front of each field's data, in index order:
+// a member's own ustar header (pax and GNU long-name records come before it).
+Expected<std::uint64_t> member_headers_hash(int fd, const std::string& shard, const std::vector<SampleEntry>& entries) {
+  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> st(XXH3_createState(), XXH3_freeState);
+  XXH3_64bits_reset(st.get());
+  unsigned char h[kTarBlock];
+  for (const auto& e : entries)
+    for (const auto& f : e.fields) {
+      if (f.offset < kTarBlock || !read_exact(fd, h, kTarBlock, f.offset - kTarBlock))
+        return Error{ErrorKind::kIo, fmt::format("{}: offset {}: cannot read the header of sample '{}'", shard,
+                                                 f.offset - std::min<std::uint64_t>(f.offset, kTarBlock), e.key)};
+      XXH3_64bits_update(st.get(), h, kTarBlock);
+    }
+  return static_cast<std::uint64_t>(XXH3_64bits_digest(st.get()));
+}
 
 Expected<ShardIndex> scan_index(const std::string& shard) {
-  auto members = scan_tar(shard);
+  auto s = open_shard(shard);
+  if (!s) return s.error();
+  auto members = scan_fd(s->file->fd(), shard, s->bytes);
   if (!members) return members.error();
+  auto entries = group_samples(shard, *members);
+  if (!entries) return entries.error();
+  auto headers = member_headers_hash(s->file->fd(), shard, *entries);
+  if (!headers) return headers.error();
   ShardIndex idx;
   idx.shard = shard;
-  idx.shard_bytes = fs::file_size(shard);
-  idx.entries = group_samples(*members);
+  idx.shard_bytes = s->bytes;
+  idx.shard_mtime_ns = s->mtime_ns;
+  idx.headers_xxh3 = *headers;
+  idx.entries = std::move(*entries);
   idx.samples = idx.entries.size();
   return idx;
 }
 
 Status write_index(const ShardIndex& idx) {
-  std::string bin(kMagic, 8);
-  put<std::uint32_t>(bin, 1);
-  put<std::uint32_t>(bin, 0);
-  put<std::uint64_t>(bin, idx.shard_bytes);
-  put<std::uint64_t>(bin, idx.samples);
+  std::string bin(kIndexHeader, '\0');
   for (const auto& e : idx.entries) {
+    // scan_fd and group_samples hold names and field counts to these limits.
+    if (e.key.size() > 0xffff || e.fields.size() > 0xffff)
+      return Error{ErrorKind::kRuntime, fmt::format("{}: sample '{}' does not fit the index format", idx.shard, e.key)};
     put<std::uint16_t>(bin, static_cast<std::uint16_t>(e.key.size()));
     bin += e.key;
     put<std::uint16_t>(bin, static_cast<std::uint16_t>(e.fields.size()));
     for (const auto& f : e.fields) {
+      if (f.ext.size() > 0xffff) return Error{ErrorKind::kRuntime, fmt::format("{}: sample '{}' does not fit the index format", idx.shard, e.key)};
       put<std::uint16_t>(bin, static_cast<std::uint16_t>(f.ext.size()));
       bin += f.ext;
       put<std::uint64_t>(bin, f.offset);
       put<std::uint64_t>(bin, f.size);
     }
   }
+  std::memcpy(bin.data(), kMagic, 8);
+  put_at<std::uint32_t>(bin, kAtVersion, kIndexVersion);
+  put_at<std::uint64_t>(bin, kAtShardBytes, idx.shard_bytes);
+  put_at<std::uint64_t>(bin, kAtSamples, idx.samples);
+  put_at<std::int64_t>(bin, kAtMtime, idx.shard_mtime_ns);
+  put_at<std::uint64_t>(bin, kAtHeaders, idx.headers_xxh3);
+  put_at<std::uint64_t>(bin, kAtEntries, xxh3(bin.data() + kIndexHeader, bin.size() - kIndexHeader));
+  put_at<std::uint64_t>(bin, kAtSelf, xxh3(bin.data(), kAtSelf));
   return write_file_atomic(index_path(idx.shard), bin);
+}
+
+// Reads and checks SHARD.pidx. A problem with the index itself or its fit to
+// the shard is kConfig (a rebuild fixes it); one reading either file is kIo.
+// The member headers are compared when the entries are read, and also for a
+// header-only read when the shard's mtime is not the indexed one (a copy
+// that did not keep mtimes): then `refreshed` is set and the index returned
+// carries the shard's current mtime, ready to be written back.
+Expected<ShardIndex> read_checked_index(const std::string& shard, bool header_only, bool* refreshed) {
+  const std::string path = index_path(shard);
+  auto bad = [&](const std::string& why) { return Error{ErrorKind::kConfig, fmt::format("{}: {}", path, why)}; };
+  File fi(path);
+  if (fi.fd() < 0) return Error{ErrorKind::kIo, fmt::format("{}: cannot open: {}", path, std::strerror(errno))};
+  struct stat ist {};
+  if (::fstat(fi.fd(), &ist) != 0) return Error{ErrorKind::kIo, fmt::format("{}: cannot stat: {}", path, std::strerror(errno))};
+  if (!S_ISREG(ist.st_mode)) return bad("not a regular file");
+  const auto isize = static_cast<std::uint64_t>(ist.st_size);
+  std::string bin(static_cast<std::size_t>(std::min<std::uint64_t>(isize, kIndexHeader)), '\0');
+  if (!read_exact(fi.fd(), bin.data(), bin.size(), 0)) return Error{ErrorKind::kIo, fmt::format("{}: read failed", path)};
+  if (bin.size() < 12 || std::memcmp(bin.data(), kMagic, 8) != 0) return bad("not a pacer shard index");
+  const auto version = get_at<std::uint32_t>(bin, kAtVersion);
+  if (version == 1) return bad("index version 1 is not bound to its shard (this pacer reads 2; rebuild with pacer shard index)");
+  if (version != kIndexVersion) return bad(fmt::format("index version {} (this pacer reads {})", version, kIndexVersion));
+  if (bin.size() < kIndexHeader) return bad("truncated index header");
+  if (xxh3(bin.data(), kAtSelf) != get_at<std::uint64_t>(bin, kAtSelf)) return bad("header checksum mismatch (the index is corrupt)");
+  ShardIndex idx;
+  idx.shard = shard;
+  idx.shard_bytes = get_at<std::uint64_t>(bin, kAtShardBytes);
+  idx.samples = get_at<std::uint64_t>(bin, kAtSamples);
+  idx.shard_mtime_ns = get_at<std::int64_t>(bin, kAtMtime);
+  idx.headers_xxh3 = get_at<std::uint64_t>(bin, kAtHeaders);
+  // Each sample takes at least 4 bytes.
+  if (idx.samples > (isize - kIndexHeader) / 4) return bad(fmt::format("{} samples cannot fit in {} bytes (truncated index?)", idx.samples, isize));
+  auto sh = open_shard(shard);
+  if (!sh) return sh.error();
+  if (sh->bytes != idx.shard_bytes)
+    return bad(fmt::format("index is for a {}-byte shard, the shard has {} bytes (rebuild with pacer shard index)", idx.shard_bytes, sh->bytes));
+  const bool moved = sh->mtime_ns != idx.shard_mtime_ns;
+  if (header_only && !moved) return idx;
+
+  bin.resize(static_cast<std::size_t>(isize));
+  if (!read_exact(fi.fd(), bin.data() + kIndexHeader, bin.size() - kIndexHeader, kIndexHeader))
+    return Error{ErrorKind::kIo, fmt::format("{}: read failed", path)};
+  if (xxh3(bin.data() + kIndexHeader, bin.size() - kIndexHeader) != get_at<std::uint64_t>(bin, kAtEntries))
+    return bad("entries do not match their checksum (the index is truncated or corrupt)");
+  std::size_t pos = kIndexHeader;
+  idx.entries.reserve(static_cast<std::size_t>(idx.samples));
+  for (std::uint64_t i = 0; i < idx.samples; ++i) {
+    SampleEntry e;
+    std::uint16_t klen = 0, nf = 0;
+    if (!take(bin, pos, klen) || klen > bin.size() - pos) return bad(fmt::format("truncated at sample {}", i));
+    e.key = bin.substr(pos, klen);
+    pos += klen;
+    if (!take(bin, pos, nf)) return bad(fmt::format("truncated at sample {}", i));
+    for (std::uint16_t k = 0; k < nf; ++k) {
+      Field f;
+      std::uint16_t elen = 0;
+      if (!take(bin, pos, elen) || elen > bin.size() - pos) return bad(fmt::format("truncated at sample {}", i));
+      f.ext = bin.substr(pos, elen);
+      pos += elen;
+      if (!take(bin, pos, f.offset) || !take(bin, pos, f.size)) return bad(fmt::format("truncated at sample {}", i));
+      // Compared without adding, so no offset + size can wrap past 2^64.
+      if (f.offset < kTarBlock || f.size > idx.shard_bytes || f.offset > idx.shard_bytes - f.size)
+        return bad(fmt::format("sample {} ('{}') field '{}' at {}+{} lies outside the {}-byte shard", i, e.key, f.ext, f.offset, f.size, idx.shard_bytes));
+      e.fields.push_back(std::move(f));
+    }
+    idx.entries.push_back(std::move(e));
+  }
+  if (pos != bin.size()) return bad(fmt::format("{} bytes after the last sample", bin.size() - pos));
+  auto headers = member_headers_hash(sh->file->fd(), shard, idx.entries);
+  if (!headers) return headers.error();
+  if (*headers != idx.headers_xxh3)
+    return bad(fmt::format("does not match {}: the member headers at the indexed offsets changed "
+                           "(the shard was rewritten; rebuild with pacer shard index)", shard));
+  if (moved) {
+    idx.shard_mtime_ns = sh->mtime_ns;
+    if (refreshed) *refreshed = true;
+  }
+  return idx;
 }
 
 }  // namespace
@@ -349,66 +577,33 @@ Expected<ShardIndex> build_index(const std::string& shard) {
   return idx;
 }
 
-Expected<ShardIndex> read_index(const std::string& shard, bool header_only) {
-  const std::string path = index_path(shard);
-  std::string bin;
-  if (header_only) {
-    File f(path);
-    if (f.fd() < 0) return Error{ErrorKind::kIo, fmt::format("{}: cannot open: {}", path, std::strerror(errno))};
-    bin.resize(32);
-    if (!read_exact(f.fd(), bin.data(), 32, 0)) return Error{ErrorKind::kConfig, fmt::format("{}: truncated index", path)};
-  } else {
-    auto text = read_file(path);
-    if (!text) return text.error();
-    bin = std::move(*text);
-  }
-  std::size_t pos = 0;
-  if (bin.size() < 32 || std::memcmp(bin.data(), kMagic, 8) != 0) return Error{ErrorKind::kConfig, fmt::format("{}: not a pacer shard index", path)};
-  pos = 8;
-  std::uint32_t version = 0, reserved = 0;
-  ShardIndex idx;
-  idx.shard = shard;
-  take(bin, pos, version);
-  take(bin, pos, reserved);
-  take(bin, pos, idx.shard_bytes);
-  take(bin, pos, idx.samples);
-  if (version != 1) return Error{ErrorKind::kConfig, fmt::format("{}: index version {} (this pacer reads 1)", path, version)};
-  std::error_code ec;
-  const auto actual = fs::file_size(shard, ec);
-  if (ec) return Error{ErrorKind::kIo, fmt::format("{}: {}", shard, ec.message())};
-  if (actual != idx.shard_bytes)
-    return Error{ErrorKind::kConfig, fmt::format("{}: index is for a {}-byte shard, the shard has {} bytes (rebuild with pacer shard index)", path, idx.shard_bytes, actual)};
-  if (header_only) return idx;
-  // Each entry takes at least 4 bytes: a corrupt count must not reserve absurd memory.
-  idx.entries.reserve(std::min<std::uint64_t>(idx.samples, bin.size() / 4));
-  for (std::uint64_t i = 0; i < idx.samples; ++i) {
-    SampleEntry e;
-    std::uint16_t klen = 0, nf = 0;
-    if (!take(bin, pos, klen) || pos + klen > bin.size()) return Error{ErrorKind::kConfig, fmt::format("{}: truncated at sample {}", path, i)};
-    e.key = bin.substr(pos, klen);
-    pos += klen;
-    if (!take(bin, pos, nf)) return Error{ErrorKind::kConfig, fmt::format("{}: truncated at sample {}", path, i)};
-    for (std::uint16_t k = 0; k < nf; ++k) {
-      Field f;
-      std::uint16_t elen = 0;
-      if (!take(bin, pos, elen) || pos + elen > bin.size()) return Error{ErrorKind::kConfig, fmt::format("{}: truncated at sample {}", path, i)};
-      f.ext = bin.substr(pos, elen);
-      pos += elen;
-      if (!take(bin, pos, f.offset) || !take(bin, pos, f.size)) return Error{ErrorKind::kConfig, fmt::format("{}: truncated at sample {}", path, i)};
-      if (f.offset + f.size > idx.shard_bytes) return Error{ErrorKind::kConfig, fmt::format("{}: sample {} points past the shard's end", path, i)};
-      e.fields.push_back(std::move(f));
-    }
-    idx.entries.push_back(std::move(e));
-  }
-  return idx;
-}
+Expected<ShardIndex> read_index(const std::string& shard, bool header_only) { return read_checked_index(shard, header_only, nullptr); }
 
 Expected<ShardIndex> load_or_build_index(const std::string& shard, bool header_only) {
-  if (fs::exists(index_path(shard))) return read_index(shard, header_only);
+  std::error_code ec;
+  if (!fs::exists(index_path(shard), ec)) {
+    auto idx = scan_index(shard);
+    if (!idx) return idx.error();
+    // A read-only dataset directory still works; the index just stays in memory.
+    (void)write_index(*idx);
+    return idx;
+  }
+  bool refreshed = false;
+  auto got = read_checked_index(shard, header_only, &refreshed);
+  if (got) {
+    // Best effort: the next open then trusts the mtime again without reading headers.
+    if (refreshed) (void)write_index(*got);
+    return got;
+  }
+  if (got.error().kind != ErrorKind::kConfig) return got.error();
   auto idx = scan_index(shard);
   if (!idx) return idx.error();
-  // A read-only dataset directory still works; the index just stays in memory.
-  (void)write_index(*idx);
+  // A stale index that cannot be replaced is refused rather than worked
+  // around: every other reader of this dataset would still trust it.
+  if (Status st = write_index(*idx); !st)
+    return Error{ErrorKind::kConfig, fmt::format("{}: the index cannot be used ({}) nor rebuilt here ({}); "
+                                                 "rebuild it with pacer shard index where the dataset is writable",
+                                                 shard, got.error().message, st.error().message)};
   return idx;
 }
 

@@ -10,6 +10,13 @@ namespace pacer::data {
 
 constexpr std::size_t kTarBlock = 512;
 
+// Limits on what a shard may hold, so that a crafted header cannot make the
+// reader allocate beyond reason. The index stores name, key and extension
+// lengths and field counts as u16.
+constexpr std::size_t kMaxMemberName = 65535;      // bytes, after pax/GNU long names are resolved
+constexpr std::uint64_t kMaxPaxHeader = 1u << 20;  // bytes of records in one pax 'x' header
+constexpr std::size_t kMaxSampleFields = 65535;
+
 // Data is stored in whole blocks.
 inline std::uint64_t tar_padded(std::uint64_t n) { return (n + kTarBlock - 1) / kTarBlock * kTarBlock; }
 

@@ -1,7 +1,6 @@
-// Megatron-Core indexed datasets (.bin + .idx, "MMIDIDX"): memory-mapped reading and writing.
+// Megatron-Core indexed datasets (.bin + .idx, "MMIDIDX"): reading (pread, no mapping) and writing.
 #include <fcntl.h>
 #include <fmt/format.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -62,7 +61,7 @@ std::int64_t element(const void* base, std::size_t i, int code) {
 }  // namespace
 
 TokenDataset::~TokenDataset() {
-  if (bin_) ::munmap(bin_, bin_size_);
+  if (bin_fd_ >= 0) ::close(bin_fd_);
 }
 
 Expected<std::shared_ptr<TokenDataset>> TokenDataset::open(const std::string& prefix) {
@@ -101,26 +100,19 @@ Expected<std::shared_ptr<TokenDataset>> TokenDataset::open(const std::string& pr
   take(ds->pointers_.data(), seqs * 8);
   take(ds->doc_index_.data(), docs * 8);
 
-  const int fd = ::open(bin_path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Error{ErrorKind::kIo, fmt::format("{}: cannot open: {}", bin_path, std::strerror(errno))};
+  ds->bin_fd_ = ::open(bin_path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (ds->bin_fd_ < 0) return Error{ErrorKind::kIo, fmt::format("{}: cannot open: {}", bin_path, std::strerror(errno))};
   struct stat st {};
-  ::fstat(fd, &st);
-  ds->bin_size_ = static_cast<std::size_t>(st.st_size);
-  if (ds->bin_size_ > 0) {
-    void* m = ::mmap(nullptr, ds->bin_size_, PROT_READ, MAP_SHARED, fd, 0);
-    if (m == MAP_FAILED) {
-      const int err = errno;
-      ::close(fd);
-      return Error{ErrorKind::kIo, fmt::format("{}: cannot map: {}", bin_path, std::strerror(err))};
-    }
-    ds->bin_ = m;
-  }
-  ::close(fd);
+  if (::fstat(ds->bin_fd_, &st) != 0) return Error{ErrorKind::kIo, fmt::format("{}: cannot stat: {}", bin_path, std::strerror(errno))};
+  if (!S_ISREG(st.st_mode)) return Error{ErrorKind::kConfig, fmt::format("{}: not a regular file", bin_path)};
+  ds->bin_size_ = static_cast<std::uint64_t>(st.st_size);
   for (std::uint64_t i = 0; i < seqs; ++i) {
     const auto len = ds->lengths_[i];
     const auto ptr = ds->pointers_[i];
+    // len < 2^31 and itemsize <= 8, so the end cannot wrap.
     if (len < 0 || ptr < 0 || static_cast<std::uint64_t>(ptr) + static_cast<std::uint64_t>(len) * dt->size > ds->bin_size_)
-      return Error{ErrorKind::kConfig, fmt::format("{}: sequence {} ({} elements at byte {}) lies outside {} ({} bytes)", idx_path, i, len, ptr, bin_path, ds->bin_size_)};
+      return Error{ErrorKind::kConfig, fmt::format("{}: sequence {} ({} elements at byte {}) lies outside {} ({} bytes: truncated?)", idx_path, i, len,
+                                                   ptr, bin_path, ds->bin_size_)};
     ds->total_tokens_ += static_cast<std::uint64_t>(len);
   }
   for (std::uint64_t d = 0; d < docs; ++d) {
@@ -131,8 +123,45 @@ Expected<std::shared_ptr<TokenDataset>> TokenDataset::open(const std::string& pr
   return ds;
 }
 
-const void* TokenDataset::data(std::uint64_t seq) const {
-  return static_cast<const unsigned char*>(bin_) + pointers_.at(seq);
+Status TokenDataset::read_bin(std::uint64_t offset, std::size_t n, void* out, std::uint64_t seq) const {
+  auto* p = static_cast<unsigned char*>(out);
+  std::size_t done = 0;
+  while (done < n) {
+    const ssize_t r = ::pread(bin_fd_, p + done, n - done, static_cast<off_t>(offset + done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0)
+      return Error{ErrorKind::kIo, fmt::format("{}.bin: cannot read sequence {} at byte {}: {}", prefix_, seq, offset + done, std::strerror(errno))};
+    if (r == 0) {
+      struct stat st {};
+      const long long now = ::fstat(bin_fd_, &st) == 0 ? static_cast<long long>(st.st_size) : -1;
+      return Error{ErrorKind::kIo, fmt::format("{}.bin: sequence {} ends at byte {}, but the file now has {} bytes ({} when opened): truncated while open",
+                                               prefix_, seq, offset + n, now, bin_size_)};
+    }
+    done += static_cast<std::size_t>(r);
+  }
+  return {};
+}
+
+Status TokenDataset::widen(std::uint64_t seq, std::uint64_t first, std::uint64_t n, std::int64_t* out) const {
+  const DtypeInfo* dt = by_name(dtype_);
+  const std::uint64_t base = static_cast<std::uint64_t>(pointers_[seq]) + first * itemsize_;
+  if (dt->code == 5) return read_bin(base, static_cast<std::size_t>(n * 8), out, seq);
+  unsigned char buf[64 << 10];
+  const std::uint64_t per = sizeof(buf) / itemsize_;
+  for (std::uint64_t done = 0; done < n;) {
+    const std::uint64_t k = std::min(per, n - done);
+    if (Status st = read_bin(base + done * itemsize_, static_cast<std::size_t>(k * itemsize_), buf, seq); !st) return st;
+    for (std::uint64_t i = 0; i < k; ++i) out[done + i] = element(buf, static_cast<std::size_t>(i), dt->code);
+    done += k;
+  }
+  return {};
+}
+
+Expected<std::string> TokenDataset::bytes(std::uint64_t seq) const {
+  if (seq >= sequences()) return Error{ErrorKind::kUsage, fmt::format("{}: sequence {} of {}", prefix_, seq, sequences())};
+  std::string out(static_cast<std::size_t>(length(seq) * itemsize_), '\0');
+  if (Status st = read_bin(static_cast<std::uint64_t>(pointers_[seq]), out.size(), out.data(), seq); !st) return st.error();
+  return out;
 }
 
 Expected<std::vector<std::int64_t>> TokenDataset::read(std::uint64_t seq) const {
@@ -140,8 +169,7 @@ Expected<std::vector<std::int64_t>> TokenDataset::read(std::uint64_t seq) const 
   const DtypeInfo* dt = by_name(dtype_);
   if (!dt->integer) return Error{ErrorKind::kUsage, fmt::format("{}: dtype {} holds no token ids", prefix_, dtype_)};
   std::vector<std::int64_t> out(length(seq));
-  const void* p = data(seq);
-  for (std::size_t i = 0; i < out.size(); ++i) out[i] = element(p, i, dt->code);
+  if (Status st = widen(seq, 0, out.size(), out.data()); !st) return st.error();
   return out;
 }
 
@@ -210,12 +238,7 @@ Status TokenDataset::copy_tokens(std::uint64_t d, std::uint64_t offset, std::uin
       continue;
     }
     const std::uint64_t n = std::min(count, len - offset);
-    const void* p = data(q);
-    if (dt->code == 5) {
-      std::memcpy(out, static_cast<const unsigned char*>(p) + 8 * offset, 8 * n);
-    } else {
-      for (std::uint64_t i = 0; i < n; ++i) out[i] = element(p, offset + i, dt->code);
-    }
+    if (Status st = widen(q, offset, n, out); !st) return st;
     out += n;
     count -= n;
     offset = 0;

@@ -1,6 +1,8 @@
 // The loader over Megatron token datasets: packed and unpacked rows, exact-once per epoch across ranks, resume and bucketing.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <set>
 
@@ -234,12 +236,83 @@ TEST(TokenLoader, BadOptionsAndStatesAreErrors) {
   EXPECT_FALSE(Loader::open(c.ds, o));
   o = token_opts(2, 0, 16, false);
   EXPECT_TRUE(test::contains(Loader::open(c.ds, o).error().message, "fewer than the 16 ranks"));
+  EXPECT_TRUE(test::contains(Loader::open(c.ds, o).error().message, c.ds->prefix() + ": "));
   // A state from a loader that packs differently does not silently apply.
   auto packed = Loader::open(c.ds, token_opts(2, 0, 1, true)).value();
   auto unpacked = Loader::open(c.ds, token_opts(2, 0, 1, false)).value();
   auto st = unpacked->load_state(packed->state());
   ASSERT_FALSE(st);
   EXPECT_TRUE(test::contains(st.error().message, "packed seq_len=32"));
+}
+
+// Bucket windows are whole global batches, so a bucketed order depends on the
+// global batch: a state saved at another global batch is refused (it would
+// read some documents twice and others never); at the same global batch any
+// world size resumes exactly.
+TEST(TokenLoader, BucketedResumeNeedsTheSameGlobalBatch) {
+  Corpus c(120, 80);
+  auto bucketed = [](std::uint64_t batch, int rank, int world) {
+    auto o = token_opts(batch, rank, world, false);
+    o.bucket_window = 2;
+    return o;
+  };
+  nlohmann::json state;
+  std::vector<Rows> before;
+  for (int r = 0; r < 2; ++r) {
+    auto l = Loader::open(c.ds, bucketed(4, r, 2)).value();
+    before.push_back(drain(*l, 4));
+    if (r == 0) state = l->state();
+  }
+  EXPECT_TRUE(test::contains(state.at("order").get<std::string>(), "global_batch=8"));
+  auto other = Loader::open(c.ds, bucketed(3, 0, 2)).value();
+  auto st = other->load_state(state);
+  ASSERT_FALSE(st) << "global batch 6 cannot continue a global-batch-8 bucketed order";
+  EXPECT_TRUE(test::contains(st.error().message, "global batch 8")) << st.error().message;
+  EXPECT_TRUE(test::contains(st.error().message, "is 6")) << st.error().message;
+
+  // Same global batch, another world size: exactly the rest of the epoch.
+  std::vector<Rows> after;
+  for (int r = 0; r < 4; ++r) {
+    auto l = Loader::open(c.ds, bucketed(2, r, 4)).value();
+    ASSERT_TRUE(l->load_state(state));
+    after.push_back(drain(*l));
+  }
+  auto got = all_tokens(before);
+  for (auto t : all_tokens(after)) got.insert(t);
+  EXPECT_EQ(got, corpus_tokens(*c.ds, 32));
+
+  // A state saved before the order named the global batch applies when its global_batch matches.
+  nlohmann::json legacy = state;
+  legacy["order"] = "documents bucketed window=2 seq_len=32";
+  auto same = Loader::open(c.ds, bucketed(8, 0, 1)).value();
+  EXPECT_TRUE(same->load_state(legacy));
+  auto differs = Loader::open(c.ds, bucketed(6, 0, 1)).value();
+  EXPECT_FALSE(differs->load_state(legacy));
+}
+
+TEST(TokenLoader, MessagesNameTheDataset) {
+  test::TempDir dir("pacer-token-loader-");
+  const std::string prefix = dir.path() + "/floats";
+  ASSERT_TRUE(write_token_dataset(prefix, "int32", {{1, 2}, {3}}));
+  // The same layout with dtype code 7 (float32, also 4 bytes).
+  std::string idx;
+  {
+    std::ifstream in(prefix + ".idx", std::ios::binary);
+    idx.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  idx[17] = 7;
+  std::ofstream(prefix + ".idx", std::ios::binary) << idx;
+  auto ds = TokenDataset::open(prefix).value();
+  EXPECT_EQ(ds->dtype(), "float32");
+  auto l = Loader::open(ds, token_opts(1, 0, 1, false));
+  ASSERT_FALSE(l);
+  EXPECT_TRUE(test::contains(l.error().message, prefix + ": dtype float32 holds no token ids")) << l.error().message;
+
+  const std::string empty = dir.path() + "/empty";
+  ASSERT_TRUE(write_token_dataset(empty, "int32", {}));
+  auto e = Loader::open(TokenDataset::open(empty).value(), token_opts(1, 0, 1, false));
+  ASSERT_FALSE(e);
+  EXPECT_TRUE(test::contains(e.error().message, empty + ": the dataset has 0 documents, fewer than the 1 ranks")) << e.error().message;
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 
@@ -109,6 +110,56 @@ TEST(TokenDataset, BadInputNamesTheFile) {
   auto missing = TokenDataset::open(dir.path() + "/nothing");
   ASSERT_FALSE(missing);
   EXPECT_TRUE(contains(missing.error().message, "nothing.idx"));
+  // A .bin shorter than the .idx claims names both files.
+  write(p + ".idx", megatron_idx(4, {2, 2}, {0, 8}, {0, 2}));
+  write(p + ".bin", std::string(12, '\1'));
+  auto short_bin = TokenDataset::open(p);
+  ASSERT_FALSE(short_bin);
+  EXPECT_TRUE(contains(short_bin.error().message, p + ".bin")) << short_bin.error().message;
+  EXPECT_TRUE(contains(short_bin.error().message, "truncated")) << short_bin.error().message;
+}
+
+// Tokens are read with pread, not through a mapping: a .bin truncated while
+// the dataset (and a loader over it) is open gives errors naming the file,
+// where touching a mapped page past the new end would be a SIGBUS.
+TEST(TokenDataset, BinTruncatedWhileOpenIsAnErrorNotACrash) {
+  TempDir dir("pacer-tokens-");
+  for (const char* dtype : {"uint16", "int32", "int64"}) {
+    const std::string prefix = dir.path() + "/t-" + dtype;
+    std::vector<std::vector<std::int64_t>> docs;
+    for (int d = 0; d < 64; ++d) docs.push_back(std::vector<std::int64_t>(3000, d + 1));
+    ASSERT_TRUE(write_token_dataset(prefix, dtype, docs));
+    auto ds = TokenDataset::open(prefix).value();
+    ASSERT_EQ(ds->read(63).value(), docs[63]);
+    LoaderOptions o;
+    o.batch_size = 4;
+    o.shuffle = false;
+    o.prefetch_batches = 1;
+    o.threads = 1;
+    auto loader = Loader::open(ds, o).value();
+    ASSERT_TRUE(loader->next().value());  // the first batch, read before the cut
+    std::filesystem::resize_file(prefix + ".bin", std::filesystem::file_size(prefix + ".bin") / 32);  // documents 0 and 1 stay
+    auto r = ds->read(40);
+    ASSERT_FALSE(r) << dtype;
+    EXPECT_TRUE(contains(r.error().message, prefix + ".bin")) << r.error().message;
+    EXPECT_TRUE(contains(r.error().message, "truncated while open")) << r.error().message;
+    EXPECT_FALSE(ds->bytes(40));
+    std::vector<std::int64_t> out(3000);
+    EXPECT_FALSE(ds->copy_tokens(40, 0, 3000, out.data()));
+    bool failed = false;
+    for (int i = 0; i < 20 && !failed; ++i) {
+      auto b = loader->next();
+      if (!b) {
+        failed = true;
+        EXPECT_TRUE(contains(b.error().message, prefix + ".bin")) << b.error().message;
+      } else if (!*b) {
+        break;
+      }
+    }
+    EXPECT_TRUE(failed) << dtype << ": a batch past the cut must fail";
+    // What lies before the cut still reads.
+    EXPECT_EQ(ds->read(1).value(), docs[1]);
+  }
 }
 
 }  // namespace

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import subprocess
+import sys
 import tarfile
 import tempfile
 import threading
@@ -164,6 +165,151 @@ class TarfileShardsTest(unittest.TestCase):
                 for key, arr in zip(b["__key__"], b["npy"]):
                     np.testing.assert_array_equal(arr, np.full((2, 2), int(expected[key]["cls"]), dtype=np.int16))
                     self.assertEqual(arr.dtype, np.int16)
+
+
+def tar_header(name, size=0, typ=b"0", size_field=None):
+    """One ustar header block; size_field overrides the 12 size bytes (e.g. GNU base-256)."""
+    h = bytearray(512)
+    h[0:len(name)] = name.encode()
+    h[100:108] = b"0000644\0"
+    h[108:116] = b"0000000\0"
+    h[116:124] = b"0000000\0"
+    h[124:136] = size_field if size_field is not None else f"{size:011o}\0".encode()
+    h[136:148] = b"14000000000\0"
+    h[156:157] = typ
+    h[257:265] = b"ustar\x0000"
+    h[148:156] = b" " * 8
+    h[148:155] = f"{sum(h):06o}\0".encode()
+    return bytes(h)
+
+
+def tar_member(name, data, typ=b"0"):
+    return tar_header(name, len(data), typ) + data + b"\0" * (-len(data) % 512)
+
+
+def pax_records(**records):
+    out = b""
+    for k, v in records.items():
+        body = f" {k}={v}\n".encode()
+        n = len(body) + 1
+        while len(str(n)) + len(body) != n:
+            n += 1
+        out += str(n).encode() + body
+    return out
+
+
+class CraftedShardsTest(unittest.TestCase):
+    """Untrusted shards and indexes: errors naming the shard, never a crash, a hang or wrong bytes."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory(prefix="pacer-data-crafted-")
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def path(self, name):
+        return os.path.join(self.tmp.name, name)
+
+    def read(self, name):
+        with open(self.path(name), "rb") as f:
+            return f.read()
+
+    def write(self, name, data):
+        with open(self.path(name), "wb") as f:
+            f.write(data)
+        return self.path(name)
+
+    def open_in_child(self, spec):
+        """pacer.data.open in a child process, so that a hang or a crash fails this test instead of ending the run."""
+        code = ("import sys, pacer, pacer.data\n"
+                "try:\n    pacer.data.open(sys.argv[1])\nexcept pacer.Error as e:\n    print('pacer.Error:', e)\n")
+        return subprocess.run([sys.executable, "-c", code, spec], capture_output=True, text=True, timeout=60)
+
+    def test_sizes_that_wrap_are_errors(self):
+        huge = b"\x80" + b"\0" * 3 + b"\xff" * 6 + b"\xfe\x00"  # 2^64 - 512 in GNU base-256
+        cases = {
+            "b256.tar": tar_member("a.txt", b"A") + tar_header("big.bin", size_field=huge) + b"\0" * 1024,
+            "pax.tar": tar_member("PaxHeaders/x.bin", pax_records(size=2**64 - 512), b"x") + tar_member("x.bin", b"data") + b"\0" * 1024,
+            "long.tar": tar_header("././@LongLink", typ=b"L", size_field=b"\x80" + b"\0" * 3 + b"\xff" * 8) + b"\0" * 1024,
+        }
+        for name, data in cases.items():
+            shard = self.write(name, data)
+            r = self.open_in_child(shard)
+            self.assertEqual(r.returncode, 0, f"{name}: {r.stdout}{r.stderr}")
+            self.assertIn("pacer.Error:", r.stdout, name)
+            self.assertIn(shard, r.stdout, name)
+
+    def test_duplicate_fields_and_sparse_members_name_shard_and_key(self):
+        dup = self.write("dup.tar", tar_member("k1.txt", b"a") + tar_member("k2.txt", b"b") + tar_member("k2.txt", b"c") + b"\0" * 1024)
+        with self.assertRaisesRegex(pacer.Error, "dup.tar.*'k2' has field 'txt' twice"):
+            pacer.data.open(dup)
+        sparse = self.write("sparse.tar", tar_member("k1.txt", b"a") + tar_member("k2.bin", b"b", b"S") + b"\0" * 1024)
+        with self.assertRaisesRegex(pacer.Error, "sparse.tar.*'k2.bin'.*sparse"):
+            pacer.data.open(sparse)
+        bad_pax = self.write("badpax.tar", tar_member("PaxHeaders/k.txt", b"zz path=k.txt\n", b"x") + tar_member("k.txt", b"a") + b"\0" * 1024)
+        with self.assertRaisesRegex(pacer.Error, "badpax.tar.*pax"):
+            pacer.data.open(bad_pax)
+
+    def test_brace_bombs_are_usage_errors(self):
+        t0 = time.monotonic()
+        with self.assertRaisesRegex(pacer.Error, "64 bits"):
+            pacer.data.open(self.path("x-{0..18446744073709551615}.tar"))
+        with self.assertRaisesRegex(pacer.Error, "more than 1000000 names"):
+            pacer.data.open(self.path("x-{0..9999}{0..9999}.tar"))
+        self.assertLess(time.monotonic() - t0, 10)
+
+    def make_shard(self):
+        data = b""
+        expected = []
+        for i in range(3):
+            key = f"k{i}"
+            fields = {"txt": f"text {i}".encode() * (i + 1), "cls": str(i).encode()}
+            for ext, v in fields.items():
+                data += tar_member(f"{key}.{ext}", v)
+            expected.append((key, fields))
+        return self.write("s.tar", data + b"\0" * 1024), expected
+
+    def assert_reads(self, shard, expected, copy):
+        loader = pacer.data.Loader(pacer.data.open(shard), batch_size=3, shuffle=False, copy=copy, decode=False)
+        (batch,) = list(loader)
+        self.assertEqual(batch["__key__"], [k for k, _ in expected])
+        for ext in ("txt", "cls"):
+            self.assertEqual([bytes(v) for v in batch[ext]], [f[ext] for _, f in expected])
+
+    def test_crafted_and_flipped_indexes_never_return_wrong_bytes(self):
+        shard, expected = self.make_shard()
+        self.assert_reads(shard, expected, True)
+        good = self.read("s.tar.pidx")
+        # Sample 0, field 0: 64-byte header, u16 key length, "k0", u16 field count, u16 ext length, "txt", u64 offset, u64 size.
+        at = 64 + 2 + 2 + 2 + 2 + 3
+        import struct
+        for offset, size in [(2**64 - 16, 32), (512, 2**64 - 100), (os.path.getsize(shard) - 2, 8)]:
+            for copy in (True, False):
+                crafted = bytearray(good)
+                crafted[at:at + 16] = struct.pack("<QQ", offset, size)
+                self.write("s.tar.pidx", bytes(crafted))
+                self.assert_reads(shard, expected, copy)
+        for bit in range(0, len(good) * 8, 23):  # each rebuild fsyncs
+            crafted = bytearray(good)
+            crafted[bit // 8] ^= 1 << (bit % 8)
+            self.write("s.tar.pidx", bytes(crafted))
+            self.assert_reads(shard, expected, bit % 2 == 0)
+            self.assertEqual(self.read("s.tar.pidx"), good, f"bit {bit}: the index was not rebuilt")
+
+    def test_same_size_rewrite_is_detected(self):
+        shard, _ = self.make_shard()
+        pacer.data.open(shard)
+        st = os.stat(shard)
+        size = st.st_size
+        data = b""
+        for i in range(3):
+            data += tar_member(f"new{i}.txt", f"TEXT {i}".encode() * (i + 1)) + tar_member(f"new{i}.cls", str(9 - i).encode())
+        data += b"\0" * (size - len(data))
+        self.write("s.tar", data)
+        os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))  # same size, same mtime: only the headers differ
+        ds = pacer.data.open(shard)
+        self.assertEqual([ds[i]["__key__"] for i in range(len(ds))], ["new0", "new1", "new2"])
+        self.assertEqual(ds[2]["txt"], b"TEXT 2" * 3)
 
 
 class LoaderTest(DataTestCase):
@@ -544,6 +690,56 @@ class TokenLoaderTest(unittest.TestCase):
                 got.extend(t for row, n in zip(b["tokens"], b["lengths"]) for t in row[:n].tolist())
             self.assertEqual(sorted(got), sorted(t for d in self.docs for t in d))
         self.assertLess(bucketed.stats()["padding_fraction"], plain.stats()["padding_fraction"])
+
+    def test_empty_last_batch_has_tokens(self):
+        pacer.data.write_tokens(self.prefix + "-9", self.docs[:9], dtype="int32")
+        ds = pacer.data.open(self.prefix + "-9")
+        for kw in ({}, {"seq_len": 16, "pack": True}, {"bucket_window": 1}):
+            sizes = []
+            for rank in range(4):
+                batches = list(pacer.data.Loader(ds, batch_size=2, seed=0, rank=rank, world_size=4, **kw))
+                for b in batches:
+                    self.assertIn("tokens", b, kw)
+                    self.assertEqual((b["tokens"].dtype, b["tokens"].ndim), (np.int64, 2), kw)
+                    self.assertEqual((b["position_ids"].dtype, b["position_ids"].shape), (np.int32, b["tokens"].shape))
+                    self.assertEqual(len(b["lengths"]), b["tokens"].shape[0])
+                sizes.append([b["tokens"].shape[0] for b in batches])
+            if not kw.get("pack"):
+                # 9 documents at a global batch of 8: the second batch holds one row, on rank 0.
+                self.assertEqual(sizes, [[2, 1], [2, 0], [2, 0], [2, 0]], kw)
+
+    def test_bucketed_resume_with_another_global_batch_is_refused(self):
+        ds = pacer.data.open(self.prefix)
+        loader = pacer.data.Loader(ds, batch_size=4, seed=2, bucket_window=2)
+        it = iter(loader)
+        for _ in range(3):
+            next(it)
+        state = loader.state_dict()
+        self.assertIn("global_batch=4", state["order"])
+        other = pacer.data.Loader(ds, batch_size=5, seed=2, bucket_window=2)
+        with self.assertRaisesRegex(pacer.Error, "global batch 4"):
+            other.load_state_dict(state)
+        same = pacer.data.Loader(ds, batch_size=2, seed=2, bucket_window=2, world_size=2)
+        same.load_state_dict(state)
+
+    def test_messages_name_the_dataset(self):
+        pacer.data.write_tokens(self.prefix + "-none", [], dtype="int32")
+        with self.assertRaisesRegex(pacer.Error, "-none: the dataset has 0 documents, fewer than the 1 ranks"):
+            pacer.data.Loader(pacer.data.open(self.prefix + "-none"))
+
+    def test_bin_truncated_while_open_raises(self):
+        ds = pacer.data.open(self.prefix)
+        self.assertEqual(list(ds[100]), self.docs[100])
+        loader = pacer.data.Loader(ds, batch_size=4, shuffle=False, prefetch=1, threads=1)
+        it = iter(loader)
+        next(it)
+        os.truncate(self.prefix + ".bin", 64)
+        with self.assertRaisesRegex(pacer.Error, "docs.bin.*truncated while open"):
+            ds[100]
+        with self.assertRaisesRegex(pacer.Error, "docs.bin"):
+            for _ in it:
+                pass
+        self.assertEqual(list(ds[0]), self.docs[0])
 
     def test_bad_options(self):
         ds = pacer.data.open(self.prefix)
