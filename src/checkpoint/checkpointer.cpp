@@ -30,6 +30,8 @@
 #include "pacer/comm/communicator.hpp"
 #include "pacer/core/atomic_file.hpp"
 #include "pacer/core/host_buffer.hpp"
+#include "pacer/core/posix_io.hpp"
+#include "pacer/core/time.hpp"
 #include "pacer/hw/cuda_host.hpp"
 #include "pacer/hw/system.hpp"
 
@@ -63,14 +65,6 @@ std::optional<TempName> parse_temp_dir_name(const std::string& name) {
   t.host = rest.substr(0, pid_dash);
   t.pid = std::atoi(rest.substr(pid_dash + 1, nonce_dash - pid_dash - 1).c_str());
   return t;
-}
-
-void sync_dir(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
 }
 
 Status rename_no_replace(const std::string& from, const std::string& to) {
@@ -137,33 +131,12 @@ std::vector<ReplicatedPiece> split_replicated(const std::vector<BlobView>& blobs
 
 namespace {
 
-std::string utc_now() {
-  return fmt::format("{:%Y-%m-%dT%H:%M:%S}Z", fmt::gmtime(std::chrono::system_clock::to_time_t(std::chrono::system_clock::now())));
-}
-
-Error io_error(const std::string& what, const std::string& path, int err) {
-  return Error{ErrorKind::kIo, fmt::format("{}: {}: {}", path, what, std::strerror(err))};
-}
-
-Status write_all(int fd, const unsigned char* p, std::uint64_t n, std::uint64_t off, const std::string& path) {
-  while (n > 0) {
-    const ssize_t w = ::pwrite(fd, p, n, static_cast<off_t>(off));
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0) return io_error("write failed", path, errno);
-    p += w;
-    n -= static_cast<std::uint64_t>(w);
-    off += static_cast<std::uint64_t>(w);
-  }
-  return {};
-}
-
 Status write_small_file(const std::string& path, const std::string& text) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return io_error("cannot create", path, errno);
-  Status st = write_all(fd, reinterpret_cast<const unsigned char*>(text.data()), text.size(), 0, path);
-  if (st && ::fsync(fd) != 0) st = io_error("fsync failed", path, errno);
-  ::close(fd);
-  return st;
+  auto fd = open_fd(path, O_WRONLY | O_CREAT | O_TRUNC);
+  if (!fd) return fd.error();
+  if (Status st = pwrite_full(fd->get(), text.data(), text.size(), 0, path); !st) return st;
+  if (Status st = fsync_fd(fd->get(), path); !st) return st;
+  return fd->close(path);
 }
 
 constexpr std::uint64_t kAlign = 4096;
@@ -463,13 +436,13 @@ struct Checkpointer::Impl {
         len = align_up(p.len, kAlign);
         std::memset(t.buf + p.buf_offset + p.len, 0, len - p.len);
       }
-      Status st = write_all(j.fd, data, len, off, j.data_path);
+      Status st = pwrite_full(j.fd, data, len, off, j.data_path);
       if (!st && j.direct && st.error().message.find(std::strerror(EINVAL)) != std::string::npos) {
         // The filesystem took O_DIRECT at open but refuses it on write (some
         // network filesystems): carry on buffered.
         ::fcntl(j.fd, F_SETFL, ::fcntl(j.fd, F_GETFL) & ~O_DIRECT);
         j.direct = false;
-        st = write_all(j.fd, data, p.len, off, j.data_path);
+        st = pwrite_full(j.fd, data, p.len, off, j.data_path);
       }
       if (!st) {
         j.failed = true;
@@ -532,13 +505,13 @@ struct Checkpointer::Impl {
 
   // Manifest last, then the rename that makes the step exist.
   Status commit_dir(const std::string& tmp_dir, const std::string& tier_root, Manifest& m) {
-    m.created_at = utc_now();
+    m.created_at = utc_iso_now();
     const std::string text = to_json(m).dump(1);
     if (Status st = write_small_file(tmp_dir + "/" + kManifestName, text); !st) return st;
-    sync_dir(tmp_dir);
+    (void)fsync_dir(tmp_dir);
     const std::string final_dir = (fs::path(tier_root) / step_dir_name(m.step)).string();
     if (Status st = rename_no_replace(tmp_dir, final_dir); !st) return st;
-    sync_dir(tier_root);
+    (void)fsync_dir(tier_root);
     note_committed(tier_root, final_dir, m);
     return {};
   }
@@ -655,8 +628,7 @@ struct Checkpointer::Impl {
     while (done < size) {
       if (!plain) {
         loff_t a = static_cast<loff_t>(done), b = static_cast<loff_t>(done);
-        const ssize_t n = ::copy_file_range(in, &a, out, &b, size - done, 0);
-        if (n < 0 && errno == EINTR) continue;
+        const ssize_t n = retry_eintr([&] { return ::copy_file_range(in, &a, out, &b, size - done, 0); });
         if (n > 0) {
           done += static_cast<std::uint64_t>(n);
           continue;
@@ -668,11 +640,10 @@ struct Checkpointer::Impl {
         }
         return io_error("copy failed", to, n < 0 ? errno : EIO);
       }
-      const ssize_t n = ::pread(in, buf.data(), std::min<std::uint64_t>(buf.size(), size - done), static_cast<off_t>(done));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return io_error("copy failed (short read)", to, n < 0 ? errno : EIO);
-      if (Status w = write_all(out, buf.data(), static_cast<std::uint64_t>(n), done, to); !w) return w;
-      done += static_cast<std::uint64_t>(n);
+      const std::size_t want = std::min<std::uint64_t>(buf.size(), size - done);
+      if (Status r = pread_exact(in, buf.data(), want, done, to + " (copy source)"); !r) return r;
+      if (Status w = pwrite_full(out, buf.data(), want, done, to); !w) return w;
+      done += want;
     }
     return {};
   }
@@ -717,10 +688,10 @@ struct Checkpointer::Impl {
     Manifest m = reader->manifest();
     if (Status st = copy_checked(src, tmp, m); !st) return fail(st.error());
     if (Status st = write_small_file(tmp + "/" + kManifestName, to_json(m).dump(1)); !st) return fail(st.error());
-    sync_dir(tmp);
+    (void)fsync_dir(tmp);
     const std::string final_dir = (fs::path(opt.root) / step_dir_name(step)).string();
     if (Status st = rename_no_replace(tmp, final_dir); !st) return fail(st.error());
-    sync_dir(opt.root);
+    (void)fsync_dir(opt.root);
     note_committed(opt.root, final_dir, m);
     return {};
   }

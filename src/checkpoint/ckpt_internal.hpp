@@ -34,8 +34,6 @@ nlohmann::json manifest_body(const Manifest& m);
 // allocate from (shapes, global sizes) are checked here, before any read.
 Status check_layout(const Manifest& m, bool complete, const std::string& source);
 
-// fsync of a directory, so renames and creations in it are durable.
-void sync_dir(const std::string& dir);
 // Removes a step directory (or a damaged or partial one): false, and nothing
 // done, while a Reader holds it.
 Expected<bool> remove_checkpoint_dir(const std::string& path);

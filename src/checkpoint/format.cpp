@@ -25,6 +25,8 @@
 #include "pacer/checkpoint.hpp"
 #include "pacer/core/atomic_file.hpp"
 #include "pacer/core/host_buffer.hpp"
+#include "pacer/core/posix_io.hpp"
+#include "pacer/core/time.hpp"
 
 namespace pacer::ckpt {
 
@@ -198,8 +200,7 @@ Expected<std::shared_ptr<const int>> lock_step_dir(const std::string& step_dir) 
   std::shared_ptr<const int> lock;
   if (fd < 0) return lock;
   lock = own_fd(fd);
-  while (::flock(fd, LOCK_SH) != 0 && errno == EINTR) {
-  }
+  (void)retry_eintr([&] { return ::flock(fd, LOCK_SH); });
   // A deleter that won the lock has renamed the directory away by now, and
   // a new save may have put another directory under the name: read only
   // the step that is locked.
@@ -359,15 +360,9 @@ struct Reader::File {
   }
 
   Status pread_all(int f, unsigned char* buf, std::uint64_t n, std::uint64_t off, std::uint64_t* got) const {
-    std::uint64_t done = 0;
-    while (done < n) {
-      const ssize_t r = ::pread(f, buf + done, n - done, static_cast<off_t>(off + done));
-      if (r < 0 && errno == EINTR) continue;
-      if (r < 0) return Error{ErrorKind::kIo, fmt::format("{}: read failed at offset {}: {}", path, off + done, std::strerror(errno))};
-      if (r == 0) break;
-      done += static_cast<std::uint64_t>(r);
-    }
-    *got = done;
+    auto r = pread_full(f, buf, n, off, path);
+    if (!r) return r.error();
+    *got = *r;
     return {};
   }
 
@@ -531,12 +526,7 @@ Status Reader::verify_all() {
 }
 
 std::string damaged_dir_name(std::uint64_t step, int pid) {
-  const auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
-  std::tm tm{};
-  ::gmtime_r(&now, &tm);
-  char when[32];
-  std::strftime(when, sizeof when, "%Y%m%dT%H%M%SZ", &tm);
-  return fmt::format("{}{}-{}-{}", kDamagedPrefix, step_dir_name(step), when, pid);
+  return fmt::format("{}{}-{}-{}", kDamagedPrefix, step_dir_name(step), utc_compact(wall_now()), pid);
 }
 
 std::optional<std::uint64_t> parse_damaged_dir_name(const std::string& name) {
@@ -603,9 +593,7 @@ Expected<std::shared_ptr<const int>> lock_for_removal(const std::string& path) {
   const int fd = open_lock_target(path, true, locked_path);
   if (fd < 0) return Error{ErrorKind::kIo, fmt::format("{}: cannot open: {}", locked_path, std::strerror(errno))};
   auto lock = own_fd(fd);
-  int rc;
-  while ((rc = ::flock(fd, LOCK_EX | LOCK_NB)) != 0 && errno == EINTR) {
-  }
+  const int rc = retry_eintr([&] { return ::flock(fd, LOCK_EX | LOCK_NB); });
   // Held by a reader: busy. Any other failure means no locks here (ENOLCK,
   // a filesystem without them): deletion is not held off.
   if (rc != 0 && errno == EWOULDBLOCK) return std::shared_ptr<const int>();
@@ -625,7 +613,7 @@ Expected<bool> remove_checkpoint_dir(const std::string& path) {
   const fs::path doomed = p.parent_path() / fmt::format(".deleting-{}-{}", p.filename().string(), ::getpid());
   if (::rename(path.c_str(), doomed.c_str()) != 0)
     return Error{ErrorKind::kIo, fmt::format("{}: cannot remove: {}", path, std::strerror(errno))};
-  sync_dir(p.parent_path().string());
+  (void)fsync_dir(p.parent_path().string());
   // Renamed: a reader still waiting for the lock finds the name gone. Let it
   // go before removing, or NFS keeps the open manifest as a silly-renamed
   // file and the directory cannot be removed.
@@ -642,7 +630,7 @@ Expected<std::string> move_aside_damaged(const std::string& step_dir, std::uint6
   const fs::path p(step_dir);
   const std::string to = (p.parent_path() / damaged_dir_name(step, ::getpid())).string();
   if (Status st = rename_no_replace(step_dir, to); !st) return st.error();
-  sync_dir(p.parent_path().string());
+  (void)fsync_dir(p.parent_path().string());
   return to;
 }
 

@@ -15,6 +15,7 @@
 
 #include "pacer/checkpoint.hpp"
 #include "pacer/core/atomic_file.hpp"
+#include "pacer/core/posix_io.hpp"
 
 namespace pacer::ckpt {
 
@@ -123,14 +124,8 @@ Status check_file(const std::string& path, const std::vector<Tensor*>& ts, const
     return Error{ErrorKind::kIo, fmt::format("{}: read back: {}", path, why)};
   };
   auto read_at = [&](unsigned char* dst, std::uint64_t n, std::uint64_t off) {
-    std::uint64_t done = 0;
-    while (done < n) {
-      const ssize_t got = ::pread(fd, dst + done, n - done, static_cast<off_t>(off + done));
-      if (got < 0 && errno == EINTR) continue;
-      if (got <= 0) return false;
-      done += static_cast<std::uint64_t>(got);
-    }
-    return true;
+    auto got = pread_full(fd, dst, n, off, path);
+    return got && *got == n;
   };
   unsigned char len8[8];
   if (!read_at(len8, 8, 0)) return bad("shorter than 8 bytes");

@@ -7,6 +7,7 @@
 #include "pacer/comm/bench.hpp"
 #include "pacer/core/stats.hpp"
 #include "pacer/hw/system.hpp"
+#include "pacer/core/time.hpp"
 
 namespace pacer::comm {
 
@@ -105,15 +106,6 @@ bool equal(double got, double want, DType t) {
   return got == want;
 }
 
-std::string utc_now() {
-  std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
-
 // Device or host buffers for one collective, freed on scope exit.
 struct Buffers {
   Collectives& comm;
@@ -201,7 +193,7 @@ Expected<BenchReport> run_bench(Collectives& comm, const BenchOptions& o,
   rep.backend = comm.backend();
   rep.ranks = n;
   rep.host = hw::hostname();
-  rep.date_utc = utc_now();
+  rep.date_utc = utc_iso_now();
   rep.dtype = o.dtype;
   rep.iters = o.iters;
   rep.warmup = o.warmup;

@@ -1,5 +1,7 @@
 #include "pacer/core/atomic_file.hpp"
 
+#include "pacer/core/posix_io.hpp"
+
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/stat.h>
@@ -11,13 +13,6 @@
 #include <utility>
 
 namespace pacer {
-namespace {
-
-Error io_error(std::string_view what, const std::string& path, int err) {
-  return Error{ErrorKind::kIo, fmt::format("{}: {}: {}", path, what, std::strerror(err))};
-}
-
-}  // namespace
 
 Expected<AtomicFileWriter> AtomicFileWriter::create(const std::string& path) {
   namespace fs = std::filesystem;
@@ -57,19 +52,9 @@ void AtomicFileWriter::discard() {
 
 Status AtomicFileWriter::write(const void* data, std::size_t size) {
   if (fd_ < 0) return Error{ErrorKind::kUsage, path_ + ": write after commit or failure"};
-  const char* p = static_cast<const char*>(data);
-  while (size > 0) {
-    const ssize_t n = ::write(fd_, p, size);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const int err = errno;
-      discard();
-      return io_error("write failed", path_, err);
-    }
-    p += n;
-    size -= static_cast<std::size_t>(n);
-  }
-  return {};
+  Status st = write_full(fd_, data, size, path_);
+  if (!st) discard();
+  return st;
 }
 
 Status AtomicFileWriter::commit() {
@@ -84,7 +69,7 @@ Status AtomicFileWriter::commit() {
   const mode_t mask = ::umask(0);
   ::umask(mask);
   ::fchmod(fd_, 0666 & ~mask);
-  if (::fsync(fd_) != 0) return fail("fsync failed");
+  if (retry_eintr([&] { return ::fsync(fd_); }) != 0) return fail("fsync failed");
   const int fd = std::exchange(fd_, -1);
   if (::close(fd) != 0) {
     const int err = errno;
@@ -98,12 +83,7 @@ Status AtomicFileWriter::commit() {
   }
   // The rename is durable only once the directory entry is on disk.
   const fs::path target(path_);
-  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  (void)fsync_dir(target.has_parent_path() ? target.parent_path().string() : ".");
   return {};
 }
 
@@ -115,28 +95,18 @@ Status write_file_atomic(const std::string& path, std::string_view contents) {
 }
 
 Expected<std::string> read_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return io_error("cannot open", path, errno);
+  auto fd = open_fd(path, O_RDONLY);
+  if (!fd) return fd.error();
   struct stat st {};
-  if (::fstat(fd, &st) != 0 || S_ISDIR(st.st_mode)) {
-    const int err = S_ISDIR(st.st_mode) ? EISDIR : errno;
-    ::close(fd);
-    return io_error("cannot read", path, err);
-  }
+  if (::fstat(fd->get(), &st) != 0 || S_ISDIR(st.st_mode)) return io_error("cannot read", path, S_ISDIR(st.st_mode) ? EISDIR : errno);
   std::string out;
   char buf[65536];
   for (;;) {
-    const ssize_t n = ::read(fd, buf, sizeof(buf));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int err = errno;
-      ::close(fd);
-      return io_error("read failed", path, err);
-    }
-    if (n == 0) break;
-    out.append(buf, static_cast<std::size_t>(n));
+    auto n = read_full(fd->get(), buf, sizeof(buf), path);
+    if (!n) return n.error();
+    out.append(buf, *n);
+    if (*n < sizeof(buf)) break;
   }
-  ::close(fd);
   return out;
 }
 

@@ -13,6 +13,8 @@
 #include <cstring>
 #include <ctime>
 
+#include "pacer/core/posix_io.hpp"
+#include "pacer/core/process.hpp"
 #include "pacer/run.hpp"
 #include "run_internal.hpp"
 
@@ -60,32 +62,17 @@ std::optional<double> parse_scontrol_end_time(const std::string& text) {
 
 Expected<Captured> capture(const std::vector<std::string>& argv, double timeout_s, const sigset_t* child_mask) {
   int out[2];
-  if (pipe2(out, O_CLOEXEC) != 0) return Error{ErrorKind::kIo, fmt::format("pipe: {}", std::strerror(errno))};
-  int err_pipe[2];
-  if (pipe2(err_pipe, O_CLOEXEC) != 0) {
-    close(out[0]);
-    close(out[1]);
-    return Error{ErrorKind::kIo, fmt::format("pipe: {}", std::strerror(errno))};
-  }
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  const pid_t pid = fork();
-  if (pid < 0) return Error{ErrorKind::kIo, fmt::format("fork: {}", std::strerror(errno))};
-  if (pid == 0) {
-    if (child_mask) sigprocmask(SIG_SETMASK, child_mask, nullptr);
-    dup2(out[1], 1);
-    dup2(out[1], 2);
-    execvp(args[0], args.data());
-    const int e = errno;
-    (void)!write(err_pipe[1], &e, sizeof e);
-    _exit(127);
-  }
-  close(out[1]);
-  close(err_pipe[1]);
+  if (pipe2(out, O_CLOEXEC) != 0) return io_error("cannot create a pipe", argv.empty() ? "" : argv[0], errno);
+  Fd out_read(out[0]), out_write(out[1]);
+  SpawnOptions so;
+  so.signal_mask = child_mask;
+  so.stdout_fd = so.stderr_fd = out[1];
   int exec_errno = 0;
-  const bool exec_failed = read(err_pipe[0], &exec_errno, sizeof exec_errno) == sizeof exec_errno;
-  close(err_pipe[0]);
+  auto pid = spawn_process(argv, so, &exec_errno);
+  if (!pid && exec_errno)
+    return Error{ErrorKind::kIo, fmt::format("{}: {}", argv[0], exec_errno == ENOENT ? "not found" : std::strerror(exec_errno))};
+  if (!pid) return Error{ErrorKind::kIo, pid.error().message};
+  out_write.reset();
   Captured c;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   bool timed_out = false;
@@ -96,23 +83,19 @@ Expected<Captured> capture(const std::vector<std::string>& argv, double timeout_
       timed_out = true;
       break;
     }
-    pollfd pfd{out[0], POLLIN, 0};
+    pollfd pfd{out_read.get(), POLLIN, 0};
     const int r = poll(&pfd, 1, static_cast<int>(left * 1000) + 1);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) continue;
-    const ssize_t n = read(out[0], buf, sizeof buf);
+    if (r <= 0) continue;  // EINTR or the deadline: the loop head decides
+    const ssize_t n = retry_eintr([&] { return read(out_read.get(), buf, sizeof buf); });
     if (n <= 0) break;
     c.output.append(buf, static_cast<std::size_t>(n));
   }
-  close(out[0]);
-  if (timed_out) kill(pid, SIGKILL);
+  out_read.reset();
+  if (timed_out) kill(*pid, SIGKILL);
   int st = 0;
-  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
-  }
-  if (exec_failed)
-    return Error{ErrorKind::kIo, fmt::format("{}: {}", argv[0], exec_errno == ENOENT ? "not found" : std::strerror(exec_errno))};
+  (void)wait_process(*pid, &st);
   if (timed_out) return Error{ErrorKind::kIo, fmt::format("{}: no answer within {:.0f} s", argv[0], timeout_s)};
-  c.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  c.status = exit_code_of(st);
   return c;
 }
 

@@ -18,6 +18,9 @@
 #include "pacer/core/atomic_file.hpp"
 #include "pacer/run.hpp"
 #include "pacer/vet/vet.hpp"
+#include "pacer/core/process.hpp"
+#include "pacer/core/time.hpp"
+#include "pacer/hw/system.hpp"
 #include "run_internal.hpp"
 
 namespace pacer::run {
@@ -26,22 +29,7 @@ namespace {
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-double unix_now() {
-  timespec ts{};
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
-}
-
 double mono_now() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
-
-std::string iso_utc(double t) {
-  const auto secs = static_cast<std::time_t>(std::floor(t));
-  std::tm tm{};
-  gmtime_r(&secs, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
-  return fmt::format("{}.{:03d}Z", buf, static_cast<int>((t - std::floor(t)) * 1000));
-}
 
 std::string join(const std::vector<std::string>& v) {
   std::string s;
@@ -76,8 +64,8 @@ class Log {
     if (fd_ >= 0) close(fd_);
   }
   void operator()(const std::string& event, const std::string& message, json extra = json::object()) {
-    const double t = unix_now();
-    json j = {{"schema", kEventSchema}, {"time", iso_utc(t)}, {"unix", t}, {"event", event}, {"message", message}};
+    const double t = wall_now();
+    json j = {{"schema", kEventSchema}, {"time", utc_iso(t, true)}, {"unix", t}, {"event", event}, {"message", message}};
     for (auto& [k, v] : extra.items()) j[k] = v;
     if (fd_ >= 0) {
       // One write per line with O_APPEND: lines from several supervisors sharing
@@ -127,49 +115,6 @@ class MaskGuard {
   struct sigaction old_chld_ {};
 };
 
-struct Spawned {
-  pid_t pid = -1;
-  int exec_errno = 0;  // non-zero: exec failed in the child
-};
-
-// Starts argv in its own process group (so signals reach everything CMD
-// starts, and stopping it stops its workers), with the contract's variables.
-Spawned spawn(const std::vector<std::string>& argv, const std::vector<std::pair<std::string, std::string>>& env,
-              const sigset_t& child_mask) {
-  int err_pipe[2];
-  if (pipe2(err_pipe, O_CLOEXEC) != 0) return {-1, errno};
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  const pid_t pid = fork();
-  if (pid < 0) {
-    const int e = errno;
-    close(err_pipe[0]);
-    close(err_pipe[1]);
-    return {-1, e};
-  }
-  if (pid == 0) {
-    setpgid(0, 0);
-    for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
-    sigprocmask(SIG_SETMASK, &child_mask, nullptr);
-    execvp(args[0], args.data());
-    const int e = errno;
-    (void)!write(err_pipe[1], &e, sizeof e);
-    _exit(kExitNotFound);
-  }
-  setpgid(pid, pid);  // also here: no signal may reach a group that does not exist yet
-  close(err_pipe[1]);
-  int e = 0;
-  const bool failed = read(err_pipe[0], &e, sizeof e) == sizeof e;
-  close(err_pipe[0]);
-  if (failed) {
-    int st = 0;
-    waitpid(pid, &st, 0);
-    return {-1, e};
-  }
-  return {pid, 0};
-}
-
 std::string default_request_file() {
   const char* tmp = std::getenv("TMPDIR");
   const char* job = std::getenv("SLURM_JOB_ID");
@@ -208,11 +153,7 @@ Expected<Outcome> supervise(const Options& o) {
                                                    : "no Slurm job (SLURM_JOB_ID unset): running bare, no walltime "
                                                      "from Slurm and no requeue",
                            join(o.argv)),
-      {{"argv", o.argv}, {"slurm_job", in_slurm ? json(job) : json(nullptr)}, {"host", [] {
-         char h[256] = {};
-         gethostname(h, sizeof h - 1);
-         return std::string(h);
-       }()}});
+      {{"argv", o.argv}, {"slurm_job", in_slurm ? json(job) : json(nullptr)}, {"host", hw::hostname()}});
 
   if (o.vet_quick) {
     vet::VetOptions vo;
@@ -242,8 +183,8 @@ Expected<Outcome> supervise(const Options& o) {
     wt = learn_walltime(o.scontrol);
   }
   if (wt.end_time) {
-    log("walltime", fmt::format("job ends at {} ({} s from now, from {}){}", iso_utc(*wt.end_time),
-                                static_cast<long long>(*wt.end_time - unix_now()), wt.note,
+    log("walltime", fmt::format("job ends at {} ({} s from now, from {}){}", utc_iso(*wt.end_time, true),
+                                static_cast<long long>(*wt.end_time - wall_now()), wt.note,
                                 o.before_s > 0 ? fmt::format("; checkpoint {} s before", o.before_s)
                                                : "; --before 0: checkpoint on the signal only"),
         {{"end_time", *wt.end_time}});
@@ -287,7 +228,7 @@ Expected<Outcome> supervise(const Options& o) {
   auto save_state = [&](const std::optional<std::uint64_t>& latest) {
     if (state_path.empty()) return;
     const json j = {{"schema", "pacer.run.state/1"}, {"no_progress", no_progress},
-                    {"committed_step", latest ? json(*latest) : json(nullptr)}, {"time", iso_utc(unix_now())}};
+                    {"committed_step", latest ? json(*latest) : json(nullptr)}, {"time", utc_iso(wall_now(), true)}};
     if (auto st = write_file_atomic(state_path, j.dump() + "\n"); !st) log("history", st.error().message);
   };
   auto forget_state = [&] {
@@ -339,16 +280,24 @@ Expected<Outcome> supervise(const Options& o) {
                                                             {kAttemptEnv, std::to_string(attempt)}};
     if (!o.ckpt_dir.empty()) env.emplace_back(kCkptDirEnv, o.ckpt_dir);
     if (o.request_signal) env.emplace_back(kRequestSignalEnv, signal_name(*o.request_signal).substr(3));
-    const Spawned sp = spawn(o.argv, env, mask.old());
+    // Its own process group, so that signals reach everything CMD starts
+    // and stopping it stops its workers.
+    SpawnOptions so;
+    so.env = env;
+    so.signal_mask = &mask.old();
+    so.new_process_group = true;
+    int exec_errno = 0;
+    const auto spawned = spawn_process(o.argv, so, &exec_errno);
     ++out.attempts;
-    if (sp.pid < 0) {
-      const bool missing = sp.exec_errno == ENOENT || sp.exec_errno == ENOTDIR;
+    if (!spawned) {
+      const bool missing = exec_errno == ENOENT || exec_errno == ENOTDIR;
       out.exit_code = missing ? kExitNotFound : kExitNotExecutable;
-      out.reason = fmt::format("{}: {}", o.argv[0], missing ? "command not found" : std::strerror(sp.exec_errno));
+      out.reason = exec_errno ? fmt::format("{}: {}", o.argv[0], missing ? "command not found" : std::strerror(exec_errno))
+                              : spawned.error().message;
       log("not-started", out.reason, {{"exit_code", out.exit_code}});
       return out;
     }
-    const pid_t pid = sp.pid;
+    const pid_t pid = *spawned;
     log("started", fmt::format("attempt {} (pid {}), resuming from {}", attempt, pid, step_text(best)),
         {{"attempt", attempt}, {"pid", pid}});
 
@@ -361,7 +310,7 @@ Expected<Outcome> supervise(const Options& o) {
     std::optional<std::uint64_t> baseline;
     std::optional<double> trigger;  // monotonic time of the walltime checkpoint
     if (wt.end_time && o.before_s > 0 && !walltime_fired)
-      trigger = mono_now() + (*wt.end_time - o.before_s - unix_now());
+      trigger = mono_now() + (*wt.end_time - o.before_s - wall_now());
 
     auto stop = [&](const std::string& why) {
       kill(-pid, SIGTERM);
@@ -372,8 +321,8 @@ Expected<Outcome> supervise(const Options& o) {
     auto request = [&](const std::string& why) {
       asked = true;
       baseline = latest_committed_step(o.ckpt_dir);
-      const json body = {{"schema", "pacer.run.request/1"}, {"reason", why}, {"time", iso_utc(unix_now())},
-                         {"deadline", unix_now() + o.grace_s}, {"committed_step", baseline ? json(*baseline) : json(nullptr)}};
+      const json body = {{"schema", "pacer.run.request/1"}, {"reason", why}, {"time", utc_iso(wall_now(), true)},
+                         {"deadline", wall_now() + o.grace_s}, {"committed_step", baseline ? json(*baseline) : json(nullptr)}};
       const auto s = write_file_atomic(request_file, body.dump() + "\n");
       if (o.request_signal) kill(-pid, *o.request_signal);
       phase = Phase::kCheckpointing;
@@ -409,7 +358,7 @@ Expected<Outcome> supervise(const Options& o) {
       const double t = mono_now();
       if (phase == Phase::kRunning && trigger && t >= *trigger) {
         walltime_fired = true;
-        request(fmt::format("job ends in {} s (--before {} s)", static_cast<long long>(*wt.end_time - unix_now()),
+        request(fmt::format("job ends in {} s (--before {} s)", static_cast<long long>(*wt.end_time - wall_now()),
                             o.before_s));
       }
       if (phase == Phase::kCheckpointing) {

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <thread>
 
+#include "pacer/core/process.hpp"
 #include "pacer/hw/system.hpp"
 #include "pacer/telemetry.hpp"
 #include "pacer/telemetry/catalog.hpp"
@@ -103,49 +104,6 @@ class Exporter {
   std::thread thread_;
 };
 
-// Starts argv with extra environment entries; an exec failure comes back
-// through a close-on-exec pipe as the child's errno.
-Expected<pid_t> spawn(const std::vector<std::string>& argv, const std::vector<std::string>& extra_env) {
-  std::vector<std::string> env_strings;
-  for (char** e = environ; *e; ++e) {
-    const std::string_view kv(*e);
-    bool replaced = false;
-    for (const auto& x : extra_env)
-      if (kv.substr(0, kv.find('=') + 1) == std::string_view(x).substr(0, x.find('=') + 1)) replaced = true;
-    if (!replaced) env_strings.emplace_back(kv);
-  }
-  env_strings.insert(env_strings.end(), extra_env.begin(), extra_env.end());
-  std::vector<char*> envp, args;
-  for (auto& s : env_strings) envp.push_back(s.data());
-  envp.push_back(nullptr);
-  std::vector<std::string> argv_copy = argv;
-  for (auto& s : argv_copy) args.push_back(s.data());
-  args.push_back(nullptr);
-  int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) return Error{ErrorKind::kIo, fmt::format("pipe: {}", std::strerror(errno))};
-  const pid_t pid = ::fork();
-  if (pid < 0) return Error{ErrorKind::kIo, fmt::format("fork: {}", std::strerror(errno))};
-  if (pid == 0) {
-    ::close(fds[0]);
-    sigset_t none;
-    sigemptyset(&none);
-    ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    ::execvpe(args[0], args.data(), envp.data());
-    const int err = errno;
-    (void)!::write(fds[1], &err, sizeof(err));
-    ::_exit(127);
-  }
-  ::close(fds[1]);
-  int err = 0;
-  const ssize_t n = ::read(fds[0], &err, sizeof(err));
-  ::close(fds[0]);
-  if (n == static_cast<ssize_t>(sizeof(err))) {
-    ::waitpid(pid, nullptr, 0);
-    return Error{ErrorKind::kUsage, fmt::format("{}: cannot run: {}", argv[0], std::strerror(err))};
-  }
-  return pid;
-}
-
 }  // namespace
 
 Expected<MonitorResult> run_monitor(const MonitorOptions& o) {
@@ -222,7 +180,9 @@ Expected<MonitorResult> run_monitor(const MonitorOptions& o) {
 
   pid_t child = 0;
   if (!o.command.empty()) {
-    auto pid = spawn(o.command, {"PACER_TELEMETRY_DB=" + res.db, fmt::format("PACER_RUN_ID={}", res.run_id)});
+    SpawnOptions so;
+    so.env = {{"PACER_TELEMETRY_DB", res.db}, {"PACER_RUN_ID", std::to_string(res.run_id)}};
+    auto pid = spawn_process(o.command, so);
     if (!pid) {
       restore();
       (void)catalog.end_run(res.run_id, unix_now(), std::nullopt, hw::process_cpu_seconds());

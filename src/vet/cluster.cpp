@@ -14,6 +14,7 @@
 #include "pacer/core/stats.hpp"
 #include "pacer/core/units.hpp"
 #include "pacer/hw/system.hpp"
+#include "pacer/core/time.hpp"
 
 namespace pacer::vet {
 
@@ -256,10 +257,6 @@ AllReduceResult measure_allreduce(comm::TimedComm& leaders, const ClusterOptions
   return r;
 }
 
-std::string utc_now_iso() {
-  return fmt::format("{:%Y-%m-%dT%H:%M:%S}Z", fmt::gmtime(std::chrono::system_clock::to_time_t(std::chrono::system_clock::now())));
-}
-
 // Greedy rounds of disjoint pairs; pairs that do not fit in `max_rounds` are dropped.
 std::vector<std::vector<std::pair<int, int>>> rounds_of(const std::vector<std::pair<int, int>>& pairs, int max_rounds) {
   std::vector<std::vector<std::pair<int, int>>> rounds;
@@ -287,7 +284,7 @@ bool is_cluster_check(const std::string& name) { return name == "network.p2p" ||
 Expected<std::optional<ClusterReport>> run_cluster_vet(comm::TimedComm& world, const ClusterOptions& o) {
   const std::optional<ClusterReport> kNotRoot;
   const auto t0 = Clock::now();
-  const std::string started_at = utc_now_iso();
+  const std::string started_at = utc_iso_now();
   auto profile = load_profile(o.node.profile);
   if (!profile) return profile.error();
   const Schedule when(t0, o.bound_s, o.node.quick);

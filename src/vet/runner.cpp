@@ -19,6 +19,7 @@
 #include "pacer/hw/system.hpp"
 #include "pacer/vet/cluster.hpp"
 #include "pacer/vet/vet.hpp"
+#include "pacer/core/time.hpp"
 #include "outliers.hpp"
 #include "probes.hpp"
 
@@ -84,11 +85,6 @@ class SignalGuard {
   struct sigaction old_int_ {};
   struct sigaction old_term_ {};
 };
-
-std::string utc_now_iso() {
-  const auto now = std::chrono::system_clock::now();
-  return fmt::format("{:%Y-%m-%dT%H:%M:%S}Z", fmt::gmtime(std::chrono::system_clock::to_time_t(now)));
-}
 
 std::string expand_path(const std::string& p) {
   if (p == "$TMPDIR" || p.starts_with("$TMPDIR/")) {
@@ -415,7 +411,7 @@ Expected<VetReport> run_vet(const VetOptions& o) {
 
   VetReport report;
   report.host = o.node_name.empty() ? hw::hostname() : o.node_name;
-  report.started_at = utc_now_iso();
+  report.started_at = utc_iso_now();
   report.mode = o.quick ? "quick" : "full";
   report.profile = *profile;
   report.baseline_path = o.baseline_path;
