@@ -13,6 +13,7 @@
 #include <mutex>
 
 #include "pacer/core/atomic_file.hpp"
+#include "pacer/core/posix_io.hpp"
 #include "pacer/data.hpp"
 
 namespace pacer::data {
@@ -176,18 +177,11 @@ Expected<std::vector<std::string>> expand_shard_spec(const std::string& spec) {
 struct Dataset::Impl {
   // An open descriptor, closed when the last reader lets go of it: evicting a
   // shard must not close a descriptor another thread is reading from.
-  struct Fd {
-    int fd;
-    explicit Fd(int f) : fd(f) {}
-    ~Fd() { ::close(fd); }
-    Fd(const Fd&) = delete;
-    Fd& operator=(const Fd&) = delete;
-  };
   // Per shard: its index entries (loaded on first use) and an open descriptor.
   struct Shard {
     std::mutex mu;
     std::shared_ptr<const std::vector<SampleEntry>> entries;
-    std::shared_ptr<const Fd> file;
+    std::shared_ptr<const pacer::Fd> file;
     // Its place in the LRU list of open shards (guarded by lru_mu).
     std::list<std::size_t>::iterator lru_pos;
     bool in_lru = false;
@@ -235,7 +229,7 @@ struct Dataset::Located {
   std::size_t shard = 0;
   std::shared_ptr<const std::vector<SampleEntry>> entries;  // keeps `entry` alive
   const SampleEntry* entry = nullptr;
-  std::shared_ptr<const Impl::Fd> file;
+  std::shared_ptr<const pacer::Fd> file;
 };
 
 Expected<Dataset::Located> Dataset::locate(std::uint64_t i) const {
@@ -260,7 +254,7 @@ Expected<Dataset::Located> Dataset::locate(std::uint64_t i) const {
       const int fd = ::open(shards_[s].c_str(), O_RDONLY | O_CLOEXEC);
       if (fd < 0) return Error{ErrorKind::kIo, fmt::format("{}: cannot open: {}", shards_[s], std::strerror(errno))};
       ::posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);
-      sh.file = std::make_shared<const Impl::Fd>(fd);
+      sh.file = std::make_shared<const pacer::Fd>(fd);
     }
     loc.entries = sh.entries;
     loc.file = sh.file;
@@ -293,15 +287,11 @@ Expected<Dataset::Located> Dataset::locate(std::uint64_t i) const {
 namespace {
 // Reads exactly n bytes at `offset`; a short read is a truncated shard.
 Status pread_all(int fd, unsigned char* dst, std::uint64_t n, std::uint64_t offset, const std::string& shard, const std::string& key) {
-  std::uint64_t done = 0;
-  while (done < n) {
-    const ssize_t r = ::pread(fd, dst + done, n - done, static_cast<off_t>(offset + done));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0)
-      return Error{ErrorKind::kIo, fmt::format("{}: offset {}: cannot read sample '{}': {}", shard, offset + done, key,
-                                               r < 0 ? std::strerror(errno) : "unexpected end of file (truncated shard?)")};
-    done += static_cast<std::uint64_t>(r);
-  }
+  auto got = pread_full(fd, dst, n, offset, shard);
+  if (!got) return Error{ErrorKind::kIo, fmt::format("{} (sample '{}')", got.error().message, key)};
+  if (*got < n)
+    return Error{ErrorKind::kIo, fmt::format("{}: offset {}: cannot read sample '{}': unexpected end of file (truncated shard?)", shard,
+                                             offset + *got, key)};
   return {};
 }
 }  // namespace
@@ -318,7 +308,7 @@ Expected<SampleEntry> Dataset::read_span(std::uint64_t i, const std::function<un
     lo = std::min(lo, f.offset);
     hi = std::max(hi, f.offset + f.size);
   }
-  if (Status st = pread_all(loc->file->fd, room(hi - lo), hi - lo, lo, shards_[loc->shard], e.key); !st) return st.error();
+  if (Status st = pread_all(loc->file->get(), room(hi - lo), hi - lo, lo, shards_[loc->shard], e.key); !st) return st.error();
   for (const auto& f : e.fields) out.fields.push_back({f.ext, f.offset - lo, f.size});
   return out;
 }

@@ -27,6 +27,7 @@
 #include <utility>
 
 #include "pacer/core/atomic_file.hpp"
+#include "pacer/core/posix_io.hpp"
 #include "pacer/data.hpp"
 #include "tar_internal.hpp"
 
@@ -50,55 +51,6 @@ std::string version_of(const std::string& concatenated_sums) {
   return hex64(XXH3_64bits(concatenated_sums.data(), concatenated_sums.size()));
 }
 
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  Fd& operator=(Fd&& o) noexcept {
-    if (this != &o) {
-      reset();
-      fd_ = std::exchange(o.fd_, -1);
-    }
-    return *this;
-  }
-  ~Fd() { reset(); }
-  int get() const { return fd_; }
-  explicit operator bool() const { return fd_ >= 0; }
-  void reset() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-  int release() { return std::exchange(fd_, -1); }
-
- private:
-  int fd_ = -1;
-};
-
-// pread until n bytes or end of file; returns the bytes read, -1 on error.
-ssize_t pread_full(int fd, char* p, std::size_t n, std::uint64_t off) {
-  std::size_t done = 0;
-  while (done < n) {
-    const ssize_t r = ::pread(fd, p + done, n - done, static_cast<off_t>(off + done));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return -1;
-    if (r == 0) break;
-    done += static_cast<std::size_t>(r);
-  }
-  return static_cast<ssize_t>(done);
-}
-
-bool write_full(int fd, const char* p, std::size_t n) {
-  while (n > 0) {
-    const ssize_t r = ::write(fd, p, n);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return false;
-    p += r;
-    n -= static_cast<std::size_t>(r);
-  }
-  return true;
-}
-
 Expected<std::uint64_t> hash_file(const std::string& path) {
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd) return io_error(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
@@ -107,11 +59,10 @@ Expected<std::uint64_t> hash_file(const std::string& path) {
   XXH3_64bits_reset(st.get());
   std::string buf(kIoChunk, '\0');
   for (;;) {
-    const ssize_t n = ::read(fd.get(), buf.data(), buf.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return io_error(fmt::format("{}: read failed: {}", path, std::strerror(errno)));
-    if (n == 0) break;
-    XXH3_64bits_update(st.get(), buf.data(), static_cast<std::size_t>(n));
+    auto n = read_full(fd.get(), buf.data(), buf.size(), path);
+    if (!n) return n.error();
+    XXH3_64bits_update(st.get(), buf.data(), *n);
+    if (*n < buf.size()) break;
   }
   return static_cast<std::uint64_t>(XXH3_64bits_digest(st.get()));
 }
@@ -317,11 +268,11 @@ bool shard_matches(const Source& src, const ShardPlan& sh, const std::string& pa
     const auto& m = src.members[i];
     const std::string want = tar_member_headers(m.name, m.size, m.mtime);
     got.resize(want.size());
-    if (pread_full(fd.get(), got.data(), got.size(), off) != static_cast<ssize_t>(got.size()) || got != want) return false;
+    if (!pread_exact(fd.get(), got.data(), got.size(), off, path) || got != want) return false;
     off += want.size() + tar_padded(m.size);
   }
   got.resize(2 * kTarBlock);
-  if (pread_full(fd.get(), got.data(), got.size(), off) != static_cast<ssize_t>(got.size())) return false;
+  if (!pread_exact(fd.get(), got.data(), got.size(), off, path)) return false;
   return std::all_of(got.begin(), got.end(), [](char c) { return c == 0; });
 }
 
@@ -345,7 +296,7 @@ Status write_shard(const Source& src, ShardPlan& sh, const fs::path& out, std::a
   std::uint64_t written = 0;
   auto flush = [&]() -> Status {
     if (buf.empty()) return {};
-    if (!write_full(fd.get(), buf.data(), buf.size())) return fail(io_error(fmt::format("{}: write failed: {}", tmp, std::strerror(errno))));
+    if (Status w = write_full(fd.get(), buf.data(), buf.size(), tmp); !w) return fail(w.error());
     XXH3_64bits_update(hs.get(), buf.data(), buf.size());
     written += buf.size();
     progress += buf.size();
@@ -379,10 +330,9 @@ Status write_shard(const Source& src, ShardPlan& sh, const fs::path& out, std::a
       const std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(left, kIoChunk + kTarBlock - buf.size()));
       const std::size_t old = buf.size();
       buf.resize(old + want);
-      const ssize_t n = pread_full(in, buf.data() + old, want, at);
-      if (n != static_cast<ssize_t>(want))
-        return fail(io_error(fmt::format("{}: {} while packing (planned {} bytes)", from,
-                                         n < 0 ? std::string("read failed: ") + std::strerror(errno) : "changed size", m.size)));
+      auto n = pread_full(in, buf.data() + old, want, at, from);
+      if (!n) return fail(n.error());
+      if (*n != want) return fail(io_error(fmt::format("{}: changed size while packing (planned {} bytes)", from, m.size)));
       left -= want;
       at += want;
     }
@@ -397,7 +347,8 @@ Status write_shard(const Source& src, ShardPlan& sh, const fs::path& out, std::a
   buf.append(2 * kTarBlock, '\0');
   if (Status s = flush(); !s) return s;
   if (written != sh.bytes) return fail(Error{ErrorKind::kRuntime, fmt::format("{}: wrote {} bytes, planned {}", tmp, written, sh.bytes)});
-  if (::fsync(fd.get()) != 0 || ::close(fd.release()) != 0) return fail(io_error(fmt::format("{}: fsync failed: {}", tmp, std::strerror(errno))));
+  if (Status f = fsync_fd(fd.get(), tmp); !f) return fail(f.error());
+  if (Status c = fd.close(tmp); !c) return fail(c.error());
   if (::rename(tmp.c_str(), final_path.c_str()) != 0) return fail(io_error(fmt::format("{}: rename failed: {}", final_path, std::strerror(errno))));
   sh.xxh3 = XXH3_64bits_digest(hs.get());
   sh.written = true;
@@ -415,10 +366,6 @@ Status write_and_index(const Source& src, ShardPlan& sh, const fs::path& out, st
   return {};
 }
 
-void fsync_dir(const fs::path& dir) {
-  Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (fd) ::fsync(fd.get());
-}
 
 // Shard numbers are at least six digits; a run that planned more shards
 // leaves higher numbers behind.
@@ -591,7 +538,7 @@ Expected<PackReport> pack_shards(const PackOptions& o, const std::function<void(
       if (auto built = build_index(path); !built) return built.error();
   }
   if (Status s = write_shards(src, shards, todo, out, o.jobs, on_progress); !s) return s.error();
-  fsync_dir(out);
+  (void)fsync_dir(out.string());
 
   // Rewritten only when something changed, so that a no-op rerun leaves it (and its mtime) alone.
   json m = {{"schema", kManifestSchema}, {"prefix", o.prefix}, {"target_size", o.target_bytes}, {"shards", json::array()}};

@@ -16,6 +16,7 @@
 #include <unordered_set>
 
 #include "pacer/core/atomic_file.hpp"
+#include "pacer/core/posix_io.hpp"
 #include "pacer/data.hpp"
 #include "tar_internal.hpp"
 
@@ -119,31 +120,10 @@ std::string parse_pax(std::string_view data, PaxRecords& out) {
   return "";
 }
 
-class File {
- public:
-  explicit File(const std::string& p) : fd_(::open(p.c_str(), O_RDONLY | O_CLOEXEC)) {}
-  ~File() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  File(const File&) = delete;
-  File& operator=(const File&) = delete;
-  int fd() const { return fd_; }
-
- private:
-  int fd_;
-};
-
+// Whether all n bytes at off could be read; the callers name the shard and member.
 bool read_exact(int fd, void* buf, std::size_t n, std::uint64_t off) {
-  auto* p = static_cast<unsigned char*>(buf);
-  while (n > 0) {
-    const ssize_t r = ::pread(fd, p, n, static_cast<off_t>(off));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return false;
-    p += r;
-    n -= static_cast<std::size_t>(r);
-    off += static_cast<std::uint64_t>(r);
-  }
-  return true;
+  auto got = pread_full(fd, buf, n, off, "");
+  return got && *got == n;
 }
 
 // The member name resolved from a pax path, a GNU long name or the header.
@@ -242,12 +222,12 @@ bool escapes_root(std::string_view name) {
 }
 
 Expected<std::vector<TarMember>> scan_tar(const std::string& path) {
-  File f(path);
-  if (f.fd() < 0) return Error{ErrorKind::kIo, fmt::format("{}: cannot open: {}", path, std::strerror(errno))};
+  auto f = open_fd(path, O_RDONLY);
+  if (!f) return f.error();
   struct stat st {};
-  if (::fstat(f.fd(), &st) != 0) return Error{ErrorKind::kIo, fmt::format("{}: cannot stat: {}", path, std::strerror(errno))};
+  if (::fstat(f->get(), &st) != 0) return Error{ErrorKind::kIo, fmt::format("{}: cannot stat: {}", path, std::strerror(errno))};
   if (!S_ISREG(st.st_mode)) return Error{ErrorKind::kConfig, fmt::format("{}: not a regular file", path)};
-  return scan_fd(f.fd(), path, static_cast<std::uint64_t>(st.st_size));
+  return scan_fd(f->get(), path, static_cast<std::uint64_t>(st.st_size));
 }
 
 Expected<std::vector<SampleEntry>> group_samples(const std::string& shard, const std::vector<TarMember>& members) {
@@ -409,17 +389,18 @@ std::int64_t mtime_ns(const struct stat& st) {
 
 // An open shard and what fstat says of it.
 struct OpenShard {
-  std::unique_ptr<File> file;
+  Fd file;
   std::uint64_t bytes = 0;
   std::int64_t mtime_ns = 0;
 };
 
 Expected<OpenShard> open_shard(const std::string& shard) {
   OpenShard s;
-  s.file = std::make_unique<File>(shard);
-  if (s.file->fd() < 0) return Error{ErrorKind::kIo, fmt::format("{}: cannot open: {}", shard, std::strerror(errno))};
+  auto fd = open_fd(shard, O_RDONLY);
+  if (!fd) return fd.error();
+  s.file = std::move(*fd);
   struct stat st {};
-  if (::fstat(s.file->fd(), &st) != 0) return Error{ErrorKind::kIo, fmt::format("{}: cannot stat: {}", shard, std::strerror(errno))};
+  if (::fstat(s.file.get(), &st) != 0) return Error{ErrorKind::kIo, fmt::format("{}: cannot stat: {}", shard, std::strerror(errno))};
   if (!S_ISREG(st.st_mode)) return Error{ErrorKind::kConfig, fmt::format("{}: not a regular file", shard)};
   s.bytes = static_cast<std::uint64_t>(st.st_size);
   s.mtime_ns = mtime_ns(st);
@@ -445,11 +426,11 @@ Expected<std::uint64_t> member_headers_hash(int fd, const std::string& shard, co
 Expected<ShardIndex> scan_index(const std::string& shard) {
   auto s = open_shard(shard);
   if (!s) return s.error();
-  auto members = scan_fd(s->file->fd(), shard, s->bytes);
+  auto members = scan_fd(s->file.get(), shard, s->bytes);
   if (!members) return members.error();
   auto entries = group_samples(shard, *members);
   if (!entries) return entries.error();
-  auto headers = member_headers_hash(s->file->fd(), shard, *entries);
+  auto headers = member_headers_hash(s->file.get(), shard, *entries);
   if (!headers) return headers.error();
   ShardIndex idx;
   idx.shard = shard;
@@ -498,14 +479,14 @@ Status write_index(const ShardIndex& idx) {
 Expected<ShardIndex> read_checked_index(const std::string& shard, bool header_only, bool* refreshed) {
   const std::string path = index_path(shard);
   auto bad = [&](const std::string& why) { return Error{ErrorKind::kConfig, fmt::format("{}: {}", path, why)}; };
-  File fi(path);
-  if (fi.fd() < 0) return Error{ErrorKind::kIo, fmt::format("{}: cannot open: {}", path, std::strerror(errno))};
+  auto fi = open_fd(path, O_RDONLY);
+  if (!fi) return fi.error();
   struct stat ist {};
-  if (::fstat(fi.fd(), &ist) != 0) return Error{ErrorKind::kIo, fmt::format("{}: cannot stat: {}", path, std::strerror(errno))};
+  if (::fstat(fi->get(), &ist) != 0) return Error{ErrorKind::kIo, fmt::format("{}: cannot stat: {}", path, std::strerror(errno))};
   if (!S_ISREG(ist.st_mode)) return bad("not a regular file");
   const auto isize = static_cast<std::uint64_t>(ist.st_size);
   std::string bin(static_cast<std::size_t>(std::min<std::uint64_t>(isize, kIndexHeader)), '\0');
-  if (!read_exact(fi.fd(), bin.data(), bin.size(), 0)) return Error{ErrorKind::kIo, fmt::format("{}: read failed", path)};
+  if (!read_exact(fi->get(), bin.data(), bin.size(), 0)) return Error{ErrorKind::kIo, fmt::format("{}: read failed", path)};
   if (bin.size() < 12 || std::memcmp(bin.data(), kMagic, 8) != 0) return bad("not a pacer shard index");
   const auto version = get_at<std::uint32_t>(bin, kAtVersion);
   if (version == 1) return bad("index version 1 is not bound to its shard (this pacer reads 2; rebuild with pacer shard index)");
@@ -528,7 +509,7 @@ Expected<ShardIndex> read_checked_index(const std::string& shard, bool header_on
   if (header_only && !moved) return idx;
 
   bin.resize(static_cast<std::size_t>(isize));
-  if (!read_exact(fi.fd(), bin.data() + kIndexHeader, bin.size() - kIndexHeader, kIndexHeader))
+  if (!read_exact(fi->get(), bin.data() + kIndexHeader, bin.size() - kIndexHeader, kIndexHeader))
     return Error{ErrorKind::kIo, fmt::format("{}: read failed", path)};
   if (xxh3(bin.data() + kIndexHeader, bin.size() - kIndexHeader) != get_at<std::uint64_t>(bin, kAtEntries))
     return bad("entries do not match their checksum (the index is truncated or corrupt)");
@@ -556,7 +537,7 @@ Expected<ShardIndex> read_checked_index(const std::string& shard, bool header_on
     idx.entries.push_back(std::move(e));
   }
   if (pos != bin.size()) return bad(fmt::format("{} bytes after the last sample", bin.size() - pos));
-  auto headers = member_headers_hash(sh->file->fd(), shard, idx.entries);
+  auto headers = member_headers_hash(sh->file.get(), shard, idx.entries);
   if (!headers) return headers.error();
   if (*headers != idx.headers_xxh3)
     return bad(fmt::format("does not match {}: the member headers at the indexed offsets changed "

@@ -11,6 +11,7 @@
 #include <set>
 
 #include "pacer/core/atomic_file.hpp"
+#include "pacer/core/posix_io.hpp"
 #include "pacer/data.hpp"
 
 namespace pacer::data {
@@ -124,20 +125,14 @@ Expected<std::shared_ptr<TokenDataset>> TokenDataset::open(const std::string& pr
 }
 
 Status TokenDataset::read_bin(std::uint64_t offset, std::size_t n, void* out, std::uint64_t seq) const {
-  auto* p = static_cast<unsigned char*>(out);
-  std::size_t done = 0;
-  while (done < n) {
-    const ssize_t r = ::pread(bin_fd_, p + done, n - done, static_cast<off_t>(offset + done));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0)
-      return Error{ErrorKind::kIo, fmt::format("{}.bin: cannot read sequence {} at byte {}: {}", prefix_, seq, offset + done, std::strerror(errno))};
-    if (r == 0) {
-      struct stat st {};
-      const long long now = ::fstat(bin_fd_, &st) == 0 ? static_cast<long long>(st.st_size) : -1;
-      return Error{ErrorKind::kIo, fmt::format("{}.bin: sequence {} ends at byte {}, but the file now has {} bytes ({} when opened): truncated while open",
-                                               prefix_, seq, offset + n, now, bin_size_)};
-    }
-    done += static_cast<std::size_t>(r);
+  const std::string bin = prefix_ + ".bin";
+  auto got = pread_full(bin_fd_, out, n, offset, bin);
+  if (!got) return Error{ErrorKind::kIo, fmt::format("{} (sequence {})", got.error().message, seq)};
+  if (*got < n) {
+    struct stat st {};
+    const long long now = ::fstat(bin_fd_, &st) == 0 ? static_cast<long long>(st.st_size) : -1;
+    return Error{ErrorKind::kIo, fmt::format("{}: sequence {} ends at byte {}, but the file now has {} bytes ({} when opened): truncated while open",
+                                             bin, seq, offset + n, now, bin_size_)};
   }
   return {};
 }
