@@ -20,7 +20,12 @@ struct QueryArgs {
   std::string db, query;
   telemetry::QuestionArgs q;
   bool json = false, csv = false, list = false;
+  double timeout_s = 30;
 };
+
+// What one query may hold in memory before it is stopped (a recursive CTE
+// without end fills memory faster than the time limit stops it).
+constexpr std::uint64_t kMaxResultBytes = 1ull << 30;
 
 // Tables show 10 significant digits (enough for Unix times to the millisecond);
 // CSV keeps every digit (the shortest text that reads back the same double).
@@ -57,7 +62,9 @@ int query(const QueryArgs& a) {
   if (a.json && a.csv) usage_error("--json and --csv: choose one");
   const bool named = a.query.find(' ') == std::string::npos && a.query.find('\n') == std::string::npos;
   const std::string sql = named ? unwrap(telemetry::question_sql(a.query, a.q)) : a.query;
-  auto cat = unwrap(telemetry::Catalog::open(a.db, telemetry::CatalogOptions{.read_only = true}));
+  if (!(a.timeout_s >= 0) || !std::isfinite(a.timeout_s)) usage_error("--timeout: seconds, 0 or more (0: no limit)");
+  auto cat = unwrap(telemetry::Catalog::open(
+      a.db, telemetry::CatalogOptions{.read_only = true, .query_timeout_s = a.timeout_s, .max_result_bytes = kMaxResultBytes}));
   const auto r = unwrap(cat->query(sql));
   if (a.csv) {
     std::string out;
@@ -101,8 +108,10 @@ struct CatalogArgs {
 
 int merge(const CatalogArgs& a) {
   const auto r = unwrap(telemetry::merge_catalogs(a.out, a.inputs));
-  json j = {{"schema", "pacer.catalog.merge/1"}, {"out", a.out},     {"inputs", a.inputs}, {"runs", r.runs},
-            {"nodes", r.nodes},                  {"samples", r.samples}, {"steps", r.steps}, {"events", r.events}};
+  for (const auto& s : r.skipped) std::fprintf(stderr, "pacer catalog merge: note: %s\n", s.c_str());
+  json j = {{"schema", "pacer.catalog.merge/1"}, {"out", a.out},         {"inputs", a.inputs}, {"runs", r.runs},
+            {"nodes", r.nodes},                  {"samples", r.samples}, {"steps", r.steps},   {"events", r.events},
+            {"skipped", r.skipped}};
   print(j, a.json,
         fmt::format("OK: merged {} catalog(s) into {}: {} run(s), {} node(s), {} samples, {} steps, {} events\n",
                     r.inputs, a.out, r.runs, r.nodes, r.samples, r.steps, r.events));
@@ -119,11 +128,13 @@ Handler register_query(CLI::App& app) {
   cmd->add_option("--limit", args->q.limit, "slowest-steps: how many steps (default 10)");
   cmd->add_option("--threshold", args->q.threshold_c, "hot-nodes: GPU temperature in C (default 85)");
   cmd->add_option("--regression", args->q.regression, "hot-nodes: slower than this x the median step (default 1.2)");
+  cmd->add_option("--timeout", args->timeout_s, "Stop the query after this many seconds (default 30; 0: no limit)");
   cmd->add_flag("--json", args->json, "JSON output (pacer.query/1)");
   cmd->add_flag("--csv", args->csv, "CSV output");
   cmd->add_flag("--list", args->list, "List the named questions");
-  cmd->footer("Exit codes: 0 ok, 2 usage error (bad SQL, unknown question, newer catalog), 3 runtime error. "
-              "See docs/telemetry.md.");
+  cmd->footer("The query is read-only: statements that would change a file (INSERT, ATTACH, VACUUM INTO, a PRAGMA "
+              "that sets) are refused. Exit codes: 0 ok, 2 usage error (bad SQL, a refused statement, unknown question, "
+              "newer catalog), 3 runtime error (the query passed --timeout or held more than 1 GiB). See docs/telemetry.md.");
   return [args] { return query(*args); };
 }
 

@@ -23,6 +23,8 @@ namespace pacer::ckpt {
 
 inline constexpr const char* kManifestSchema = "pacer.ckpt/1";
 inline constexpr const char* kManifestName = "MANIFEST.json";
+// A larger manifest is refused unread (about 3 million blob entries).
+inline constexpr std::uint64_t kMaxManifestBytes = 1ull << 30;
 
 // Element types a blob may declare; "bytes" is opaque data.
 // Names follow numpy (float32, int64, ...) plus "bfloat16" and torch's complex32 and float8 names.

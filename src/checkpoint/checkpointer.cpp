@@ -359,6 +359,7 @@ struct Checkpointer::Impl {
   std::unique_ptr<hw::DeviceToHost> d2h;  // created by the first save of a device blob
   Checkpointer::Stats counters;  // saves, bytes_staged, blocked_s (caller's thread only)
 
+  std::string read_only;  // why save() is refused (the root is not writable); empty: it saves
   std::string first_tier() const { return opt.fast_tier ? *opt.fast_tier : opt.root; }
 
   void warn(const std::string& s) const {
@@ -1033,9 +1034,23 @@ Expected<std::unique_ptr<Checkpointer>> Checkpointer::open(Options o) {
     std::error_code ec;
     fs::create_directories(t, ec);
     if (!fs::is_directory(t)) return Error{ErrorKind::kIo, fmt::format("{}: cannot create checkpoint directory: {}", t, ec ? ec.message() : "not a directory")};
-    if (::access(t.c_str(), W_OK) != 0) return io_error("not writable", t, errno);
   }
+  // The same directory under two names (a symlink, a bind mount) would have
+  // every flush copy a step onto itself. One inside the other is fine: each
+  // tier lists only its own step-* entries.
+  if (std::error_code ec; o.fast_tier && fs::equivalent(o.root, *o.fast_tier, ec))
+    return Error{ErrorKind::kUsage, fmt::format("fast tier {} is the checkpoint root {} (the same directory): give a node-local "
+                                                "directory as the fast tier, or none", *o.fast_tier, o.root)};
+  // A root that exists but cannot be written (a read-only mount of finished
+  // checkpoints) still loads; save() says why it cannot save.
+  std::string read_only;
+  if (::access(o.root.c_str(), W_OK) != 0) {
+    if (errno != EROFS && errno != EACCES) return io_error("not writable", o.root, errno);
+    read_only = fmt::format("{}: not writable ({}): this checkpointer can load but not save", o.root, std::strerror(errno));
+  }
+  if (o.fast_tier && ::access(o.fast_tier->c_str(), W_OK) != 0) return io_error("not writable", *o.fast_tier, errno);
   impl->host = hw::hostname();
+  impl->read_only = std::move(read_only);
   // Leftovers of this host's crashed savers: their pid is gone.
   for (const auto& t : tiers) {
     std::error_code ec;
@@ -1062,6 +1077,7 @@ Expected<std::unique_ptr<Checkpointer>> Checkpointer::open(Options o) {
     for (const auto& e : list(impl->opt.root, false))
       if (e.committed) on_root.insert(e.step);
     auto fast = list(*impl->opt.fast_tier, false);
+    if (!impl->read_only.empty()) fast.clear();  // a read-only root takes no copies
     for (auto it = fast.rbegin(); it != fast.rend(); ++it) {
       if (!it->committed || on_root.count(it->step)) continue;
       if (impl->world > 1) {
@@ -1123,6 +1139,7 @@ Status validate_save(std::uint64_t step, const std::vector<BlobView>& blobs, con
 
 Expected<SaveHandle> Checkpointer::save(std::uint64_t step, const std::vector<BlobView>& blobs, const json& meta,
                                         const SaveOptions& save_options) {
+  if (!impl_->read_only.empty()) return Error{ErrorKind::kIo, fmt::format("cannot save step {}: {}", step, impl_->read_only)};
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<std::string> tiers = {impl_->opt.root};
   if (impl_->opt.fast_tier) tiers.push_back(*impl_->opt.fast_tier);

@@ -47,6 +47,13 @@ const std::map<std::string, std::size_t>& dtypes() {
 
 std::string hex(std::uint64_t v) { return fmt::format("{:016x}", v); }
 
+// A name in the step directory itself (what the writer makes: rank-NNNNN.bin),
+// never a path: an untrusted manifest must not read /etc/passwd or ../x.
+bool plain_file_name(const std::string& name) {
+  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
+         name.find('\0') == std::string::npos;
+}
+
 Expected<std::uint64_t> unhex(const std::string& s) {
   std::uint64_t v = 0;
   auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v, 16);
@@ -129,12 +136,21 @@ Expected<Manifest> manifest_from_json(const std::string& text, const std::string
         if (r < 0 || r >= m.world_size) return bad(fmt::format("rank {} outside world_size {}", r, m.world_size));
       if (m.ranks.empty() || static_cast<int>(m.ranks.size()) > m.world_size) return bad("bad list of ranks held");
     }
-    for (const auto& f : j.at("files")) m.files.emplace_back(f.at("name").get<std::string>(), f.at("size").get<std::uint64_t>());
+    std::set<std::string> file_names;
+    for (const auto& f : j.at("files")) {
+      std::string name = f.at("name").get<std::string>();
+      if (!plain_file_name(name)) return bad(fmt::format("data file '{}' is not a plain name inside the step directory", name));
+      if (!file_names.insert(name).second) return bad(fmt::format("data file '{}' listed twice", name));
+      m.files.emplace_back(std::move(name), f.at("size").get<std::uint64_t>());
+    }
     for (const auto& bj : j.at("blobs")) {
       BlobInfo b;
       b.name = bj.at("name").get<std::string>();
       b.rank = bj.at("rank").get<int>();
       b.file = bj.at("file").get<std::string>();
+      // A blob names one of the step's own files, never a path elsewhere.
+      if (!file_names.count(b.file))
+        return bad(fmt::format("blob '{}': file '{}' is not one of the step's data files", b.name, b.file));
       b.offset = bj.at("offset").get<std::uint64_t>();
       b.size = bj.at("size").get<std::uint64_t>();
       b.dtype = bj.at("dtype").get<std::string>();
@@ -150,7 +166,8 @@ Expected<Manifest> manifest_from_json(const std::string& text, const std::string
         if (!v) return bad(fmt::format("blob '{}': {}", b.name, v.error().message));
         b.chunk_hashes.push_back(*v);
       }
-      const std::uint64_t want_chunks = m.chunk_bytes ? (b.size + m.chunk_bytes - 1) / m.chunk_bytes : 0;
+      // Rounded up without size + chunk_bytes - 1, which wraps near 2^64.
+      const std::uint64_t want_chunks = m.chunk_bytes ? b.size / m.chunk_bytes + (b.size % m.chunk_bytes != 0) : 0;
       if (b.chunk_hashes.size() != want_chunks)
         return bad(fmt::format("blob '{}': {} checksums for {} chunks", b.name, b.chunk_hashes.size(), want_chunks));
       m.blobs.push_back(std::move(b));
@@ -169,11 +186,14 @@ namespace {
 // not the directory: on NFS flock() is emulated with fcntl() locks, and an
 // exclusive one needs a descriptor open for writing, which a directory
 // cannot have. The path locked is returned in `locked_path`.
+// O_NONBLOCK: a FIFO under the manifest's name must not hang the open (a
+// reader's lock needs only a read-only descriptor, so a read-only mount works).
 int open_lock_target(const std::string& step_dir, bool for_removal, std::string& locked_path) {
   locked_path = (fs::path(step_dir) / kManifestName).string();
   int fd = -1;
-  if (for_removal) fd = ::open(locked_path.c_str(), O_RDWR | O_CLOEXEC);
-  if (fd < 0 && (!for_removal || errno == EACCES || errno == EROFS)) fd = ::open(locked_path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (for_removal) fd = ::open(locked_path.c_str(), O_RDWR | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0 && (!for_removal || errno == EACCES || errno == EROFS))
+    fd = ::open(locked_path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd >= 0 || errno != ENOENT) return fd;
   locked_path = step_dir;
   return ::open(step_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -211,6 +231,30 @@ Expected<std::shared_ptr<const int>> lock_step_dir(const std::string& step_dir) 
   return lock;
 }
 
+// The manifest, read through the descriptor that holds the step's lock: a
+// regular file only (a FIFO would block, /dev/zero never end), no more than
+// its size when opened and never more than kMaxManifestBytes.
+Expected<std::string> read_manifest(int fd, const std::string& path) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return Error{ErrorKind::kIo, fmt::format("{}: cannot stat: {}", path, std::strerror(errno))};
+  if (S_ISDIR(st.st_mode)) return Error{ErrorKind::kConfig, fmt::format("{}: missing", path)};  // the directory's own lock
+  if (!S_ISREG(st.st_mode)) return Error{ErrorKind::kConfig, fmt::format("{}: not a regular file", path)};
+  const auto size = static_cast<std::uint64_t>(st.st_size);
+  if (size > kMaxManifestBytes)
+    return Error{ErrorKind::kConfig, fmt::format("{}: {} bytes, more than a manifest may have ({})", path, size, kMaxManifestBytes)};
+  std::string text(size, '\0');
+  std::uint64_t done = 0;
+  while (done < size) {
+    const ssize_t r = ::pread(fd, text.data() + done, size - done, static_cast<off_t>(done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return Error{ErrorKind::kIo, fmt::format("{}: read failed: {}", path, std::strerror(errno))};
+    if (r == 0) break;
+    done += static_cast<std::uint64_t>(r);
+  }
+  text.resize(done);  // shrunk meanwhile: what is there (a torn manifest fails its checksum)
+  return text;
+}
+
 }  // namespace
 
 Expected<Reader> Reader::open(const std::string& step_dir) {
@@ -218,7 +262,13 @@ Expected<Reader> Reader::open(const std::string& step_dir) {
   // The lock comes before the manifest is read.
   auto lock = lock_step_dir(step_dir);
   if (!lock) return lock.error();
-  auto text = read_file(path);
+  // Out of descriptors the step is opened unlocked (see lock_step_dir).
+  std::shared_ptr<const int> unlocked;
+  if (!*lock)
+    if (const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK); fd >= 0) unlocked = own_fd(fd);
+  const int fd = *lock ? **lock : unlocked ? *unlocked : -1;
+  auto text = fd >= 0 ? read_manifest(fd, path)
+                      : Expected<std::string>(Error{ErrorKind::kIo, fmt::format("{}: cannot open: {}", path, std::strerror(errno))});
   if (!text) return Error{ErrorKind::kConfig, text.error().message + " (no manifest: not a committed checkpoint)"};
   auto m = manifest_from_json(*text, path);
   if (!m) return m.error();
@@ -297,12 +347,28 @@ Expected<Reader> Reader::open(const std::string& step_dir, Manifest manifest) {
 
 Expected<Reader> Reader::open_locked(const std::string& step_dir, Manifest manifest, std::shared_ptr<const int> lock) {
   if (Status st = check_layout(manifest, manifest.ranks.empty(), (fs::path(step_dir) / kManifestName).string()); !st) return st.error();
+  std::map<std::string, std::uint64_t> sizes;
   for (const auto& [name, size] : manifest.files) {
-    std::error_code ec;
-    const auto actual = fs::file_size(fs::path(step_dir) / name, ec);
-    if (ec) return Error{ErrorKind::kConfig, fmt::format("{}/{}: missing ({})", step_dir, name, ec.message())};
+    // Names are plain (manifest_from_json); a part manifest built in memory is checked here too.
+    if (!plain_file_name(name))
+      return Error{ErrorKind::kConfig, fmt::format("{}: data file '{}' is not a plain name inside the step directory", step_dir, name)};
+    const std::string path = (fs::path(step_dir) / name).string();
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) return Error{ErrorKind::kConfig, fmt::format("{}: missing ({})", path, std::strerror(errno))};
+    if (!S_ISREG(st.st_mode)) return Error{ErrorKind::kConfig, fmt::format("{}: not a regular file", path)};
+    const auto actual = static_cast<std::uint64_t>(st.st_size);
     if (actual != size)
-      return Error{ErrorKind::kConfig, fmt::format("{}/{}: {} bytes, manifest says {} (truncated?)", step_dir, name, actual, size)};
+      return Error{ErrorKind::kConfig, fmt::format("{}: {} bytes, manifest says {} (truncated?)", path, actual, size)};
+    sizes[name] = size;
+  }
+  // Every blob lies inside its file, checked before any size decides how
+  // much memory a loader allocates: a crafted size or offset of 2^62 makes
+  // the step invalid (the next candidate is read), not an allocation.
+  for (const auto& b : manifest.blobs) {
+    const auto f = sizes.find(b.file);
+    if (f == sizes.end() || b.offset > f->second || b.size > f->second - b.offset)
+      return Error{ErrorKind::kConfig, fmt::format("{}: blob '{}' (rank {}): bytes [{}, +{}) lie outside its file {}", step_dir, b.name,
+                                                   b.rank, b.offset, b.size, b.file)};
   }
   Reader r;
   r.dir_ = step_dir;
@@ -405,8 +471,11 @@ struct Reader::File {
 Expected<std::shared_ptr<Reader::File>> Reader::open_file(const std::string& name) const {
   auto f = std::make_shared<File>();
   f->path = (fs::path(dir_) / name).string();
-  f->fd = ::open(f->path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: replaced by a FIFO since open() checked it, it must not hang.
+  f->fd = ::open(f->path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (f->fd < 0) return Error{ErrorKind::kIo, fmt::format("{}: {}", f->path, std::strerror(errno))};
+  struct stat st {};
+  if (::fstat(f->fd, &st) != 0 || !S_ISREG(st.st_mode)) return Error{ErrorKind::kConfig, fmt::format("{}: not a regular file", f->path)};
   f->direct_fd = ::open(f->path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
   return f;
 }
@@ -489,10 +558,12 @@ Status Reader::read(const std::string& name, void* dst, std::uint64_t size, std:
     if (b.name != name) continue;
     found = true;
     if (b.layout == Layout::kReplicated) {
-      if (offset + size > b.size)
-        return Error{ErrorKind::kUsage, fmt::format("blob '{}': asked for bytes {}..{} of {}", name, offset, offset + size, b.size)};
+      if (size > b.size || offset > b.size - size)
+        return Error{ErrorKind::kUsage, fmt::format("blob '{}': asked for {} bytes from byte {} of {}", name, size, offset, b.size)};
       return read_piece(b, offset, size, out);
     }
+    if (size > UINT64_MAX - offset)
+      return Error{ErrorKind::kUsage, fmt::format("blob '{}': asked for {} bytes from byte {}", name, size, offset)};
     // A shard covers [shard_offset, shard_offset + size) of the logical blob.
     const std::uint64_t lo = std::max(offset, b.shard_offset);
     const std::uint64_t hi = std::min(offset + size, b.shard_offset + b.size);
@@ -510,7 +581,8 @@ bool Reader::covers(const std::string& name, std::uint64_t size, std::uint64_t o
   std::uint64_t covered = 0;
   for (const auto& b : manifest_.blobs) {
     if (b.name != name) continue;
-    if (b.layout == Layout::kReplicated) return offset + size <= b.size;
+    if (b.layout == Layout::kReplicated) return size <= b.size && offset <= b.size - size;
+    if (size > UINT64_MAX - offset) return false;
     const std::uint64_t lo = std::max(offset, b.shard_offset);
     const std::uint64_t hi = std::min(offset + size, b.shard_offset + b.size);
     if (lo < hi) covered += hi - lo;

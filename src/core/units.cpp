@@ -38,7 +38,9 @@ Expected<double> parse_duration(std::string_view text) {
   static const std::pair<std::string_view, double> kUnits[] = {
       {"", 1}, {"us", 1e-6}, {"ms", 1e-3}, {"s", 1}, {"sec", 1}, {"m", 60}, {"min", 60}, {"h", 3600}, {"d", 86400}};
   for (const auto& [name, scale] : kUnits) {
-    if (suffix == name) return n * scale;
+    if (suffix != name) continue;
+    if (!std::isfinite(n * scale)) return bad("duration", text, "too large");  // 1e308d
+    return n * scale;
   }
   return bad("duration", text, "unknown unit (use us, ms, s, m, h or d)");
 }

@@ -2,8 +2,14 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -46,6 +52,8 @@ CREATE TABLE IF NOT EXISTS steps(
 CREATE INDEX IF NOT EXISTS steps_by_rank ON steps(run_id, rank, step);
 CREATE TABLE IF NOT EXISTS events(
   run_id INTEGER, t REAL NOT NULL, node_id INTEGER, rank INTEGER, gpu_id INTEGER, kind TEXT NOT NULL, detail TEXT);
+CREATE TABLE IF NOT EXISTS run_sources(
+  run_id INTEGER NOT NULL, job_id TEXT, hostname TEXT, started REAL, command TEXT);
 CREATE VIEW IF NOT EXISTS samples_named AS
   SELECT s.run_id, s.t, n.hostname, g.gpu_index, s.device, m.name AS metric, m.unit, s.value
   FROM samples s JOIN metrics m USING(metric_id) JOIN nodes n USING(node_id) LEFT JOIN gpus g ON g.gpu_id = s.gpu_id;
@@ -54,6 +62,46 @@ CREATE VIEW IF NOT EXISTS samples_named AS
 bool is_space_error(int rc) {
   const int primary = rc & 0xff;
   return primary == SQLITE_FULL || primary == SQLITE_IOERR;
+}
+
+// PRAGMAs a read-only query may run: those that only report. The first
+// group takes an argument (a table or index name, a row limit); the others
+// only without one, as with one they set something (query_only = 0 would
+// undo the read-only guard).
+bool read_only_pragma(const char* name, const char* arg) {
+  static const char* kWithArgument[] = {"table_info", "table_xinfo", "table_list", "index_info", "index_xinfo",
+                                        "index_list", "foreign_key_list", "foreign_key_check", "integrity_check", "quick_check"};
+  static const char* kWithoutArgument[] = {"user_version", "schema_version", "application_id", "page_count", "page_size",
+                                           "freelist_count", "database_list", "collation_list", "function_list", "pragma_list",
+                                           "module_list", "compile_options", "encoding", "data_version", "journal_mode",
+                                           "query_only", "max_page_count", "cache_size", "busy_timeout", "foreign_keys",
+                                           "auto_vacuum"};
+  if (!name) return false;
+  const auto is = [&](const char* known) { return sqlite3_stricmp(name, known) == 0; };
+  if (std::any_of(std::begin(kWithArgument), std::end(kWithArgument), is)) return true;
+  return !arg && std::any_of(std::begin(kWithoutArgument), std::end(kWithoutArgument), is);
+}
+
+const char* action_name(int action) {
+  switch (action) {
+    case SQLITE_INSERT: return "INSERT";
+    case SQLITE_UPDATE: return "UPDATE";
+    case SQLITE_DELETE: return "DELETE";
+    case SQLITE_ATTACH: return "ATTACH";
+    case SQLITE_DETACH: return "DETACH";
+    case SQLITE_ALTER_TABLE: return "ALTER TABLE";
+    case SQLITE_ANALYZE: return "ANALYZE";
+    case SQLITE_REINDEX: return "REINDEX";
+    case SQLITE_CREATE_VTABLE: return "CREATE VIRTUAL TABLE";
+    case SQLITE_DROP_VTABLE: return "DROP VIRTUAL TABLE";
+    case SQLITE_CREATE_INDEX: case SQLITE_CREATE_TABLE: case SQLITE_CREATE_TEMP_INDEX: case SQLITE_CREATE_TEMP_TABLE:
+    case SQLITE_CREATE_TEMP_TRIGGER: case SQLITE_CREATE_TEMP_VIEW: case SQLITE_CREATE_TRIGGER: case SQLITE_CREATE_VIEW:
+      return "CREATE";
+    case SQLITE_DROP_INDEX: case SQLITE_DROP_TABLE: case SQLITE_DROP_TEMP_INDEX: case SQLITE_DROP_TEMP_TABLE:
+    case SQLITE_DROP_TEMP_TRIGGER: case SQLITE_DROP_TEMP_VIEW: case SQLITE_DROP_TRIGGER: case SQLITE_DROP_VIEW:
+      return "DROP";
+    default: return "a statement that changes the database";
+  }
 }
 
 double now_s() {
@@ -74,7 +122,17 @@ Expected<std::unique_ptr<Catalog>> Catalog::open(const std::string& path, Catalo
   const int rc = sqlite3_open_v2(path.c_str(), &db, flags | SQLITE_OPEN_NOMUTEX, nullptr);
   std::unique_ptr<Catalog> c(new Catalog(path, db));
   if (rc != SQLITE_OK) return Error{ErrorKind::kIo, fmt::format("{}: cannot open: {}", path, db ? sqlite3_errmsg(db) : "out of memory")};
+  c->options_ = options;
   sqlite3_busy_timeout(db, options.busy_timeout_ms);
+  if (options.read_only) {
+    // SQLITE_OPEN_READONLY alone still lets a query write other files
+    // (VACUUM INTO '/any/path', ATTACH of a new file): query_only, no
+    // attached databases, defensive mode and an authorizer close those.
+    sqlite3_limit(db, SQLITE_LIMIT_ATTACHED, 0);
+    sqlite3_db_config(db, SQLITE_DBCONFIG_DEFENSIVE, 1, nullptr);
+    if (auto s = c->exec("PRAGMA query_only=1"); !s) return s.error();
+    sqlite3_set_authorizer(db, &Catalog::authorize, c.get());
+  }
   int version = -1;
   {
     Stmt st(db, "PRAGMA user_version");
@@ -107,6 +165,26 @@ Expected<std::unique_ptr<Catalog>> Catalog::open(const std::string& path, Catalo
 }
 
 Catalog::~Catalog() { sqlite3_close_v2(db_); }
+
+int Catalog::authorize(void* self, int action, const char* a, const char* b, const char*, const char*) {
+  auto* c = static_cast<Catalog*>(self);
+  switch (action) {
+    case SQLITE_SELECT:
+    case SQLITE_READ:
+    case SQLITE_FUNCTION:
+    case SQLITE_RECURSIVE:
+    case SQLITE_TRANSACTION:
+    case SQLITE_SAVEPOINT:
+      return SQLITE_OK;
+    case SQLITE_PRAGMA:
+      if (read_only_pragma(a, b)) return SQLITE_OK;
+      c->refused_ = b ? fmt::format("PRAGMA {} = {}", a ? a : "", b) : fmt::format("PRAGMA {}", a ? a : "");
+      return SQLITE_DENY;
+    default:
+      c->refused_ = action_name(action);
+      return SQLITE_DENY;
+  }
+}
 
 Status Catalog::exec(const std::string& sql) {
   char* msg = nullptr;
@@ -381,21 +459,69 @@ Status Catalog::write_event(std::int64_t run_id, std::int64_t node_id, const Eve
   return write_sample(run_id, node_id, s);
 }
 
+namespace {
+
+// The progress handler's deadline: a nonzero return interrupts the statement.
+struct Deadline {
+  std::chrono::steady_clock::time_point at;
+  bool passed = false;
+};
+int past_deadline(void* p) {
+  auto* d = static_cast<Deadline*>(p);
+  d->passed = d->passed || std::chrono::steady_clock::now() >= d->at;
+  return d->passed ? 1 : 0;
+}
+
+}  // namespace
+
 Expected<QueryResult> Catalog::query(const std::string& sql) {
   QueryResult out;
   const char* tail = sql.c_str();
+  Deadline deadline;
+  const double timeout = options_.query_timeout_s;
+  if (timeout > 0) {
+    deadline.at = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                          std::chrono::duration<double>(std::min(timeout, 1e9)));
+    sqlite3_progress_handler(db_, 1000, past_deadline, &deadline);
+  }
+  struct Unhook {
+    sqlite3* db;
+    bool on;
+    ~Unhook() {
+      if (on) sqlite3_progress_handler(db, 0, nullptr, nullptr);
+    }
+  } unhook{db_, timeout > 0};
+  const auto stopped = [&] {
+    return Error{ErrorKind::kRuntime, fmt::format("{}: query stopped at its time limit of {:g} s", path_, timeout)};
+  };
   // Several statements run in order; the last one that returns columns is the result.
   while (tail && *tail) {
     sqlite3_stmt* raw = nullptr;
-    if (sqlite3_prepare_v2(db_, tail, -1, &raw, &tail) != SQLITE_OK)
+    refused_.clear();
+    if (sqlite3_prepare_v2(db_, tail, -1, &raw, &tail) != SQLITE_OK) {
+      if (!refused_.empty())
+        return Error{ErrorKind::kUsage, fmt::format("{}: refused: {} (a read-only query changes no file)", path_, refused_)};
+      if (deadline.passed) return stopped();
       return Error{ErrorKind::kUsage, fmt::format("{}: SQL error: {}", path_, sqlite3_errmsg(db_))};
+    }
     if (!raw) break;  // whitespace or a comment
+    std::unique_ptr<sqlite3_stmt, int (*)(sqlite3_stmt*)> stmt(raw, sqlite3_finalize);
+    // What the authorizer has no action for (VACUUM, which can write a copy
+    // anywhere) still marks the statement as one that writes.
+    if (options_.read_only && !sqlite3_stmt_readonly(raw)) {
+      std::string head(sqlite3_sql(raw) ? sqlite3_sql(raw) : "");
+      if (head.size() > 60) head = head.substr(0, 57) + "...";
+      return Error{ErrorKind::kUsage, fmt::format("{}: refused: '{}' would change a file (a read-only query changes no file)", path_, head)};
+    }
     QueryResult r;
     const int ncol = sqlite3_column_count(raw);
     for (int i = 0; i < ncol; ++i) r.columns.emplace_back(sqlite3_column_name(raw, i));
+    std::uint64_t bytes = 0;
     int rc;
     while ((rc = sqlite3_step(raw)) == SQLITE_ROW) {
       std::vector<Value> row;
+      row.reserve(static_cast<std::size_t>(ncol));
+      bytes += sizeof(row) + static_cast<std::uint64_t>(ncol) * sizeof(Value);
       for (int i = 0; i < ncol; ++i) {
         switch (sqlite3_column_type(raw, i)) {
           case SQLITE_INTEGER: row.emplace_back(static_cast<std::int64_t>(sqlite3_column_int64(raw, i))); break;
@@ -404,12 +530,16 @@ Expected<QueryResult> Catalog::query(const std::string& sql) {
           default: {
             const unsigned char* p = sqlite3_column_text(raw, i);
             row.emplace_back(std::string(p ? reinterpret_cast<const char*>(p) : ""));
+            bytes += static_cast<std::uint64_t>(sqlite3_column_bytes(raw, i));
           }
         }
       }
       r.rows.push_back(std::move(row));
+      if (options_.max_result_bytes > 0 && bytes > options_.max_result_bytes)
+        return Error{ErrorKind::kRuntime, fmt::format("{}: query result larger than its limit of {} bytes (narrow it, e.g. with LIMIT)",
+                                                      path_, options_.max_result_bytes)};
     }
-    sqlite3_finalize(raw);
+    if (rc == SQLITE_INTERRUPT && deadline.passed) return stopped();
     if (rc != SQLITE_DONE)
       return Error{ErrorKind::kUsage, fmt::format("{}: SQL error: {}", path_, sqlite3_errmsg(db_))};
     if (ncol > 0) out = std::move(r);
@@ -428,8 +558,17 @@ std::string default_catalog_name() {
 
 namespace {
 
-// Copies one attached catalog ("src") into main, remapping every id.
-Status merge_one(Catalog& out, const std::string& input, MergeResult& totals) {
+bool has_table(sqlite3* db, const std::string& schema, const char* table) {
+  Stmt st(db, ("SELECT 1 FROM " + schema + ".sqlite_master WHERE type='table' AND name=?").c_str());
+  st.bind(1, std::string(table));
+  return st.ok() && st.step() == SQLITE_ROW;
+}
+
+// Copies one attached catalog ("src") into main, remapping every id. A run
+// of src already in main (one of its identities, job id, host, start and
+// command, is in main.run_sources: the same file merged twice, or a copy of
+// it) is skipped with a note, so that no step or sample is counted twice.
+Status merge_one(Catalog& out, const std::string& input, const std::string& target, MergeResult& totals) {
   sqlite3* db = out.handle();
   const auto run = [&](const std::string& sql) -> Status {
     char* msg = nullptr;
@@ -456,8 +595,18 @@ CREATE TEMP TABLE gmap AS SELECT g.gpu_id AS old, m.gpu_id AS new FROM src.gpus 
 CREATE TEMP TABLE rmap(old INTEGER PRIMARY KEY, new INTEGER);
 )sql");
   // Runs: a job's per-node files share a job id and become one run.
+  bool skipped_any = false;
   if (s) {
-    Stmt src(db, "SELECT run_id, job_id, started, ended FROM src.runs");
+    // A run's identities: its own row, and the runs merged into it when src
+    // is itself a merged catalog.
+    const bool src_sources = has_table(db, "src", "run_sources");
+    const std::string ids_sql =
+        std::string("SELECT job_id, hostname, started, command FROM src.runs WHERE run_id=?1") +
+        (src_sources ? " UNION SELECT job_id, hostname, started, command FROM src.run_sources WHERE run_id=?1" : "");
+    Stmt ids(db, ids_sql.c_str());
+    Stmt present(db, "SELECT 1 FROM main.run_sources WHERE job_id IS ? AND hostname IS ? AND started IS ? AND command IS ? LIMIT 1");
+    Stmt record(db, "INSERT INTO main.run_sources(run_id, job_id, hostname, started, command) VALUES(?,?,?,?,?)");
+    Stmt src(db, "SELECT run_id, job_id, started, ended, hostname FROM src.runs");
     Stmt find(db, "SELECT run_id FROM main.runs WHERE job_id=? AND job_id<>'' LIMIT 1");
     Stmt widen(db, "UPDATE main.runs SET started=min(coalesce(started, ?1), ?1), ended=max(coalesce(ended, ?2), ?2) WHERE run_id=?3");
     Stmt ins(db, "INSERT INTO main.runs(job_id, command, hostname, started, ended, exit_code, interval_s, sampler_cpu_s, "
@@ -466,6 +615,32 @@ CREATE TEMP TABLE rmap(old INTEGER PRIMARY KEY, new INTEGER);
     Stmt map(db, "INSERT INTO temp.rmap VALUES(?,?)");
     while (s && src.step() == SQLITE_ROW) {
       const std::int64_t old = src.int64(0);
+      // Identities as values of their own column types (started is REAL,
+      // NULL stays NULL), compared with IS.
+      std::vector<std::array<sqlite3_value*, 4>> identities;
+      const auto free_identities = [&] {
+        for (auto& v : identities)
+          for (auto* x : v) sqlite3_value_free(x);
+        identities.clear();
+      };
+      ids.reset();
+      ids.bind(1, old);
+      bool already = false;
+      while (ids.step() == SQLITE_ROW) {
+        std::array<sqlite3_value*, 4> v{};
+        for (int i = 0; i < 4; ++i) v[i] = sqlite3_value_dup(sqlite3_column_value(ids.get(), i));
+        identities.push_back(v);
+        present.reset();
+        for (int i = 0; i < 4; ++i) sqlite3_bind_value(present.get(), i + 1, v[i]);
+        if (present.step() == SQLITE_ROW) already = true;
+      }
+      if (already) {
+        totals.skipped.push_back(fmt::format("{}: run {} (job '{}' on {}) is already in {}: skipped", input, old, src.text(1),
+                                             src.text(4), target));
+        skipped_any = true;
+        free_identities();
+        continue;
+      }
       std::int64_t id = -1;
       find.reset();
       find.bind(1, src.text(1));
@@ -487,31 +662,41 @@ CREATE TEMP TABLE rmap(old INTEGER PRIMARY KEY, new INTEGER);
       map.bind(1, old);
       map.bind(2, id);
       map.step();
+      for (const auto& v : identities) {
+        record.reset();
+        record.bind(1, id);
+        for (int i = 0; i < 4; ++i) sqlite3_bind_value(record.get(), i + 2, v[i]);
+        if (record.step() != SQLITE_DONE) s = sqlite_error(db, "merge run identity");
+      }
+      free_identities();
     }
   }
-  if (s) s = run(R"sql(
+  // Rows of skipped runs stay out (the joins on rmap); so do events of no
+  // run when any run was skipped, as they came with it the first time.
+  const auto copy = [&](const std::string& sql, std::int64_t* count) {
+    if (!s) return;
+    s = run(sql);
+    if (s && count) *count += sqlite3_changes(db);
+  };
+  copy(R"sql(
 INSERT INTO main.samples(run_id, t, node_id, gpu_id, device, metric_id, value)
   SELECT rmap.new, s.t, nmap.new, gmap.new, s.device, mmap.new, s.value FROM src.samples s
   JOIN temp.rmap ON rmap.old = s.run_id JOIN temp.nmap ON nmap.old = s.node_id JOIN temp.mmap ON mmap.old = s.metric_id
-  LEFT JOIN temp.gmap ON gmap.old = s.gpu_id;
+  LEFT JOIN temp.gmap ON gmap.old = s.gpu_id)sql", &totals.samples);
+  copy(R"sql(
 INSERT OR IGNORE INTO main.ranks(run_id, rank, node_id)
-  SELECT rmap.new, r.rank, nmap.new FROM src.ranks r JOIN temp.rmap ON rmap.old = r.run_id LEFT JOIN temp.nmap ON nmap.old = r.node_id;
+  SELECT rmap.new, r.rank, nmap.new FROM src.ranks r JOIN temp.rmap ON rmap.old = r.run_id LEFT JOIN temp.nmap ON nmap.old = r.node_id)sql",
+       nullptr);
+  copy(R"sql(
 INSERT INTO main.steps(run_id, rank, node_id, step, t, step_time_s, loss, tokens, data_wait_s, comm_s, extra)
   SELECT rmap.new, s.rank, nmap.new, s.step, s.t, s.step_time_s, s.loss, s.tokens, s.data_wait_s, s.comm_s, s.extra
-  FROM src.steps s JOIN temp.rmap ON rmap.old = s.run_id LEFT JOIN temp.nmap ON nmap.old = s.node_id;
+  FROM src.steps s JOIN temp.rmap ON rmap.old = s.run_id LEFT JOIN temp.nmap ON nmap.old = s.node_id)sql", &totals.steps);
+  copy(fmt::format(R"sql(
 INSERT INTO main.events(run_id, t, node_id, rank, gpu_id, kind, detail)
   SELECT rmap.new, e.t, nmap.new, e.rank, gmap.new, e.kind, e.detail FROM src.events e
-  LEFT JOIN temp.rmap ON rmap.old = e.run_id LEFT JOIN temp.nmap ON nmap.old = e.node_id LEFT JOIN temp.gmap ON gmap.old = e.gpu_id;
-)sql");
-  if (s) {
-    Stmt counts(db, "SELECT (SELECT count(*) FROM src.samples), (SELECT count(*) FROM src.steps), (SELECT count(*) FROM src.events)");
-    if (counts.step() == SQLITE_ROW) {
-      totals.samples += counts.int64(0);
-      totals.steps += counts.int64(1);
-      totals.events += counts.int64(2);
-    }
-    s = run("COMMIT");
-  }
+  LEFT JOIN temp.rmap ON rmap.old = e.run_id LEFT JOIN temp.nmap ON nmap.old = e.node_id LEFT JOIN temp.gmap ON gmap.old = e.gpu_id
+  WHERE rmap.new IS NOT NULL OR (e.run_id IS NULL AND {}))sql", skipped_any ? 0 : 1), &totals.events);
+  if (s) s = run("COMMIT");
   if (!s) (void)run("ROLLBACK");
   (void)run("DROP TABLE IF EXISTS temp.mmap; DROP TABLE IF EXISTS temp.nmap; DROP TABLE IF EXISTS temp.gmap; "
             "DROP TABLE IF EXISTS temp.rmap; DETACH DATABASE src");
@@ -531,23 +716,42 @@ Status fsync_dir(const std::filesystem::path& dir) {
 Expected<MergeResult> merge_catalogs(const std::string& out, const std::vector<std::string>& inputs) {
   namespace fs = std::filesystem;
   std::vector<std::string> all;
+  std::vector<std::pair<std::string, struct stat>> seen;  // what `all` holds, by file
+  MergeResult result;
   std::error_code ec;
-  if (fs::exists(out, ec)) all.push_back(out);
+  struct stat out_st {};
+  const bool out_exists = ::stat(out.c_str(), &out_st) == 0;
+  if (out_exists) {
+    all.push_back(out);
+    seen.emplace_back(out, out_st);
+  }
   for (const auto& in : inputs) {
     // Each input is opened on its own first: a missing file or a newer
     // schema is reported by name before anything is written.
     auto c = Catalog::open(in, CatalogOptions{.read_only = true});
     if (!c) return c.error();
+    // The same file twice (by another name, a link) would be merged twice.
+    struct stat st {};
+    if (::stat(in.c_str(), &st) != 0) return Error{ErrorKind::kIo, fmt::format("{}: cannot stat: {}", in, std::strerror(errno))};
+    const auto same = std::find_if(seen.begin(), seen.end(), [&](const auto& s) {
+      return s.second.st_dev == st.st_dev && s.second.st_ino == st.st_ino;
+    });
+    if (same != seen.end() && out_exists && same == seen.begin())
+      return Error{ErrorKind::kUsage, fmt::format("{} is the output catalog {} itself: a catalog is not merged into itself", in, out)};
+    if (same != seen.end()) {
+      result.skipped.push_back(fmt::format("{} is the same file as {}: merged once", in, same->first));
+      continue;
+    }
     all.push_back(in);
+    seen.emplace_back(in, st);
   }
   const std::string tmp = out + ".merge-tmp";
   for (const char* suffix : {"", "-wal", "-shm"}) fs::remove(tmp + suffix, ec);
-  MergeResult result;
   {
     auto dst = Catalog::open(tmp);
     if (!dst) return dst.error();
     for (const auto& in : all) {
-      if (auto s = merge_one(**dst, in, result); !s) {
+      if (auto s = merge_one(**dst, in, out, result); !s) {
         dst->reset();
         for (const char* suffix : {"", "-wal", "-shm"}) fs::remove(tmp + suffix, ec);
         return s.error();
@@ -562,7 +766,7 @@ Expected<MergeResult> merge_catalogs(const std::string& out, const std::vector<s
                      nullptr) != SQLITE_OK)
       return sqlite_error((*dst)->handle(), "checkpoint");
   }
-  result.inputs = inputs.size();
+  result.inputs = all.size() - (out_exists ? 1 : 0);
   fs::rename(tmp, out, ec);
   if (ec) return Error{ErrorKind::kIo, fmt::format("{}: cannot rename {} into place: {}", out, tmp, ec.message())};
   for (const char* suffix : {"-wal", "-shm"}) fs::remove(out + suffix, ec);

@@ -61,6 +61,21 @@ std::string join_command(const std::vector<std::string>& argv) {
 // The live /metrics endpoint: the latest exposition text, replaced each pass.
 class Exporter {
  public:
+  // httplib gives each connection a worker for as long as it stays open (up
+  // to the keep-alive timeout, 5 s by default, between requests), from a pool
+  // of about 8: a handful of idle connections (port scanners, a load balancer's
+  // probes, stuck clients) would hold every worker and delay the scrape.
+  // Workers are cheap while they wait; idle connections are let go after a
+  // second and a slow request after two.
+  static constexpr std::size_t kWorkers = 64;
+  Exporter() {
+    server_.new_task_queue = [] { return new httplib::ThreadPool(kWorkers); };
+    server_.set_keep_alive_timeout(1);
+    server_.set_keep_alive_max_count(20);
+    server_.set_read_timeout(2, 0);
+    server_.set_write_timeout(2, 0);
+  }
+
   Status start(const ListenAddress& a) {
     server_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
       std::lock_guard lk(mu_);

@@ -100,7 +100,7 @@ std::vector<OutlierCheck> find_outliers(const std::vector<NodeResult>& nodes, co
     if (!n.report) continue;
     for (const auto& c : n.report->checks) {
       const CheckSpec* spec = find_check(c.name);
-      if (!spec || spec->direction == Direction::kNone || !c.value) continue;
+      if (!spec || spec->direction == Direction::kNone || !c.value || !std::isfinite(*c.value)) continue;  // failed on its node
       if (c.status == CheckStatus::kSkip || c.status == CheckStatus::kError) continue;
       figures[{c.name, c.target}].emplace_back(n.name, &c);
     }

@@ -36,7 +36,10 @@ RobustScale robust_scale(const std::vector<double>& values, double floor) {
 void judge_gpu_outliers(std::vector<CheckResult>& checks, const ClusterConfig& cfg) {
   std::map<std::string, std::vector<CheckResult*>> by_check;
   for (auto& c : checks) {
-    if (!c.value || !is_gpu_target(c.target) || c.status == CheckStatus::kSkip || c.status == CheckStatus::kError) continue;
+    // A non-finite value has failed already and would poison the median.
+    if (!c.value || !std::isfinite(*c.value) || !is_gpu_target(c.target) || c.status == CheckStatus::kSkip ||
+        c.status == CheckStatus::kError)
+      continue;
     const CheckSpec* spec = find_check(c.name);
     // Only throughput: a warmer or busier GPU is not a slower one. The
     // sustained clock is the lowest of many samples, which dips briefly on

@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include <filesystem>
 #include <toml++/toml.h>
@@ -47,6 +48,7 @@ Expected<json> convert_param(const std::string& source, const std::string& table
   switch (spec.type) {
     case ParamType::kDuration: {
       if (auto v = node.value<double>(); v && node.is_number()) {
+        if (!std::isfinite(*v)) return at(source, node, where + " must be a finite duration, not " + fmt::format("{}", *v));
         if (*v < 0) return at(source, node, where + " must not be negative");
         return json(*v);
       }
@@ -73,8 +75,8 @@ Expected<json> convert_param(const std::string& source, const std::string& table
       if (auto v = node.value<int64_t>(); v && node.is_integer() && *v >= 0) return json(*v);
       return at(source, node, where + " must be a non-negative integer");
     case ParamType::kNumber:
-      if (node.is_number()) return json(*node.value<double>());
-      return at(source, node, where + " must be a number");
+      if (node.is_number() && std::isfinite(*node.value<double>())) return json(*node.value<double>());
+      return at(source, node, where + " must be a finite number");
     case ParamType::kString:
       if (auto s = node.value<std::string>()) return json(*s);
       return at(source, node, where + " must be a string");
@@ -156,6 +158,9 @@ Status parse_check(const std::string& source, const std::string& name, const tom
         st = at(source, node, fmt::format("'{}' does not apply to text check '{}' (use pass/warn lists)", key, name));
       else if (!node.is_number())
         st = at(source, node, fmt::format("'{}' in [{}] must be a number ({})", key, table, spec->unit));
+      // nan compares false with everything: every value would pass.
+      else if (!std::isfinite(*node.value<double>()))
+        st = at(source, node, fmt::format("'{}' in [{}] must be a finite number, not {}", key, table, *node.value<double>()));
       else cfg[key] = *node.value<double>();
       return true;
     }
@@ -203,7 +208,8 @@ Status parse_cluster(const std::string& source, const toml::node& node, json& d)
     if (std::find(std::begin(kKeys), std::end(kKeys), key) == std::end(kKeys))
       return at(source, n, fmt::format("unknown key '{}' in [cluster] ({})", key, fmt::join(kKeys, ", ")));
     auto v = n.value<double>();
-    if (!v || !n.is_number() || *v < 0) return at(source, n, fmt::format("'{}' in [cluster] must be a non-negative number", key));
+    if (!v || !n.is_number() || !std::isfinite(*v) || *v < 0)
+      return at(source, n, fmt::format("'{}' in [cluster] must be a finite non-negative number", key));
     if (key.starts_with("link_") && *v > 1) return at(source, n, fmt::format("'{}' in [cluster] must be in [0, 1]", key));
     d["cluster"][key] = *v;
   }
@@ -240,7 +246,7 @@ Expected<Layer> parse_layer(std::string_view text, const std::string& source) {
         if (bkey != "fail_ratio" && bkey != "warn_ratio")
           return at(source, bn, fmt::format("unknown key '{}' in [baseline] (fail_ratio, warn_ratio)", bkey));
         auto v = bn.value<double>();
-        if (!v || !bn.is_number() || *v <= 0 || *v > 1)
+        if (!v || !bn.is_number() || !(*v > 0 && *v <= 1))  // false for nan too
           return at(source, bn, fmt::format("'{}' in [baseline] must be a number in (0, 1]", bkey));
         d["baseline"][bkey] = *v;
       }

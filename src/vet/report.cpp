@@ -75,6 +75,9 @@ CheckResult judge(const Measurement& m, const Profile& profile, const std::optio
     if (in_warn && !in_pass) flag(CheckStatus::kWarn, fmt::format("'{}' is discouraged by profile {}", m.text, profile.name));
     else if (!cfg.pass.empty() && !in_pass)
       flag(CheckStatus::kFail, fmt::format("'{}' is not allowed (allowed: {})", m.text, fmt::join(cfg.pass, ", ")));
+  } else if (m.value && !std::isfinite(*m.value)) {
+    // nan compares false with every threshold and would pass them all.
+    flag(CheckStatus::kFail, fmt::format("measured {}, not a number a threshold can judge", *m.value));
   } else if (m.value) {
     const double v = *m.value;
     const std::string u = r.unit;

@@ -926,9 +926,14 @@ TEST_F(ReliabilityReadOnly, OpenOnReadOnlyFileSystemFailsNamingThePath) {
   EXPECT_TRUE(contains(a.error().message, missing));
   EXPECT_FALSE(fs::exists(missing));
 
+  // An existing read-only root opens for loading; saving names the root.
   auto b = ckpt::Checkpointer::open(small_options(existing));
-  ASSERT_FALSE(b) << "opened a checkpointer on a read-only root";
-  EXPECT_TRUE(contains(b.error().message, existing));
+  ASSERT_TRUE(b) << b.error().message;
+  EXPECT_EQ((*b)->latest(), std::nullopt);
+  const auto data = pattern(3, 5000);
+  auto saved = (*b)->save(1, {view("w", data)});
+  ASSERT_FALSE(saved) << "saved into a read-only root";
+  EXPECT_TRUE(contains(saved.error().message, existing));
 
   ckpt::Options fast = small_options(dir_.path() + "/root");
   fast.fast_tier = existing;

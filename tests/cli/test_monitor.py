@@ -165,6 +165,30 @@ class PrometheusTest(unittest.TestCase):
         check = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, text=True, timeout=60)
         self.assertEqual(check.returncode, 0, check.stdout + check.stderr)
 
+    def test_idle_connections_do_not_hold_up_a_scrape(self):
+        # Idle TCP connections (a scanner, a stuck client) once held every
+        # worker of the endpoint: 8 delayed a scrape by seconds, 20 blocked it.
+        # More than the old pool, whatever the core count.
+        idle = max(20, (os.cpu_count() or 1) + 8)
+        with tempfile.TemporaryDirectory() as tmp:
+            p, url = self.start_monitor(tmp, 30)
+            host, port = url[len("http://"):-len("/metrics")].rsplit(":", 1)
+            conns = []
+            try:
+                for _ in range(idle):
+                    conns.append(socket.create_connection((host, int(port)), timeout=5))
+                time.sleep(0.3)  # every connection accepted and waiting on a worker
+                t0 = time.monotonic()
+                body = urllib.request.urlopen(url, timeout=30).read().decode()
+                elapsed = time.monotonic() - t0
+            finally:
+                for c in conns:
+                    c.close()
+                p.terminate()
+                p.communicate(timeout=30)
+        self.assertIn("# TYPE pacer_memory_used_bytes gauge", body)
+        self.assertLess(elapsed, 2.0, f"a scrape behind {idle} idle connections took {elapsed:.1f} s")
+
     def test_a_real_prometheus_scrapes_it(self):
         server = shutil.which("prometheus")
         if not server:

@@ -62,6 +62,26 @@ class QueryTest(unittest.TestCase):
         self.assertNotEqual(r.returncode, 0)
         self.assertEqual(json.loads(pacer("query", self.db, "SELECT count(*) AS n FROM steps", "--json").stdout)["rows"][0]["n"], 20)
 
+    def test_statements_that_write_files_are_refused(self):
+        copy = os.path.join(self.tmp.name, "copy.db")
+        for sql in (f"VACUUM INTO '{copy}'", f"ATTACH DATABASE '{copy}' AS x", "PRAGMA query_only = 0",
+                    "PRAGMA journal_mode = DELETE", "CREATE TEMP TABLE t(x)"):
+            with self.subTest(sql):
+                r = pacer("query", self.db, sql)
+                self.assertEqual(r.returncode, 2, r.stderr)
+                self.assertIn("refused", r.stderr)
+                self.assertFalse(os.path.exists(copy), f"{sql!r} wrote a file")
+
+    def test_a_query_without_end_stops_at_the_time_limit(self):
+        endless = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
+        r = pacer("query", self.db, endless, "--timeout", "0.5", timeout=60)
+        self.assertEqual(r.returncode, 3, r.stderr)
+        self.assertIn("time limit of 0.5 s", r.stderr)
+        for bad in ("-1", "nan", "inf"):
+            r = pacer("query", self.db, "SELECT 1", "--timeout", bad)
+            self.assertEqual(r.returncode, 2, bad)
+        self.assertEqual(pacer("query", self.db, "SELECT 1", "--timeout", "0").returncode, 0)
+
     def test_list_and_empty_answers(self):
         r = pacer("query", "--list")
         for q in ("slowest-steps", "hot-nodes", "data-wait", "throttle"):
@@ -104,6 +124,19 @@ class MergeTest(unittest.TestCase):
                 self.assertEqual(c.execute("SELECT count(*) FROM samples").fetchone()[0], n_in)
                 self.assertEqual(c.execute("SELECT job_id FROM runs").fetchall(), [("4242",)])
             self.assertFalse(os.path.exists(out + ".merge-tmp"))
+
+            # Again, and one part twice: nothing is counted twice, each skip is said.
+            r = pacer("catalog", "merge", out, parts[0], parts[0], parts[1], "--json")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("same file as", r.stderr)
+            self.assertIn("already in", r.stderr)
+            self.assertEqual(len(json.loads(r.stdout)["skipped"]), 3)
+            with sqlite3.connect(out) as c:
+                self.assertEqual(c.execute("SELECT count(*) FROM samples").fetchone()[0], n_in)
+            # Into itself: a usage error.
+            r = pacer("catalog", "merge", out, out)
+            self.assertEqual(r.returncode, 2)
+            self.assertIn("itself", r.stderr)
 
 
 if __name__ == "__main__":

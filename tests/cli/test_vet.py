@@ -88,6 +88,20 @@ class VetCli(unittest.TestCase):
         r = pacer("vet", "--only", "memory.pattern", "--inject", "memory.pattern=3")
         self.assertTrue(r.stdout.splitlines()[-1].startswith("FAILED:"))
 
+    def test_nan_measurement_fails_and_nan_threshold_is_a_config_error(self):
+        # nan compares false with every threshold: it must fail, never pass.
+        r = pacer("vet", "--only", "memory.pattern", "--inject", "memory.pattern=nan", "--json")
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertEqual(json.loads(r.stdout)["checks"][0]["status"], "fail")
+        with tempfile.TemporaryDirectory() as tmp:
+            profile = os.path.join(tmp, "site.toml")
+            with open(profile, "w") as f:
+                f.write('[checks."memory.pattern"]\nfail_above = nan\n')
+            r = pacer("vet", "--only", "memory.pattern", "--profile", profile)
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn(f"{profile}:2:", r.stderr)
+            self.assertIn("fail_above", r.stderr)
+
     def test_hung_check_is_reported_and_vet_finishes(self):
         r = pacer("vet", "--only", "system", "--skip", "system.load", "--inject", "system.nofile=hang",
                   "--timeout", "1s", "--json", timeout=60)

@@ -9,7 +9,10 @@ import math
 import os
 import shutil
 import socket
+import subprocess
 import tempfile
+import threading
+import time
 import unittest
 import warnings
 
@@ -554,6 +557,173 @@ class PruneAndExport(CheckpointTestCase):
             self.assertEqual(data[lo:hi], arr.tobytes())
         with self.assertRaisesRegex(pacer.Error, "step-000000000009: cannot open"):
             pacer.export_safetensors(self.root, out, step=9)
+
+
+def _xxh3_64():
+    """XXH3-64 from the system's libxxhash (what manifests check themselves with), or None."""
+    import ctypes
+    import ctypes.util
+    for name in ("libxxhash.so.0", ctypes.util.find_library("xxhash")):
+        if not name:
+            continue
+        try:
+            f = ctypes.CDLL(name).XXH3_64bits
+        except (OSError, AttributeError):
+            continue
+        f.restype = ctypes.c_uint64
+        f.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+        return lambda b: f(b, len(b))
+    return None
+
+
+def craft_manifest(path, edit):
+    """Applies edit(dict) to a manifest and checksums it anew: a crafted manifest that passes its self-check."""
+    xxh3 = _xxh3_64()
+    if xxh3 is None:
+        raise unittest.SkipTest("libxxhash not found: cannot checksum a crafted manifest")
+
+    def checksum(j):
+        return f"{xxh3(json.dumps(j, sort_keys=True, separators=(',', ':'), ensure_ascii=False).encode()):016x}"
+
+    with open(path) as f:
+        j = json.load(f)
+    want = j.pop("manifest_xxh3")
+    if checksum(j) != want:
+        raise unittest.SkipTest("this json module does not write the manifest's bytes as pacer does")
+    edit(j)
+    j["manifest_xxh3"] = checksum(j)
+    os.remove(path)
+    with open(path, "w") as f:
+        json.dump(j, f)
+
+
+def set_shape(node, blob, shape):
+    """Sets the shape the stored state gives for `blob` (the tree in the meta)."""
+    if isinstance(node, dict):
+        if node.get("blob") == blob and "shape" in node:
+            node["shape"] = shape
+        for v in node.values():
+            set_shape(v, blob, shape)
+    elif isinstance(node, list):
+        for v in node:
+            set_shape(v, blob, shape)
+
+
+class UntrustedInput(CheckpointTestCase):
+    """Crafted checkpoints fall back to the older step; none hangs, crashes or allocates beyond the files."""
+
+    def two_steps(self):
+        ck = pacer.Checkpointer(self.root, keep_last=0)
+        self.old = np.arange(1000, dtype=np.int64)
+        ck.save(1, {"x": self.old}).wait()
+        ck.save(2, {"x": np.arange(1000, dtype=np.int64) * 2}).wait()
+        return ck, os.path.join(step_dir(self.root, 2), "MANIFEST.json")
+
+    def assertFallsBack(self, ck, why):
+        err = []
+        with captured_stderr(err):
+            step, got, _ = ck.load()
+            latest = ck.latest()
+            steps = ck.steps()
+        self.assertEqual((step, latest, steps), (1, 1, [1]))
+        self.assertArrayIdentical(got["x"], self.old)
+        self.assertIn("skipping step 2", err[0])
+        self.assertIn(why, err[0])
+
+    def test_blob_of_two_to_the_62_bytes_is_not_allocated(self):
+        ck, manifest = self.two_steps()
+
+        def huge(j):
+            j["chunk_bytes"] = 1 << 62
+            for b in j["blobs"]:
+                b["chunks"] = b["chunks"][:1]
+                if b["name"] == "x":
+                    b["size"] = 1 << 62
+                    b["shape"] = [1 << 59]
+            set_shape(j["meta"], "x", [1 << 59])
+
+        craft_manifest(manifest, huge)
+        self.assertFallsBack(ck, "outside its file")
+
+    def test_blob_in_a_file_outside_the_step_is_refused(self):
+        for name in ("/etc/passwd", "../" + os.path.basename(step_dir(self.root, 1)) + "/" + DATA_FILE):
+            with self.subTest(name):
+                shutil.rmtree(self.root, ignore_errors=True)
+                ck, manifest = self.two_steps()
+                size = os.path.getsize(os.path.join(step_dir(self.root, 2), name))
+
+                def elsewhere(j):
+                    j["files"] = [{"name": name, "size": size}]
+                    for b in j["blobs"]:
+                        b["file"] = name
+
+                craft_manifest(manifest, elsewhere)
+                self.assertFallsBack(ck, "not a plain name")
+
+    def test_fifo_manifest_does_not_hang(self):
+        ck, manifest = self.two_steps()
+        os.remove(manifest)
+        os.mkfifo(manifest)
+        done, freed = threading.Event(), []
+
+        def watchdog():  # frees a reader blocked opening the FIFO, and says so
+            if done.wait(10):
+                return
+            while not done.is_set():
+                try:
+                    os.close(os.open(manifest, os.O_WRONLY | os.O_NONBLOCK))
+                    freed.append(True)
+                except OSError:
+                    pass
+                time.sleep(0.02)
+
+        t = threading.Thread(target=watchdog)
+        t.start()
+        try:
+            with captured_stderr([]):
+                got = (ck.latest(), ck.steps())
+        finally:
+            done.set()
+            t.join()
+        self.assertFalse(freed, "latest() or steps() blocked opening a FIFO named MANIFEST.json")
+        self.assertEqual(got, (1, [1]))
+
+    def test_loads_from_a_read_only_mount(self):
+        ck, _ = self.two_steps()
+        del ck
+        ro = os.path.join(self.tmp.name, "ro")
+        os.mkdir(ro)
+        mounted = subprocess.run(["mount", "--bind", self.root, ro], capture_output=True).returncode == 0
+        if mounted and subprocess.run(["mount", "-o", "remount,bind,ro", ro], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", ro])
+            mounted = False
+        if not mounted:
+            os.rmdir(ro)
+            shutil.copytree(self.root, ro)
+            for d, dirs, files in os.walk(ro):
+                for n in files + dirs:
+                    os.chmod(os.path.join(d, n), 0o555 if n in dirs else 0o444)
+            os.chmod(ro, 0o555)
+            if os.access(ro, os.W_OK):
+                shutil.rmtree(ro, ignore_errors=True)
+                self.skipTest("cannot bind-mount read-only, and write permission does not bind this user (root)")
+        try:
+            ck = pacer.Checkpointer(ro)
+            self.assertEqual(ck.latest(), 2)
+            self.assertEqual(ck.steps(), [2, 1])
+            step, got, _ = ck.load(step=1)
+            self.assertEqual(step, 1)
+            self.assertArrayIdentical(got["x"], self.old)
+            with self.assertRaisesRegex(pacer.Error, "not writable"):
+                ck.save(3, {"x": self.old})
+            del ck
+        finally:
+            if mounted:
+                subprocess.run(["umount", ro]).returncode == 0 or subprocess.run(["umount", "-l", ro])
+            else:
+                for d, dirs, files in os.walk(ro):
+                    os.chmod(d, 0o755)
+                os.chmod(ro, 0o755)
 
 
 class Errors(CheckpointTestCase):

@@ -4,7 +4,9 @@
 #include <fmt/format.h>
 #include <sqlite3.h>
 
+#include <filesystem>
 #include <limits>
+#include <tuple>
 
 #include "pacer/telemetry/questions.hpp"
 #include "test_util.hpp"
@@ -225,6 +227,129 @@ TEST(Catalog, MergeMapsIdsAndJoinsAJobsRuns) {
   auto bad = merge_catalogs(merged, {out.path() + "/missing.db"});
   ASSERT_FALSE(bad.has_value());
   EXPECT_TRUE(contains(bad.error().message, "missing.db"));
+}
+
+// Merging must never count a run twice: the same file twice, the output as
+// an input, a file merged again later, or a merged catalog merged onward.
+TEST(Catalog, MergeTakesEveryRunOnce) {
+  Fixture a("n1", "77"), b("n2", "77");
+  ASSERT_TRUE(a.cat->write_sample(a.run, a.node, sample_at(1001, 60, 0.9)));
+  ASSERT_TRUE(a.cat->write_steps(a.run, {StepRecord{1, 1001, 0, "n1", 1.0, {}, {}, {}, {}, ""}}));
+  ASSERT_TRUE(a.cat->write_event(a.run, a.node, EventRecord{1001.5, "gpu.throttle", "hw_thermal", 0, -1}));
+  ASSERT_TRUE(b.cat->write_sample(b.run, b.node, sample_at(1001, 90, 0.1)));
+  TempDir out("merge-");
+  const std::string merged = out.path() + "/job.db";
+  const std::string alias = out.path() + "/alias.db";
+  std::filesystem::create_symlink(a.cat->path(), alias);
+  const auto counts = [&](const std::string& db) {
+    auto m = std::move(Catalog::open(db, CatalogOptions{.read_only = true}).value());
+    return std::make_tuple(scalar(*m, "SELECT count(*) FROM samples"), scalar(*m, "SELECT count(*) FROM steps"),
+                           scalar(*m, "SELECT count(*) FROM events"), scalar(*m, "SELECT count(*) FROM runs"));
+  };
+
+  auto r = merge_catalogs(merged, {a.cat->path(), b.cat->path(), a.cat->path(), alias});
+  ASSERT_TRUE(r.has_value()) << r.error().message;
+  EXPECT_EQ(r->inputs, 2u);
+  EXPECT_EQ(r->samples, 6);
+  EXPECT_EQ(r->steps, 1);
+  ASSERT_EQ(r->skipped.size(), 2u);
+  EXPECT_TRUE(contains(r->skipped[0], "same file as " + a.cat->path())) << r->skipped[0];
+  EXPECT_TRUE(contains(r->skipped[1], alias)) << r->skipped[1];
+  EXPECT_EQ(counts(merged), std::make_tuple(6, 1, 1, 1));
+
+  // Merged again into the existing output: nothing new, each run a note.
+  r = merge_catalogs(merged, {a.cat->path(), b.cat->path()});
+  ASSERT_TRUE(r.has_value()) << r.error().message;
+  EXPECT_EQ(r->samples, 6) << "the output's own rows are counted once, the inputs' not again";
+  ASSERT_EQ(r->skipped.size(), 2u);
+  EXPECT_TRUE(contains(r->skipped[0], "already in " + merged)) << r->skipped[0];
+  EXPECT_EQ(counts(merged), std::make_tuple(6, 1, 1, 1));
+
+  // A copy under another name is the same runs.
+  const std::string copy = out.path() + "/copy.db";
+  ASSERT_EQ(sqlite3_exec(b.cat->handle(), "PRAGMA wal_checkpoint(TRUNCATE)", nullptr, nullptr, nullptr), SQLITE_OK);
+  std::filesystem::copy_file(b.cat->path(), copy);
+  r = merge_catalogs(merged, {copy});
+  ASSERT_TRUE(r.has_value()) << r.error().message;
+  EXPECT_EQ(counts(merged), std::make_tuple(6, 1, 1, 1));
+
+  // A merged catalog merged onward carries what it holds.
+  const std::string onward = out.path() + "/onward.db";
+  ASSERT_TRUE(merge_catalogs(onward, {merged}).has_value());
+  r = merge_catalogs(onward, {b.cat->path()});
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->skipped.size(), 1u);
+  EXPECT_EQ(counts(onward), std::make_tuple(6, 1, 1, 1));
+
+  // A new run in a file merged before (a requeued job on the same node) is added alone.
+  const auto rerun = a.cat->begin_run(RunInfo{"77", "train.py", "n1", 2000, 1}).value();
+  ASSERT_TRUE(a.cat->write_sample(rerun, a.node, sample_at(2001, 61, 0.9)));
+  r = merge_catalogs(merged, {a.cat->path()});
+  ASSERT_TRUE(r.has_value()) << r.error().message;
+  EXPECT_EQ(counts(merged), std::make_tuple(9, 1, 1, 1));
+
+  // Into itself: a usage error, and the file stays as it was.
+  for (const std::string& self : {merged, out.path() + "/./job.db"}) {
+    auto bad = merge_catalogs(merged, {self});
+    ASSERT_FALSE(bad.has_value());
+    EXPECT_EQ(bad.error().kind, ErrorKind::kUsage);
+    EXPECT_TRUE(contains(bad.error().message, "itself")) << bad.error().message;
+  }
+  EXPECT_EQ(counts(merged), std::make_tuple(9, 1, 1, 1));
+}
+
+// pacer query opens the catalog read-only: no statement may change any file.
+TEST(Catalog, ReadOnlyQueryChangesNoFile) {
+  Fixture f;
+  ASSERT_TRUE(f.cat->write_sample(f.run, f.node, sample_at(1001, 60, 0.9)));
+  const std::string path = f.cat->path();
+  auto ro = std::move(Catalog::open(path, CatalogOptions{.read_only = true}).value());
+  const std::string copy = f.dir.path() + "/copy.db";
+  const std::string other = f.dir.path() + "/other.db";
+  for (const std::string& sql : {"VACUUM INTO '" + copy + "'", std::string("VACUUM"), "ATTACH DATABASE '" + other + "' AS x",
+                                 std::string("PRAGMA query_only = 0"), std::string("PRAGMA user_version = 7"),
+                                 std::string("PRAGMA journal_mode = DELETE"), std::string("PRAGMA wal_checkpoint"),
+                                 std::string("INSERT INTO meta VALUES('k', 'v')"), std::string("DELETE FROM samples"),
+                                 std::string("CREATE TEMP TABLE t(x)"), std::string("SELECT 1; DROP TABLE samples")}) {
+    SCOPED_TRACE(sql);
+    auto r = ro->query(sql);
+    ASSERT_FALSE(r.has_value()) << "a read-only query ran it";
+    EXPECT_EQ(r.error().kind, ErrorKind::kUsage);
+    EXPECT_TRUE(contains(r.error().message, "refused")) << r.error().message;
+  }
+  EXPECT_FALSE(std::filesystem::exists(copy));
+  EXPECT_FALSE(std::filesystem::exists(other));
+  EXPECT_EQ(scalar(*f.cat, "SELECT count(*) FROM samples"), 3);
+  EXPECT_EQ(scalar(*f.cat, "PRAGMA user_version"), kCatalogSchemaVersion);
+  // Reading still works: SELECT, WITH, the reporting PRAGMAs, the named questions.
+  EXPECT_EQ(scalar(*ro, "SELECT count(*) FROM samples_named"), 3);
+  EXPECT_EQ(scalar(*ro, "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 10) SELECT sum(x) FROM c"), 55);
+  EXPECT_EQ(scalar(*ro, "PRAGMA user_version"), kCatalogSchemaVersion);
+  EXPECT_TRUE(ro->query("PRAGMA table_info(samples)").has_value());
+  for (const auto& q : questions()) {
+    auto sql = question_sql(q.name, {});
+    ASSERT_TRUE(sql.has_value());
+    auto r = ro->query(*sql);
+    EXPECT_TRUE(r.has_value()) << q.name << ": " << r.error().message;
+  }
+}
+
+TEST(Catalog, QueryStopsAtItsTimeLimitAndResultLimit) {
+  Fixture f;
+  const std::string endless = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) ";
+  auto ro = std::move(Catalog::open(f.cat->path(), CatalogOptions{.read_only = true, .query_timeout_s = 0.3}).value());
+  auto r = ro->query(endless + "SELECT count(*) FROM c");
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().kind, ErrorKind::kRuntime);
+  EXPECT_TRUE(contains(r.error().message, "time limit of 0.3 s")) << r.error().message;
+  EXPECT_TRUE(contains(r.error().message, f.cat->path())) << r.error().message;
+  EXPECT_EQ(scalar(*ro, "SELECT 42"), 42) << "the next query runs";
+
+  auto capped = std::move(Catalog::open(f.cat->path(), CatalogOptions{.read_only = true, .max_result_bytes = 1 << 20}).value());
+  r = capped->query(endless + "SELECT x, 'some text' FROM c");
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().kind, ErrorKind::kRuntime);
+  EXPECT_TRUE(contains(r.error().message, "larger than its limit")) << r.error().message;
 }
 
 TEST(Questions, AnswerOnASyntheticRun) {

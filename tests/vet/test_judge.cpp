@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 
 #include "pacer/vet/vet.hpp"
@@ -44,6 +45,23 @@ TEST(Judge, FailBelowBoundaryPasses) {
   EXPECT_EQ(status_of(p, number("system.load", 10)), CheckStatus::kPass);
   EXPECT_EQ(status_of(p, number("system.load", 9.999)), CheckStatus::kFail);
   EXPECT_EQ(status_of(p, number("system.load", 1e9)), CheckStatus::kPass);
+}
+
+// nan compares false with every threshold: it must fail, never pass.
+TEST(Judge, NonFiniteMeasurementFails) {
+  CheckConfig c;
+  c.fail_below = 10;
+  c.warn_above = 100;
+  for (const Profile& p : {profile_with("system.load", c), profile_with("system.load", CheckConfig{})}) {
+    for (double v : {std::nan(""), -std::nan(""), HUGE_VAL, -HUGE_VAL}) {
+      SCOPED_TRACE(v);
+      const CheckResult r = judge(number("system.load", v), p, std::nullopt);
+      EXPECT_EQ(r.status, CheckStatus::kFail);
+      EXPECT_TRUE(contains(r.reason, "not a number")) << r.reason;
+    }
+  }
+  // With a baseline too (memory.bandwidth: higher is better).
+  EXPECT_EQ(status_of(Profile{}, number("memory.bandwidth", std::nan("")), 100.0), CheckStatus::kFail);
 }
 
 TEST(Judge, WarnBelowBoundaryPasses) {

@@ -236,6 +236,21 @@ TEST_F(ProfileTest, ThresholdMustBeNumber) {
       2, {"fail_below", "number"});
 }
 
+// TOML has nan and inf; nan compares false with every value, so a nan
+// threshold would pass them all.
+TEST_F(ProfileTest, NonFiniteThresholdsAreConfigErrors) {
+  for (const char* v : {"nan", "+nan", "-nan", "inf", "-inf"}) {
+    SCOPED_TRACE(v);
+    for (const char* key : {"fail_below", "warn_below", "fail_above", "warn_above"})
+      expect_config_error(std::string("[checks.\"system.load\"]\n") + key + " = " + v + "\n", 2, {key, "system.load", "finite"});
+    expect_config_error(std::string("[cluster]\noutlier_fail = ") + v + "\n", 2, {"outlier_fail", "finite"});
+    expect_config_error(std::string("[cluster]\noutlier_min_nodes = ") + v + "\n", 2, {"outlier_min_nodes"});
+    expect_config_error(std::string("[baseline]\nfail_ratio = ") + v + "\n", 2, {"fail_ratio"});
+    expect_config_error(std::string("[checks.\"system.load\"]\ntimeout = ") + v + "\n", 2, {"timeout"});
+  }
+  expect_config_error("[checks.\"system.load\"]\ntimeout = \"1e308d\"\n", 2, {"timeout", "too large"});
+}
+
 TEST_F(ProfileTest, PassListMustHoldStrings) {
   expect_config_error(
       "[checks.\"system.thp_enabled\"]\n"

@@ -20,7 +20,14 @@ namespace pacer::telemetry {
 inline constexpr int kCatalogSchemaVersion = 1;
 
 struct CatalogOptions {
+  // Opened SQLITE_OPEN_READONLY, and query() runs only statements that
+  // change no file: no writes, ATTACH, VACUUM (INTO) or PRAGMA that sets.
   bool read_only = false;
+  // query() stops a statement that runs longer (a recursive CTE without end)
+  // with an error naming the limit. 0: no limit.
+  double query_timeout_s = 0;
+  // query() stops when its result holds more (in memory). 0: no limit.
+  std::uint64_t max_result_bytes = 0;
   // Milliseconds a writer waits for another writer (the monitor and the
   // training processes share one file).
   int busy_timeout_ms = 5000;
@@ -72,7 +79,9 @@ class Catalog {
   Status write_steps(std::int64_t run_id, const std::vector<StepRecord>& steps);
   Status write_event(std::int64_t run_id, std::int64_t node_id, const EventRecord& event);
 
-  // Runs any SQL (the query command opens the catalog read-only).
+  // Runs SQL: any on a writable catalog; on a read-only one only statements
+  // that change no file (a refused one is a usage error naming it). Past
+  // query_timeout_s or max_result_bytes: a runtime error naming the limit.
   Expected<QueryResult> query(const std::string& sql);
 
   bool writes_stopped() const { return !stop_reason_.empty(); }
@@ -88,6 +97,8 @@ class Catalog {
 
  private:
   Catalog(std::string path, sqlite3* db) : path_(std::move(path)), db_(db) {}
+  // The authorizer of a read-only catalog: what it refused, for the error.
+  static int authorize(void* self, int action, const char* a, const char* b, const char* db, const char* trigger);
   Status exec(const std::string& sql);
   Status create_schema();
   // Wraps a write in a transaction; turns "disk full" into the stopped state.
@@ -99,6 +110,8 @@ class Catalog {
   std::string path_;
   sqlite3* db_ = nullptr;
   int schema_version_ = 0;
+  CatalogOptions options_;
+  std::string refused_;  // set by authorize()
   std::string stop_reason_;
   std::uint64_t dropped_ = 0;
   std::uint64_t nonfinite_ = 0;
@@ -115,10 +128,15 @@ std::string default_catalog_name();
 // Merges catalogs into `out` (created, or extended when it exists): nodes are
 // matched by hostname, GPUs by node and index, runs by job id (a job's
 // per-node files become one run), metrics by name. The result is written to
-// a temporary file and renamed into place.
+// a temporary file and renamed into place. Nothing is merged twice: an input
+// that is `out` itself is a usage error, one given twice (the same file by
+// any name) is merged once, and a run already merged into `out` (the same
+// job id, host, start time and command, recorded in run_sources) is skipped;
+// each skip is a line in `skipped`.
 struct MergeResult {
-  std::size_t inputs = 0;
-  std::int64_t runs = 0, nodes = 0, samples = 0, steps = 0, events = 0;
+  std::size_t inputs = 0;  // files merged
+  std::int64_t runs = 0, nodes = 0, samples = 0, steps = 0, events = 0;  // runs, nodes: in out; the rest: added
+  std::vector<std::string> skipped;
 };
 Expected<MergeResult> merge_catalogs(const std::string& out, const std::vector<std::string>& inputs);
 
