@@ -243,15 +243,9 @@ Expected<std::string> read_manifest(int fd, const std::string& path) {
   if (size > kMaxManifestBytes)
     return Error{ErrorKind::kConfig, fmt::format("{}: {} bytes, more than a manifest may have ({})", path, size, kMaxManifestBytes)};
   std::string text(size, '\0');
-  std::uint64_t done = 0;
-  while (done < size) {
-    const ssize_t r = ::pread(fd, text.data() + done, size - done, static_cast<off_t>(done));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return Error{ErrorKind::kIo, fmt::format("{}: read failed: {}", path, std::strerror(errno))};
-    if (r == 0) break;
-    done += static_cast<std::uint64_t>(r);
-  }
-  text.resize(done);  // shrunk meanwhile: what is there (a torn manifest fails its checksum)
+  auto done = pread_full(fd, text.data(), size, 0, path);
+  if (!done) return done.error();
+  text.resize(*done);  // shrunk meanwhile: what is there (a torn manifest fails its checksum)
   return text;
 }
 

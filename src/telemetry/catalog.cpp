@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "pacer/core/posix_io.hpp"
 #include "pacer/hw/system.hpp"
 #include "pacer/version.hpp"
 #include "sqlite_util.hpp"
@@ -703,14 +704,6 @@ INSERT INTO main.events(run_id, t, node_id, rank, gpu_id, kind, detail)
   return s;
 }
 
-Status fsync_dir(const std::filesystem::path& dir) {
-  const int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd < 0) return Error{ErrorKind::kIo, fmt::format("{}: cannot open directory", dir.string())};
-  ::fsync(fd);
-  ::close(fd);
-  return {};
-}
-
 }  // namespace
 
 Expected<MergeResult> merge_catalogs(const std::string& out, const std::vector<std::string>& inputs) {
@@ -770,7 +763,7 @@ Expected<MergeResult> merge_catalogs(const std::string& out, const std::vector<s
   fs::rename(tmp, out, ec);
   if (ec) return Error{ErrorKind::kIo, fmt::format("{}: cannot rename {} into place: {}", out, tmp, ec.message())};
   for (const char* suffix : {"-wal", "-shm"}) fs::remove(out + suffix, ec);
-  if (auto s = fsync_dir(fs::path(out).parent_path()); !s) return s.error();
+  if (auto s = fsync_dir(fs::path(out).parent_path().string()); !s) return s.error();
   return result;
 }
 
