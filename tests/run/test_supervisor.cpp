@@ -161,6 +161,16 @@ TEST(Run, RequestFileInADirectoryOthersCanWriteIsRefused) {
   r = supervise(o);
   ASSERT_TRUE(r) << r.error().message;
   EXPECT_EQ(r->exit_code, 0);
+  // Something at the request path that cannot be removed (another user's
+  // file in a sticky directory; here a directory): CMD would see a request
+  // nobody made, so it is not started.
+  std::filesystem::create_directory(o.request_file);
+  o.argv = {"sh", "-c", "exit 9"};
+  r = supervise(o);
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_EQ(r->exit_code, static_cast<int>(ExitCode::kRuntime));
+  EXPECT_EQ(r->attempts, 0);
+  EXPECT_TRUE(test::contains(r->reason, "cannot be removed")) << r->reason;
 }
 
 // In a child process: a private mount namespace (a user namespace too when
