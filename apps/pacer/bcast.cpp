@@ -72,7 +72,7 @@ int bcast(const BcastArgs& a) {
   nlohmann::json j = {{"schema", "pacer.bcast/1"}, {"src", a.src}, {"dst", a.dst}, {"ranks", w.size()},
                       {"nodes", st.nodes}, {"files", st.files}, {"bytes", st.bytes}, {"bytes_read", st.bytes_read},
                       {"chunks", st.chunks}, {"chunk_bytes", o.chunk_bytes}, {"xxh3", fmt::format("{:016x}", st.xxh3)},
-                      {"seconds", st.seconds}, {"every_rank_reads", compare}};
+                      {"seconds", st.seconds}, {"unchanged", st.unchanged}, {"every_rank_reads", compare}};
   Table t({{"METHOD"}, {"READ FROM SRC", true}, {"TIME", true}, {"RATE", true}});
   t.add_row({"pacer bcast", format_bytes(double(st.bytes_read)), format_duration(st.seconds),
              format_bytes(st.seconds > 0 ? double(st.bytes) / st.seconds : 0) + "/s"});
@@ -81,9 +81,10 @@ int bcast(const BcastArgs& a) {
     t.add_row({"every rank reads", format_bytes(compare["bytes_read"].get<double>()), format_duration(s),
                format_bytes(s > 0 ? double(st.bytes) / s : 0) + "/s"});
   }
-  const std::string text = t.render() + fmt::format("OK: {} ({} file(s), {}) to {} on {} node(s), {} rank(s), xxh3 {:016x}\n",
+  const std::string text = t.render() + fmt::format("OK: {} ({} file(s), {}) to {} on {} node(s), {} rank(s), xxh3 {:016x}{}\n",
                                                     a.src, st.files, format_bytes(double(st.bytes)), a.dst, st.nodes,
-                                                    w.size(), st.xxh3);
+                                                    w.size(), st.xxh3,
+                                                    st.unchanged ? "; unchanged: every node held the same bytes already" : "");
   print(j, a.json, text);
   return 0;
 }

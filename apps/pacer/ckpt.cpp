@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <memory>
 
+#include "ckpt_interval.hpp"
 #include "commands.hpp"
 #include "output.hpp"
 #include "pacer/checkpoint.hpp"
@@ -24,8 +25,6 @@ struct CkptArgs {
   int keep_every = 0;
   bool json = false;
   bool verify = false;
-  std::string save_cost;
-  std::string mtbf;
   bool remove_damaged = false;
   bool dry_run = false;
   std::string safetensors;
@@ -172,19 +171,6 @@ int export_cmd(const CkptArgs& a) {
   return 0;
 }
 
-int interval(const CkptArgs& a) {
-  auto cost = parse_duration(a.save_cost);
-  auto mtbf = parse_duration(a.mtbf);
-  if (!cost || *cost <= 0) usage_error(fmt::format("--save-cost '{}': expected a positive duration", a.save_cost));
-  if (!mtbf || *mtbf <= 0) usage_error(fmt::format("--mtbf '{}': expected a positive duration", a.mtbf));
-  const double daly = ckpt::optimal_interval(*cost, *mtbf);
-  const double young = ckpt::young_interval(*cost, *mtbf);
-  json j = {{"schema", "pacer.ckpt.interval/1"}, {"save_cost_s", *cost}, {"mtbf_s", *mtbf}, {"interval_s", daly}, {"young_interval_s", young}};
-  print(j, a.json, fmt::format("checkpoint every {} (Daly; Young's estimate {}) for a {} save and a {} MTBF\n",
-                               format_duration(daly), format_duration(young), format_duration(*cost), format_duration(*mtbf)));
-  return 0;
-}
-
 }  // namespace
 
 Handler register_ckpt(CLI::App& app) {
@@ -216,11 +202,13 @@ Handler register_ckpt(CLI::App& app) {
   ex->add_option("--safetensors", args->safetensors, "Output directory for model.safetensors (or shards and an index)")->required();
   ex->add_option("--prefix", args->prefix, "Export the blobs named PREFIX/..., named by the rest ('' : every numeric blob)");
   ex->add_option("--max-shard-size", args->max_shard_size, "Shard above this size (default 5GB)");
-  CLI::App* iv = cmd->add_subcommand("interval", "Optimal checkpoint interval from the save cost and the MTBF (Young/Daly)");
-  iv->add_option("--save-cost", args->save_cost, "Time one save costs the job, e.g. 40s")->required();
-  iv->add_option("--mtbf", args->mtbf, "Mean time between failures of the whole job, e.g. 8h")->required();
-  iv->add_flag("--json", args->json, "Machine-readable output");
-  iv->callback([args, handler] { *handler = [args] { return interval(*args); }; });
+  // The same question as `pacer plan ckpt`, asked from here: the same flags and output.
+  auto iargs = std::make_shared<IntervalArgs>();
+  CLI::App* iv = cmd->add_subcommand("interval", "Optimal checkpoint interval from the save cost and the MTBF (Young/Daly); "
+                                                 "the same as pacer plan ckpt");
+  add_interval_options(iv, *iargs);
+  iv->add_flag("--json", iargs->json, "Machine-readable output");
+  iv->callback([iargs, handler] { *handler = [iargs] { return print_interval(*iargs, "pacer.ckpt.interval/1"); }; });
   return [handler] { return *handler ? (*handler)() : static_cast<int>(ExitCode::kUsage); };
 }
 

@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <sstream>
@@ -11,6 +12,7 @@
 #include "output.hpp"
 #include "pacer/comm.hpp"
 #include "pacer/core/atomic_file.hpp"
+#include "pacer/core/progress.hpp"
 #include "pacer/core/table.hpp"
 #include "pacer/core/units.hpp"
 
@@ -94,14 +96,23 @@ Expected<comm::BenchReport> bench_run(const CommArgs& a, comm::BenchOptions o, b
   auto c = comm::open_collectives(a.backend);
   if (!c) return c.error();
   rank = (*c)->rank();
-  show_progress = show_progress && isatty(fileno(stderr));
+  // On rank 0's terminal: stderr, or stdout under mpirun, which hands the
+  // ranks a terminal on stdout only (a bench of minutes must not look hung).
+  std::unique_ptr<Progress> progress;
+  if (show_progress && rank == 0) {
+    progress = std::make_unique<Progress>(stderr);
+    if (!progress->enabled()) progress = std::make_unique<Progress>(stdout);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  std::size_t points = 0;
   auto on_point = [&](const comm::BenchCollective& col, const comm::BenchPoint& p) {
-    if (show_progress && (*c)->rank() == 0)
-      std::fprintf(stderr, "\r%-16s %12s  %s     ", col.name.c_str(), format_bytes(double(p.bytes)).c_str(),
-                   format_duration(p.median_s).c_str());
+    if (!progress) return;
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    progress->update(fmt::format("[{}] {} {} done: median {}, {} so far", ++points, col.name, format_bytes(double(p.bytes)),
+                                 format_duration(p.median_s), format_duration(elapsed)));
   };
   auto r = comm::run_bench(**c, o, on_point);
-  if (show_progress && (*c)->rank() == 0) std::fprintf(stderr, "\r%60s\r", "");
+  if (progress) progress->clear();
   return r;
 }
 

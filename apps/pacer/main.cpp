@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <map>
+#include <string>
 
 #include "commands.hpp"
 #include "pacer/core/error.hpp"
@@ -28,6 +29,24 @@ int main(int argc, char** argv) {
   add(pacer::cli::register_score(app));
   add(pacer::cli::register_report(app));
 
+  // CLI11 answers `pacer bogus --help` with the root help and exit 0, as
+  // --help wins over everything: a script would take a typo for success.
+  // The first word names a subcommand (the root has no options that take a
+  // value), and the next one a subcommand of it where it has some.
+  CLI::App* level = &app;
+  for (int i = 1; i < argc && i <= 2; ++i) {
+    const std::string word = argv[i];
+    if (word.empty() || word[0] == '-' || level->get_subcommands({}).empty()) break;
+    CLI::App* next = nullptr;
+    for (CLI::App* sub : level->get_subcommands({}))
+      if (sub->check_name(word)) next = sub;
+    if (!next) {
+      const std::string parent = level == &app ? "pacer" : "pacer " + level->get_name();
+      std::fprintf(stderr, "pacer: error: unknown command '%s' (%s --help lists them)\n", word.c_str(), parent.c_str());
+      return static_cast<int>(pacer::ExitCode::kUsage);
+    }
+    level = next;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <string_view>
 
 #include "commands.hpp"
 #include "output.hpp"
@@ -20,6 +21,9 @@ struct MonitorArgs {
   std::int64_t db_max_pages = 0;
 };
 
+// How run_monitor announces the /metrics address once it listens.
+constexpr std::string_view kPrometheusAt = "prometheus metrics at ";
+
 int monitor(const MonitorArgs& a) {
   if (a.command.empty() && a.pid <= 0) usage_error("give a command after -- (pacer monitor -- python train.py) or --pid N");
   if (!a.command.empty() && a.pid > 0) usage_error("give either a command or --pid, not both");
@@ -37,7 +41,9 @@ int monitor(const MonitorArgs& a) {
   o.per_core = !a.no_per_core;
   o.db_max_pages = a.db_max_pages;
   o.warn = [&](const std::string& w) {
-    if (!a.quiet) std::fprintf(stderr, "pacer monitor: %s\n", w.c_str());
+    // --prometheus 0 picks a free port: its address is the one way to find
+    // the endpoint, so it is printed (one line) even with --quiet.
+    if (!a.quiet || w.starts_with(kPrometheusAt)) std::fprintf(stderr, "pacer monitor: %s\n", w.c_str());
   };
   const auto r = unwrap(telemetry::run_monitor(o));
   const double overhead = r.wall_s > 0 ? 100.0 * r.sampler_cpu_s / r.wall_s : 0;
@@ -89,7 +95,7 @@ Handler register_monitor(CLI::App& app) {
   cmd->add_flag("--no-gpu", args->no_gpu, "Do not query NVML");
   cmd->add_flag("--no-per-core", args->no_per_core, "Record CPU busy for all CPUs only, not per core");
   cmd->add_flag("--json", args->json, "Print the summary as JSON (pacer.monitor/1) on stdout");
-  cmd->add_flag("-q,--quiet", args->quiet, "No summary or warnings on stderr");
+  cmd->add_flag("-q,--quiet", args->quiet, "No summary or warnings on stderr (the --prometheus address is still printed)");
   // A test seam: caps the catalog's size so that writing fails as on a full disk.
   cmd->add_option("--db-max-pages", args->db_max_pages)->group("");
   cmd->footer("Exit code: the command's (128+N when killed by signal N); 2 usage error, 3 runtime error. "

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <memory>
 
+#include "ckpt_interval.hpp"
 #include "commands.hpp"
 #include "output.hpp"
 #include "pacer/core/table.hpp"
@@ -42,9 +43,7 @@ struct PlanArgs {
   double tp_latency_us = 5, dp_latency_us = 10;
   std::string vet;
   // ckpt
-  std::string save_cost, restart_cost = "0s", mtbf, node_mtbf, campaign, interval, ckpt_size;
-  int nodes = 0;
-  double write_mbps = 0;
+  IntervalArgs ckpt;
 };
 
 std::string pct(double f) { return std::isfinite(f) ? fmt::format("{:.1f}%", 100 * f) : "-"; }
@@ -344,6 +343,13 @@ int step(PlanArgs& a) {
 }
 
 int ckpt(PlanArgs& a) {
+  a.ckpt.json = a.json;
+  return print_interval(a.ckpt, "pacer.plan.ckpt/1");
+}
+
+}  // namespace
+
+int print_interval(const IntervalArgs& a, const std::string& schema) {
   plan::CkptInput in;
   if (!a.save_cost.empty()) in.save_cost_s = duration(a.save_cost, "--save-cost");
   std::string save_from = "given";
@@ -372,9 +378,10 @@ int ckpt(PlanArgs& a) {
   if (!a.campaign.empty()) in.campaign_s = duration(a.campaign, "--campaign");
   if (!a.interval.empty()) in.current_interval_s = duration(a.interval, "--interval");
   const auto r = unwrap(plan::plan_ckpt(in));
-  json j = {{"schema", "pacer.plan.ckpt/1"}, {"save_cost_s", in.save_cost_s}, {"save_cost_from", save_from},
+  json j = {{"schema", schema}, {"save_cost_s", in.save_cost_s}, {"save_cost_from", save_from},
             {"restart_cost_s", in.restart_cost_s}, {"mtbf_s", in.mtbf_s}, {"young_interval_s", r.young_interval_s},
             {"daly_interval_s", r.daly_interval_s}, {"lost_fraction", r.lost_fraction}};
+  if (schema == "pacer.ckpt.interval/1") j["interval_s"] = r.daly_interval_s;  // its name before the two agreed
   std::string text = fmt::format("job MTBF {}, save {}, restart {}\n", format_duration(in.mtbf_s), format_duration(in.save_cost_s),
                                  format_duration(in.restart_cost_s));
   text += fmt::format("checkpoint every {} (Daly; Young: {}): {} of the time lost to saves, rework and restarts\n",
@@ -395,7 +402,19 @@ int ckpt(PlanArgs& a) {
   return 0;
 }
 
-}  // namespace
+
+void add_interval_options(CLI::App* ck, IntervalArgs& a) {
+  ck->add_option("--save-cost", a.save_cost, "Time one save stalls training, e.g. 40s");
+  ck->add_option("--ckpt-size", a.ckpt_size, "Checkpoint size, e.g. 2TB (save cost from the write rate)");
+  ck->add_option("--write-mbps", a.write_mbps, "Write rate of one node, MB/s");
+  ck->add_option("--restart-cost", a.restart_cost, "From a failure to training again, e.g. 10m")->capture_default_str();
+  ck->add_option("--mtbf", a.mtbf, "Mean time between failures of the whole job, e.g. 8h");
+  ck->add_option("--node-mtbf", a.node_mtbf, "Mean time between failures of one node, e.g. 1000d");
+  ck->add_option("--nodes", a.nodes, "Nodes in the job");
+  ck->add_option("--campaign", a.campaign, "Length of the training campaign, e.g. 30d");
+  ck->add_option("--interval", a.interval, "The interval in use now, to compare");
+  ck->add_option("--vet", a.vet, "A `pacer vet --json` report (storage.write)");
+}
 
 Handler register_plan(CLI::App& app) {
   auto args = std::make_shared<PlanArgs>();
@@ -441,16 +460,7 @@ Handler register_plan(CLI::App& app) {
   add_hardware_options(st, *args);
 
   auto* ck = sub("ckpt", "Optimal checkpoint interval, time lost and the odds of failure", [](PlanArgs& a) { return ckpt(a); });
-  ck->add_option("--save-cost", args->save_cost, "Time one save stalls training, e.g. 40s");
-  ck->add_option("--ckpt-size", args->ckpt_size, "Checkpoint size, e.g. 2TB (save cost from the write rate)");
-  ck->add_option("--write-mbps", args->write_mbps, "Write rate of one node, MB/s");
-  ck->add_option("--restart-cost", args->restart_cost, "From a failure to training again, e.g. 10m")->capture_default_str();
-  ck->add_option("--mtbf", args->mtbf, "Mean time between failures of the whole job, e.g. 8h");
-  ck->add_option("--node-mtbf", args->node_mtbf, "Mean time between failures of one node, e.g. 1000d");
-  ck->add_option("--nodes", args->nodes, "Nodes in the job");
-  ck->add_option("--campaign", args->campaign, "Length of the training campaign, e.g. 30d");
-  ck->add_option("--interval", args->interval, "The interval in use now, to compare");
-  ck->add_option("--vet", args->vet, "A `pacer vet --json` report (storage.write)");
+  add_interval_options(ck, args->ckpt);
   return [handler] { return *handler ? (*handler)() : static_cast<int>(ExitCode::kUsage); };
 }
 

@@ -35,7 +35,8 @@ int ports(const PortsArgs& a) {
     scope.local_rank = *a.local_rank;
     scope.rank_from = "--local-rank";
   }
-  const auto range = unwrap(run::port_range(a.plan, scope));
+  const auto local = unwrap(run::read_local_ports(a.plan.root));
+  const auto range = unwrap(run::port_range(a.plan, scope, local));
   auto lease = unwrap(run::PortLease::acquire(a.count, scope, a.plan));
   std::string list;
   for (int p : lease.ports()) list += (list.empty() ? "" : " ") + std::to_string(p);
@@ -55,7 +56,9 @@ int ports(const PortsArgs& a) {
   }
   nlohmann::json j = {{"schema", "pacer.ports/1"}, {"job", scope.job}, {"job_from", scope.job_from},
                       {"local_rank", scope.local_rank}, {"local_rank_from", scope.rank_from},
-                      {"range", {range.first, range.second}}, {"ports", lease.ports()}};
+                      {"range", {range.first, range.second}}, {"ports", lease.ports()},
+                      {"ephemeral", {local.ephemeral_first, local.ephemeral_last}}, {"ephemeral_from", local.source},
+                      {"reserved", local.reserved}};
   // Plain output is the ports alone, one line, for `read P1 P2 < <(pacer ports --count 2)`.
   print(j, a.json, list + "\n");
   return 0;
@@ -75,6 +78,8 @@ Handler register_ports(CLI::App& app) {
   cmd->add_option("--job", args->job, "Job id (default $SLURM_JOB_ID, 0 bare)");
   cmd->add_option("--local-rank", args->local_rank, "Local rank (default $SLURM_LOCALID, $LOCAL_RANK, ...)");
   cmd->add_flag("--json", args->json, "JSON report (pacer.ports/1)");
+  // A test seam: where /proc/sys/net/ipv4 (the ephemeral range) is read from.
+  cmd->add_option("--proc-root", args->plan.root)->group("");
   cmd->add_option("command", args->argv, "CMD to exec with PACER_PORTS and PACER_PORT_<i> set (after --)");
   return [args] { return ports(*args); };
 }

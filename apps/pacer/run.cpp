@@ -127,7 +127,8 @@ Handler register_run(CLI::App& app) {
                   "Also send this signal to CMD's process group with a checkpoint request (USR1, USR2, TERM, none)")
       ->capture_default_str();
   cmd->add_option("--request-file", args->request_file,
-                  "Request file created to ask for a checkpoint (default $TMPDIR/pacer-run-<job>.ckpt-request)");
+                  "Request file created to ask for a checkpoint (default: in a private directory made under "
+                  "$XDG_RUNTIME_DIR, $SLURM_TMPDIR, $TMPDIR or /tmp)");
   cmd->add_option("--before", args->before, "Ask for a checkpoint this long before the job's end time (0: signal only)")
       ->capture_default_str();
   cmd->add_option("--grace", args->grace, "How long to wait for a new committed step after a request")->capture_default_str();

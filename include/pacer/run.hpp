@@ -69,7 +69,11 @@ struct Options {
   std::string ckpt_dir;           // where CMD commits checkpoints (pacer checkpoint layout); empty: none
   int slurm_signal = SIGUSR1;     // the signal Slurm sends before the end (--signal)
   std::optional<int> request_signal;  // sent to CMD's process group with a checkpoint request
-  std::string request_file;       // empty: $TMPDIR (or /tmp)/pacer-run-<job or pid>.ckpt-request
+  // empty: <dir>/ckpt-request in a fresh mode-0700 directory made with mkdtemp
+  // under $XDG_RUNTIME_DIR, $SLURM_TMPDIR, $TMPDIR or /tmp (removed at the end).
+  // A path given here must lie in a directory others cannot write to (or a
+  // sticky one): a usage error otherwise.
+  std::string request_file;
   double before_s = 0;            // checkpoint this long before the job's end time; 0: on the signal only
   double grace_s = 120;           // how long to wait for a new committed step
   double stop_timeout_s = 30;     // SIGTERM to SIGKILL when stopping CMD

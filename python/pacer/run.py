@@ -2,7 +2,7 @@
 
 `pacer run` starts the training command with::
 
-    PACER_CKPT_REQUEST_FILE  created when a checkpoint is wanted (always set)
+    PACER_CKPT_REQUEST_FILE  created when a checkpoint is wanted (always set; in a private directory)
     PACER_CKPT_SIGNAL        also sent to the command's process group (USR1, USR2 or TERM; unset: none)
     PACER_CKPT_DIR           the checkpoint root it watches for a newer committed step
     PACER_RUN_ATTEMPT        0 for the first start in this allocation, 1 after the first restart, ...
@@ -24,6 +24,7 @@ call ``save`` for the same step).
 """
 import os
 import signal
+import stat
 import threading
 
 from ._pacer import PortLease
@@ -64,13 +65,21 @@ def watch():
 def checkpoint_requested():
     """True once the supervisor asked for a checkpoint (its signal came or its request file exists).
 
-    Cheap (one stat); False when not running under ``pacer run``.
+    The request file counts only as a regular file (not a symlink) owned by
+    this user, as ``pacer run`` creates it: a file another user planted does
+    not. Cheap (one lstat); False when not running under ``pacer run``.
     """
     watch()
     if _signalled.is_set():
         return True
     path = os.environ.get(REQUEST_FILE_ENV)
-    return bool(path) and os.path.exists(path)
+    if not path:
+        return False
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()
 
 
 def ckpt_dir(default=None):

@@ -27,11 +27,26 @@ using nlohmann::json;
 
 constexpr std::size_t kTrailer = 16;  // XXH3-64 of the chunk, then a flag: 0 data, 1 the root failed to read
 
+// What rank 0 saw of a source file when it listed it; the same after the
+// read, or the copy may mix two versions of the file.
+struct Stamp {
+  std::int64_t mtime_ns = 0, ctime_ns = 0;
+  std::uint64_t ino = 0, dev = 0;
+  bool operator==(const Stamp&) const = default;
+};
+
 struct FileEntry {
   std::string path;  // relative to the source directory; empty for a single file
   std::uint64_t size = 0;
   unsigned mode = 0644;
+  Stamp stamp;
 };
+
+Stamp stamp_of(const struct stat& s) {
+  return {static_cast<std::int64_t>(s.st_mtim.tv_sec) * 1000000000 + s.st_mtim.tv_nsec,
+          static_cast<std::int64_t>(s.st_ctim.tv_sec) * 1000000000 + s.st_ctim.tv_nsec, static_cast<std::uint64_t>(s.st_ino),
+          static_cast<std::uint64_t>(s.st_dev)};
+}
 
 struct Plan {
   bool ok = true;
@@ -43,7 +58,9 @@ struct Plan {
 
 json plan_json(const Plan& p) {
   json files = json::array();
-  for (const auto& f : p.files) files.push_back({{"path", f.path}, {"size", f.size}, {"mode", f.mode}});
+  for (const auto& f : p.files)
+    files.push_back({{"path", f.path}, {"size", f.size}, {"mode", f.mode},
+                     {"stamp", {f.stamp.mtime_ns, f.stamp.ctime_ns, f.stamp.ino, f.stamp.dev}}});
   return {{"ok", p.ok}, {"error", p.error}, {"directory", p.directory}, {"files", files}, {"chunk_bytes", p.chunk_bytes}};
 }
 
@@ -54,46 +71,100 @@ Plan plan_from_json(const std::string& text) {
   p.error = j.at("error").get<std::string>();
   p.directory = j.at("directory").get<bool>();
   p.chunk_bytes = j.at("chunk_bytes").get<std::uint64_t>();
-  for (const auto& f : j.at("files"))
-    p.files.push_back({f.at("path").get<std::string>(), f.at("size").get<std::uint64_t>(), f.at("mode").get<unsigned>()});
+  for (const auto& f : j.at("files")) {
+    const json& t = f.at("stamp");
+    p.files.push_back({f.at("path").get<std::string>(), f.at("size").get<std::uint64_t>(), f.at("mode").get<unsigned>(),
+                       {t.at(0).get<std::int64_t>(), t.at(1).get<std::int64_t>(), t.at(2).get<std::uint64_t>(),
+                        t.at(3).get<std::uint64_t>()}});
+  }
   return p;
 }
 
+// A directory's files: regular files, and symlinks to regular files (their
+// targets' content, wherever they point: a Hugging Face snapshot's files link
+// into ../../blobs/). A symlink to a directory, a dangling one, a FIFO or a
+// device is refused: silently leaving it out would report a copy as whole.
 Plan make_plan(const std::string& src, std::uint64_t chunk_bytes) {
   Plan p;
   p.chunk_bytes = chunk_bytes;
-  std::error_code ec;
-  const auto st = fs::status(src, ec);
-  if (ec || !fs::exists(st)) {
+  auto fail = [&](std::string why) {
     p.ok = false;
-    p.error = fmt::format("{}: no such file or directory", src);
+    p.error = std::move(why);
+    p.files.clear();
     return p;
-  }
-  auto mode_of = [](const fs::path& f) {
-    struct stat s {};
-    return ::stat(f.c_str(), &s) == 0 ? static_cast<unsigned>(s.st_mode & 07777) : 0644u;
   };
-  if (fs::is_regular_file(st)) {
-    p.files.push_back({"", fs::file_size(src, ec), mode_of(src)});
+  struct stat st {};
+  if (::stat(src.c_str(), &st) != 0) return fail(fmt::format("{}: {}", src, errno == ENOENT ? "no such file or directory" : std::strerror(errno)));
+  if (S_ISREG(st.st_mode)) {
+    p.files.push_back({"", static_cast<std::uint64_t>(st.st_size), static_cast<unsigned>(st.st_mode & 07777), stamp_of(st)});
     return p;
   }
-  if (!fs::is_directory(st)) {
-    p.ok = false;
-    p.error = fmt::format("{}: not a regular file or directory", src);
-    return p;
-  }
+  if (!S_ISDIR(st.st_mode)) return fail(fmt::format("{}: not a regular file or directory", src));
   p.directory = true;
+  std::error_code ec;
   for (auto it = fs::recursive_directory_iterator(src, ec); !ec && it != fs::recursive_directory_iterator();
        it.increment(ec)) {
-    if (it->is_regular_file(ec) && !it->is_symlink(ec))
-      p.files.push_back({fs::relative(it->path(), src).string(), it->file_size(ec), mode_of(it->path())});
+    const fs::path& path = it->path();
+    struct stat ls {};
+    if (::lstat(path.c_str(), &ls) != 0) return fail(fmt::format("{}: {}", path.string(), std::strerror(errno)));
+    if (S_ISDIR(ls.st_mode)) continue;
+    struct stat fst = ls;
+    if (S_ISLNK(ls.st_mode)) {
+      std::error_code rec;
+      const std::string target = fs::read_symlink(path, rec).string();
+      if (::stat(path.c_str(), &fst) != 0)
+        return fail(fmt::format("{}: a symlink to {} that cannot be followed: {}", path.string(), target, std::strerror(errno)));
+      if (S_ISDIR(fst.st_mode))
+        return fail(fmt::format("{}: a symlink to the directory {} (not followed; bcast the directory itself)", path.string(), target));
+    }
+    if (!S_ISREG(fst.st_mode))
+      return fail(fmt::format("{}: not a regular file, directory or symlink to a regular file", path.string()));
+    p.files.push_back({path.lexically_relative(src).string(), static_cast<std::uint64_t>(fst.st_size),
+                       static_cast<unsigned>(fst.st_mode & 07777), stamp_of(fst)});
   }
-  if (ec) {
-    p.ok = false;
-    p.error = fmt::format("{}: {}", src, ec.message());
-  }
+  if (ec) return fail(fmt::format("{}: {}", src, ec.message()));
   std::sort(p.files.begin(), p.files.end(), [](const FileEntry& a, const FileEntry& b) { return a.path < b.path; });
   return p;
+}
+
+fs::path source_of(const Plan& plan, const std::string& src, std::size_t file) {
+  return plan.directory ? fs::path(src) / plan.files[file].path : fs::path(src);
+}
+
+// What changed about a source file since it was listed; empty when nothing did.
+std::string changed(const FileEntry& f, const struct stat& now) {
+  if (static_cast<std::uint64_t>(now.st_size) != f.size) return fmt::format("size {} -> {} bytes", f.size, now.st_size);
+  const Stamp s = stamp_of(now);
+  if (s.ino != f.stamp.ino || s.dev != f.stamp.dev) return "replaced by another file";
+  if (s.mtime_ns != f.stamp.mtime_ns || s.ctime_ns != f.stamp.ctime_ns) return "modified";
+  return "";
+}
+
+// Rank 0, after the last chunk: every source file as it was listed, or the
+// copy may hold bytes of two versions of a file.
+Status check_unchanged(const Plan& plan, const std::string& src) {
+  for (std::size_t i = 0; i < plan.files.size(); ++i) {
+    const fs::path path = source_of(plan, src, i);
+    struct stat now {};
+    if (::stat(path.c_str(), &now) != 0)
+      return Error{ErrorKind::kIo, fmt::format("{}: changed while being copied: {}", path.string(), std::strerror(errno))};
+    if (const std::string why = changed(plan.files[i], now); !why.empty())
+      return Error{ErrorKind::kIo, fmt::format("{}: changed while being copied ({}); no copy put in place", path.string(), why)};
+  }
+  return {};
+}
+
+// Reads exactly len bytes at offset, or says why not.
+std::string pread_full(int fd, char* buf, std::size_t len, std::uint64_t offset, std::size_t& got) {
+  got = 0;
+  while (got < len) {
+    const ssize_t n = pread(fd, buf + got, len - got, static_cast<off_t>(offset + got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return std::strerror(errno);
+    if (n == 0) return "short read (file changed?)";
+    got += static_cast<std::size_t>(n);
+  }
+  return "";
 }
 
 // Receives each verified chunk in order: file index, offset, bytes.
@@ -127,23 +198,23 @@ Status stream(Communicator& c, const Plan& plan, const std::string& src, const S
   auto read_piece = [&](const Piece& p, std::vector<char>& buf) {
     std::uint64_t flag = 0;
     std::string why;
-    const fs::path path = plan.directory ? fs::path(src) / plan.files[p.file].path : fs::path(src);
+    const fs::path path = source_of(plan, src, p.file);
     if (fd_file != p.file) {
       if (fd >= 0) close(fd);
       fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
       fd_file = p.file;
+      struct stat now {};
+      if (fd >= 0 && ::fstat(fd, &now) == 0) {
+        if (std::string c = changed(plan.files[p.file], now); !c.empty()) why = "changed since it was listed (" + c + ")";
+      } else {
+        why = std::strerror(errno);
+      }
     }
     std::size_t got = 0;
-    while (fd >= 0 && got < p.len) {
-      const ssize_t n = pread(fd, buf.data() + got, p.len - got, static_cast<off_t>(p.offset + got));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) break;
-      got += static_cast<std::size_t>(n);
-    }
-    if (fd < 0 || got < p.len) {
+    if (why.empty()) why = pread_full(fd, buf.data(), p.len, p.offset, got);
+    if (!why.empty()) {
       flag = 1;
-      why = fmt::format("{}: {} at byte {}", path.string(), fd < 0 ? std::strerror(errno) : "short read (file changed?)",
-                        p.offset + got);
+      why = fmt::format("{}: {} at byte {}", path.string(), why, p.offset + got);
     }
     const std::uint64_t h = XXH3_64bits(buf.data(), p.len);
     std::memcpy(buf.data() + p.len, &h, 8);
@@ -222,52 +293,67 @@ Status fsync_path(const fs::path& p, int flags) {
 }
 
 // Writes the received files under a temporary name and puts them in place
-// only when every byte arrived and checked.
+// only when every byte arrived and checked. A DST that exists already is
+// compared with what arrives instead: while every chunk matches nothing is
+// written (a requeued job's second bcast is a no-op, with no second copy on
+// the node's disk); at the first difference the temporary copy starts from
+// what DST holds of the bytes so far, and at commit() it replaces DST in one
+// rename (a directory: an exchange of the two names).
 class Writer {
  public:
   Writer(const Plan& plan, const std::string& dst) : plan_(plan), dst_(dst) {
     tmp_ = plan.directory ? fs::path(dst + ".partial-" + host_pid()) : fs::path(dst + ".tmp-" + host_pid());
   }
   ~Writer() {
-    for (int fd : fds_)
-      if (fd >= 0) close(fd);
-    if (!committed_) {
+    for (auto* v : {&fds_, &old_})
+      for (int fd : *v)
+        if (fd >= 0) close(fd);
+    if (!committed_ && started_) {
       std::error_code ec;
       fs::remove_all(tmp_, ec);
     }
   }
   Status open() {
-    std::error_code ec;
-    if (plan_.directory) {
-      if (fs::exists(dst_, ec)) return Error{ErrorKind::kUsage, fmt::format("{}: exists (a directory is never replaced)", dst_)};
-      fs::create_directories(tmp_, ec);
-      if (ec) return Error{ErrorKind::kIo, fmt::format("{}: {}", tmp_.string(), ec.message())};
-    }
+    // Every file lands inside DST, whatever the plan says.
     for (const auto& f : plan_.files) {
-      const fs::path p = plan_.directory ? tmp_ / f.path : tmp_;
-      if (plan_.directory) fs::create_directories(p.parent_path(), ec);
-      const int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, f.mode ? f.mode : 0644);
-      if (fd < 0) return Error{ErrorKind::kIo, fmt::format("{}: {}", p.string(), std::strerror(errno))};
-      fds_.push_back(fd);
+      const fs::path rel(f.path);
+      bool inside = plan_.directory ? !rel.empty() && rel.is_relative() : rel.empty();
+      for (const auto& part : rel) inside = inside && part != ".." && part != ".";
+      if (!inside) return Error{ErrorKind::kIo, fmt::format("{}: '{}' is not a path inside it", dst_, f.path)};
     }
+    struct stat st {};
+    if (::lstat(dst_.c_str(), &st) != 0) {
+      if (errno != ENOENT) return Error{ErrorKind::kIo, fmt::format("{}: {}", dst_, std::strerror(errno))};
+      return start(0, 0);
+    }
+    exists_ = true;
+    if (plan_.directory && !S_ISDIR(st.st_mode))
+      return Error{ErrorKind::kUsage, fmt::format("{}: exists and is not a directory (only a directory is replaced by one)", dst_)};
+    if (!plan_.directory && S_ISDIR(st.st_mode))
+      return Error{ErrorKind::kUsage, fmt::format("{}: a directory (a file never replaces one)", dst_)};
+    if (!same_layout()) return start(0, 0);
+    for (std::size_t i = 0; i < plan_.files.size(); ++i) {
+      old_.push_back(::open(dst_path(i).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+      if (old_.back() < 0) return start(0, 0);
+    }
+    same_ = true;
     return {};
   }
   Status write(std::size_t file, std::uint64_t offset, const char* data, std::size_t len) {
-    std::size_t done = 0;
-    while (done < len) {
-      const ssize_t n = pwrite(fds_[file], data + done, len - done, static_cast<off_t>(offset + done));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        const auto& f = plan_.files[file];
-        return Error{ErrorKind::kIo, fmt::format("{}: write at byte {}: {}", (plan_.directory ? tmp_ / f.path : tmp_).string(),
-                                                 offset + done, std::strerror(errno))};
-      }
-      done += static_cast<std::size_t>(n);
+    if (same_) {
+      cmp_.resize(len);
+      std::size_t got = 0;
+      if (pread_full(old_[file], cmp_.data(), len, offset, got).empty() && std::memcmp(cmp_.data(), data, len) == 0)
+        return {};
+      if (Status s = start(file, offset); !s) return s;
     }
-    written_ += len;
-    return {};
+    return put(file, offset, data, len);
   }
   Status commit() {
+    if (same_) {
+      committed_ = true;  // DST already holds every byte: nothing to replace
+      return {};
+    }
     for (std::size_t i = 0; i < fds_.size(); ++i) {
       if (fsync(fds_[i]) != 0) return Error{ErrorKind::kIo, fmt::format("{}: fsync: {}", dst_, std::strerror(errno))};
       close(fds_[i]);
@@ -275,8 +361,7 @@ class Writer {
     }
     if (plan_.directory) {
       if (auto s = fsync_path(tmp_, O_RDONLY | O_DIRECTORY); !s) return s;
-      if (renameat2(AT_FDCWD, tmp_.c_str(), AT_FDCWD, dst_.c_str(), RENAME_NOREPLACE) != 0)
-        return Error{ErrorKind::kIo, fmt::format("{}: rename from {}: {}", dst_, tmp_.string(), std::strerror(errno))};
+      if (auto s = exists_ ? exchange() : rename_new(); !s) return s;
     } else if (std::rename(tmp_.c_str(), dst_.c_str()) != 0) {
       return Error{ErrorKind::kIo, fmt::format("{}: rename: {}", dst_, std::strerror(errno))};
     }
@@ -285,13 +370,126 @@ class Writer {
     return fsync_path(parent.empty() ? fs::path(".") : parent, O_RDONLY | O_DIRECTORY);
   }
   std::uint64_t written() const { return written_; }
+  // After commit(): DST held the same bytes already and was left as it was.
+  bool unchanged() const { return same_; }
 
  private:
+  fs::path dst_path(std::size_t i) const { return plan_.directory ? fs::path(dst_) / plan_.files[i].path : fs::path(dst_); }
+  fs::path tmp_path(std::size_t i) const { return plan_.directory ? tmp_ / plan_.files[i].path : tmp_; }
+
+  // DST holds exactly the plan's files (regular, same sizes and modes) and nothing else.
+  bool same_layout() const {
+    struct stat st {};
+    if (!plan_.directory)
+      return ::lstat(dst_.c_str(), &st) == 0 && S_ISREG(st.st_mode) && static_cast<std::uint64_t>(st.st_size) == plan_.files[0].size &&
+             (st.st_mode & 0777) == (plan_.files[0].mode & 0777);
+    std::size_t files = 0;
+    std::error_code ec;
+    for (auto it = fs::recursive_directory_iterator(dst_, ec); !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+      if (::lstat(it->path().c_str(), &st) != 0) return false;
+      if (S_ISDIR(st.st_mode)) continue;
+      ++files;
+      const std::string rel = it->path().lexically_relative(dst_).string();
+      const auto f = std::lower_bound(plan_.files.begin(), plan_.files.end(), rel,
+                                      [](const FileEntry& e, const std::string& r) { return e.path < r; });
+      if (f == plan_.files.end() || f->path != rel || !S_ISREG(st.st_mode) ||
+          static_cast<std::uint64_t>(st.st_size) != f->size || (st.st_mode & 0777) != (f->mode & 0777))
+        return false;
+    }
+    return !ec && files == plan_.files.size();
+  }
+
+  // Starts the temporary copy, holding what has arrived so far: all of files
+  // before `file` and `file`'s first `offset` bytes, which matched DST.
+  Status start(std::size_t file, std::uint64_t offset) {
+    same_ = false;
+    started_ = true;
+    std::error_code ec;
+    if (plan_.directory) {
+      fs::create_directories(tmp_, ec);
+      if (ec) return Error{ErrorKind::kIo, fmt::format("{}: {}", tmp_.string(), ec.message())};
+    }
+    for (std::size_t i = 0; i < plan_.files.size(); ++i) {
+      const fs::path p = tmp_path(i);
+      if (plan_.directory) fs::create_directories(p.parent_path(), ec);
+      const int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+      if (fd < 0) return Error{ErrorKind::kIo, fmt::format("{}: {}", p.string(), std::strerror(errno))};
+      fds_.push_back(fd);
+      // The source's permission bits, not the umask's: a later bcast compares them.
+      if (fchmod(fd, plan_.files[i].mode & 0777) != 0)
+        return Error{ErrorKind::kIo, fmt::format("{}: chmod: {}", p.string(), std::strerror(errno))};
+    }
+    std::vector<char> buf(static_cast<std::size_t>(std::min<std::uint64_t>(plan_.chunk_bytes, 16u << 20)));
+    for (std::size_t i = 0; i < old_.size() && i <= file; ++i) {
+      const std::uint64_t end = i < file ? plan_.files[i].size : offset;
+      for (std::uint64_t at = 0; at < end;) {
+        const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(buf.size(), end - at));
+        std::size_t got = 0;
+        if (const std::string why = pread_full(old_[i], buf.data(), n, at, got); !why.empty())
+          return Error{ErrorKind::kIo, fmt::format("{}: {} at byte {}", dst_path(i).string(), why, at + got)};
+        if (Status s = put(i, at, buf.data(), n); !s) return s;
+        at += n;
+      }
+    }
+    for (int& fd : old_) {
+      close(fd);
+      fd = -1;
+    }
+    return {};
+  }
+
+  Status put(std::size_t file, std::uint64_t offset, const char* data, std::size_t len) {
+    std::size_t done = 0;
+    while (done < len) {
+      const ssize_t n = pwrite(fds_[file], data + done, len - done, static_cast<off_t>(offset + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0)
+        return Error{ErrorKind::kIo, fmt::format("{}: write at byte {}: {}", tmp_path(file).string(), offset + done, std::strerror(errno))};
+      done += static_cast<std::size_t>(n);
+    }
+    written_ += len;
+    return {};
+  }
+
+  Status rename_new() {
+    if (renameat2(AT_FDCWD, tmp_.c_str(), AT_FDCWD, dst_.c_str(), RENAME_NOREPLACE) != 0)
+      return Error{ErrorKind::kIo, fmt::format("{}: rename from {}: {}", dst_, tmp_.string(), std::strerror(errno))};
+    return {};
+  }
+
+  // The new directory takes DST's name and the old one the temporary name in
+  // one step, then the old one is removed: a reader of DST sees the old copy
+  // or the new one, never a mix. Where the file system cannot exchange, the
+  // old copy is moved aside first (DST is missing for a moment, never mixed).
+  Status exchange() {
+    std::error_code ec;
+    if (renameat2(AT_FDCWD, tmp_.c_str(), AT_FDCWD, dst_.c_str(), RENAME_EXCHANGE) == 0) {
+      fs::remove_all(tmp_, ec);
+      return {};
+    }
+    if (errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP)
+      return Error{ErrorKind::kIo, fmt::format("{}: exchange with {}: {}", dst_, tmp_.string(), std::strerror(errno))};
+    const std::string aside = dst_ + ".old-" + host_pid();
+    if (std::rename(dst_.c_str(), aside.c_str()) != 0)
+      return Error{ErrorKind::kIo, fmt::format("{}: rename to {}: {}", dst_, aside, std::strerror(errno))};
+    if (auto s = rename_new(); !s) {
+      (void)std::rename(aside.c_str(), dst_.c_str());
+      return s;
+    }
+    fs::remove_all(aside, ec);
+    return {};
+  }
+
   const Plan& plan_;
   std::string dst_;
   fs::path tmp_;
-  std::vector<int> fds_;
+  std::vector<int> fds_;  // the temporary copy's files, once started
+  std::vector<int> old_;  // DST's files, while every byte so far matched them
+  std::vector<char> cmp_;
   std::uint64_t written_ = 0;
+  bool exists_ = false;
+  bool same_ = false;
+  bool started_ = false;
   bool committed_ = false;
 };
 
@@ -334,6 +532,7 @@ Expected<BcastStats> broadcast_path(Communicator& world, const std::string& src,
     };
     local = stream(*writers, *plan, src, sink, stats);
     if (local && !opened) local = opened;
+    if (local && world.rank() == 0) local = check_unchanged(*plan, src);
     // All or nothing: no node puts its copy in place unless every node's
     // copy arrived whole, so a failed bcast is simply run again.
     const bool every_writer = writers->all_ok(static_cast<bool>(local));
@@ -341,6 +540,7 @@ Expected<BcastStats> broadcast_path(Communicator& world, const std::string& src,
       local = Error{ErrorKind::kIo, fmt::format("bcast of {} to {} failed on another node; no copy put in place", src, dst)};
     if (local) local = w.commit();
     stats.bytes_written = w.written();
+    stats.unchanged = writers->all_ok(local && w.unchanged());
   }
   const bool all = world.all_ok(static_cast<bool>(local));
   stats.seconds = since(t0);
@@ -360,6 +560,7 @@ Expected<std::string> broadcast_file(Communicator& world, const std::string& src
     return {};
   };
   Status local = stream(world, *plan, src, sink, stats);
+  if (local && world.rank() == 0) local = check_unchanged(*plan, src);
   const bool all = world.all_ok(static_cast<bool>(local));
   if (!local) return local.error();
   if (!all) return Error{ErrorKind::kIo, fmt::format("bcast of {} failed on another rank (see its error)", src)};

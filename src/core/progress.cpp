@@ -8,7 +8,9 @@
 
 namespace pacer {
 
-Progress::Progress() : enabled_(::isatty(STDERR_FILENO) == 1) {}
+Progress::Progress() : Progress(stderr) {}
+
+Progress::Progress(std::FILE* out) : out_(out), enabled_(::isatty(::fileno(out)) == 1) {}
 
 Progress::~Progress() { clear(); }
 
@@ -18,14 +20,14 @@ void Progress::update(const std::string& line) {
   const std::size_t w = display_width(line);
   if (w < last_width_) out.append(last_width_ - w, ' ');
   last_width_ = w;
-  std::fputs(out.c_str(), stderr);
-  std::fflush(stderr);
+  std::fputs(out.c_str(), out_);
+  std::fflush(out_);
 }
 
 void Progress::clear() {
   if (!enabled_ || last_width_ == 0) return;
-  std::fprintf(stderr, "\r%*s\r", static_cast<int>(last_width_), "");
-  std::fflush(stderr);
+  std::fprintf(out_, "\r%*s\r", static_cast<int>(last_width_), "");
+  std::fflush(out_);
   last_width_ = 0;
 }
 

@@ -1,6 +1,7 @@
 // The supervisor behind `pacer run`: start CMD, watch it, checkpoint before the end, restart or requeue.
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -58,6 +59,7 @@ class Log {
     if (o_.log_path.empty()) return {};
     fd_ = ::open(o_.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (fd_ < 0) return Error{ErrorKind::kUsage, fmt::format("--log {}: {}", o_.log_path, std::strerror(errno))};
+    reserve();
     return {};
   }
   ~Log() {
@@ -71,14 +73,31 @@ class Log {
       // One write per line with O_APPEND: lines from several supervisors sharing
       // a log never interleave.
       const std::string line = j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
-      (void)!write(fd_, line.data(), line.size());
+      if (write(fd_, line.data(), line.size()) != static_cast<ssize_t>(line.size()) && !write_failed_) {
+        write_failed_ = true;
+        if (o_.on_event)
+          o_.on_event({{"schema", kEventSchema}, {"time", utc_iso(t, true)}, {"unix", t}, {"event", "log-failed"},
+                       {"message", fmt::format("--log {}: {}", o_.log_path, std::strerror(errno))}});
+      }
+      reserve();
     }
     if (o_.on_event) o_.on_event(j);
   }
 
  private:
+  // Keeps blocks allocated past the end of the log (FALLOC_FL_KEEP_SIZE:
+  // the file's size does not change), renewed after every line, so the lines
+  // that record how the run ended (exited, done, give-up, with exit_code)
+  // still land when CMD has filled the disk. Fails quietly where the file
+  // system cannot preallocate.
+  void reserve() {
+    struct stat st {};
+    if (fstat(fd_, &st) == 0) (void)fallocate(fd_, FALLOC_FL_KEEP_SIZE, st.st_size, kReserveBytes);
+  }
+  static constexpr off_t kReserveBytes = 64 << 10;
   const Options& o_;
   int fd_ = -1;
+  bool write_failed_ = false;
 };
 
 // The signals the supervisor waits for, blocked while it runs.
@@ -115,11 +134,62 @@ class MaskGuard {
   struct sigaction old_chld_ {};
 };
 
-std::string default_request_file() {
-  const char* tmp = std::getenv("TMPDIR");
-  const char* job = std::getenv("SLURM_JOB_ID");
-  const std::string id = job && *job ? std::string(job) : std::to_string(getpid());
-  return fmt::format("{}/pacer-run-{}.ckpt-request", tmp && *tmp ? tmp : "/tmp", id);
+// A directory where files appear only by this user's hand: owned by the user
+// (or root), and not writable by others unless sticky (others can then add
+// names but not remove or replace this user's).
+Status check_base_dir(const std::string& dir) {
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) return Error{ErrorKind::kIo, fmt::format("{}: {}", dir, std::strerror(errno))};
+  if (!S_ISDIR(st.st_mode)) return Error{ErrorKind::kIo, fmt::format("{}: not a directory", dir)};
+  if (st.st_uid != geteuid() && st.st_uid != 0)
+    return Error{ErrorKind::kIo, fmt::format("{}: owned by uid {}, not by this user", dir, st.st_uid)};
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) && !(st.st_mode & S_ISVTX))
+    return Error{ErrorKind::kIo, fmt::format("{}: writable by other users and not sticky", dir)};
+  return {};
+}
+
+// The default request file lives in a directory of its own, made with
+// mkdtemp (mode 0700, an unpredictable name) under the first usable one of
+// $XDG_RUNTIME_DIR, $SLURM_TMPDIR, $TMPDIR and /tmp: nobody else can plant a
+// request there, or a symlink where pacer writes it.
+Expected<std::string> make_request_dir() {
+  std::vector<std::string> bases;
+  for (const char* v : {"XDG_RUNTIME_DIR", "SLURM_TMPDIR", "TMPDIR"})
+    if (const char* p = std::getenv(v); p && *p) bases.push_back(p);
+  bases.push_back("/tmp");
+  std::string why;
+  for (const auto& base : bases) {
+    Status ok = check_base_dir(base);
+    std::string dir = base + "/pacer-run-XXXXXX";
+    if (ok && !::mkdtemp(dir.data())) ok = Error{ErrorKind::kIo, fmt::format("{}: mkdtemp: {}", base, std::strerror(errno))};
+    if (ok) {
+      struct stat st {};
+      if (::lstat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == geteuid() && (st.st_mode & 077) == 0)
+        return dir;
+      ::rmdir(dir.c_str());
+      ok = Error{ErrorKind::kIo, fmt::format("{}: not a private directory after mkdtemp", dir)};
+    }
+    why += (why.empty() ? "" : "; ") + ok.error().message;
+  }
+  return Error{ErrorKind::kIo, "no private directory for the checkpoint request file: " + why};
+}
+
+// Creates the request file; never follows a symlink or takes over a file
+// someone else put there (O_EXCL|O_NOFOLLOW: the supervisor removed its own
+// before the attempt started).
+Status create_request(const std::string& path, const std::string& body) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0)
+    return Error{ErrorKind::kIo, fmt::format("{}: {}", path,
+                                             errno == EEXIST ? "exists already, not created by this pacer run"
+                                                             : std::strerror(errno))};
+  // One small write: readers only test that the file exists.
+  const ssize_t n = ::write(fd, body.data(), body.size());
+  const int e = errno;
+  ::close(fd);
+  if (n != static_cast<ssize_t>(body.size()))
+    return Error{ErrorKind::kIo, fmt::format("{}: write: {}", path, n < 0 ? std::strerror(e) : "short write")};
+  return {};
 }
 
 }  // namespace
@@ -193,7 +263,21 @@ Expected<Outcome> supervise(const Options& o) {
         {{"end_time", nullptr}});
   }
 
-  const std::string request_file = o.request_file.empty() ? default_request_file() : o.request_file;
+  std::string request_dir;  // made here, removed at the end
+  if (o.request_file.empty()) {
+    auto d = make_request_dir();
+    if (!d) return d.error();
+    request_dir = *d;
+  } else {
+    // A directory that does not exist is let through: the request file then
+    // cannot be created (logged at the request) and only a signal asks.
+    const std::string parent = std::filesystem::path(o.request_file).parent_path().string();
+    std::error_code ec;
+    if (auto s = check_base_dir(parent.empty() ? "." : parent); !s && std::filesystem::exists(parent.empty() ? "." : parent, ec))
+      return Error{ErrorKind::kUsage, fmt::format("--request-file {}: {} (anyone could plant a request there)",
+                                                  o.request_file, s.error().message)};
+  }
+  const std::string request_file = request_dir.empty() ? o.request_file : request_dir + "/ckpt-request";
   std::optional<std::uint64_t> best = latest_committed_step(o.ckpt_dir);
   if (o.ckpt_dir.empty())
     log("checkpoints", "no --ckpt-dir: commits cannot be seen, so a checkpoint request waits the whole grace period "
@@ -237,11 +321,15 @@ Expected<Outcome> supervise(const Options& o) {
 
   const sigset_t set = watched_signals();
   MaskGuard mask(set);
-  // A request belongs to one attempt: none is left behind in $TMPDIR.
+  // A request belongs to one attempt: none is left behind.
   struct RemoveOnExit {
     const std::string& path;
-    ~RemoveOnExit() { unlink(path.c_str()); }
-  } remove_request{request_file};
+    const std::string& dir;
+    ~RemoveOnExit() {
+      unlink(path.c_str());
+      if (!dir.empty()) rmdir(dir.c_str());
+    }
+  } remove_request{request_file, request_dir};
 
   Outcome out;
   int restarts = 0;
@@ -276,6 +364,13 @@ Expected<Outcome> supervise(const Options& o) {
 
   for (int attempt = 0;; ++attempt) {
     unlink(request_file.c_str());  // a request belongs to one attempt (and one allocation)
+    if (struct stat st {}; lstat(request_file.c_str(), &st) == 0) {
+      out.exit_code = static_cast<int>(ExitCode::kRuntime);
+      out.reason = fmt::format("request file {} exists and cannot be removed (owned by uid {}): CMD would see a "
+                               "request nobody made; CMD not started", request_file, st.st_uid);
+      log("not-started", out.reason, {{"exit_code", out.exit_code}});
+      return out;
+    }
     std::vector<std::pair<std::string, std::string>> env = {{kRequestFileEnv, request_file},
                                                             {kAttemptEnv, std::to_string(attempt)}};
     if (!o.ckpt_dir.empty()) env.emplace_back(kCkptDirEnv, o.ckpt_dir);
@@ -323,7 +418,7 @@ Expected<Outcome> supervise(const Options& o) {
       baseline = latest_committed_step(o.ckpt_dir);
       const json body = {{"schema", "pacer.run.request/1"}, {"reason", why}, {"time", utc_iso(wall_now(), true)},
                          {"deadline", wall_now() + o.grace_s}, {"committed_step", baseline ? json(*baseline) : json(nullptr)}};
-      const auto s = write_file_atomic(request_file, body.dump() + "\n");
+      const auto s = create_request(request_file, body.dump() + "\n");
       if (o.request_signal) kill(-pid, *o.request_signal);
       phase = Phase::kCheckpointing;
       grace_deadline = mono_now() + o.grace_s;

@@ -44,6 +44,14 @@ struct StorageTarget {
   std::string error;
 };
 
+// Storage scratch directories are named <kScratchPrefix><probe>-<pid>@<host>.XXXXXX.
+inline constexpr const char* kScratchPrefix = ".pacer-vet-";
+std::string scratch_prefix(const std::string& probe, long pid, const std::string& host);
+// Removes, from `dir`, the scratch directories (this user's) of vet runs on
+// `host` whose process no longer exists; returns their paths. Scratch of
+// other hosts, of live pids and of the old pid-only names is left alone.
+std::vector<std::string> remove_stale_scratch(const std::string& dir, const std::string& host);
+
 // What a probe gets to work with. Parameters are already resolved: defaults
 // for the mode, then the profile's values, converted to plain numbers
 // (seconds, bytes).

@@ -22,19 +22,35 @@ std::vector<Measurement> run_gpu(const ProbeContext& ctx) {
     for (const char* c : kGpuChecks) out.push_back(not_measured(c, CheckStatus::kSkip, why));
     return out;
   };
-  if (!nvml) return skip_all(nvml.error().message);
+  // --expect-gpus replaces the profile's expectation, 0 included (any count).
+  const unsigned expected = ctx.expect_gpus ? *ctx.expect_gpus : static_cast<unsigned>(ctx.integer("expected"));
+  const unsigned at_least = ctx.expect_gpus ? 0 : static_cast<unsigned>(ctx.integer("min"));
+  const std::string wanted = expected ? fmt::format("{} expected", expected)
+                                      : at_least ? fmt::format("at least {} expected", at_least) : "any count accepted";
+  // A node that must have GPUs and shows none fails: as a prolog, a skip here
+  // would admit a GPU node whose driver is broken.
+  auto none_visible = [&](const std::string& why) {
+    if (!expected && !at_least) return skip_all(why);
+    out.push_back(not_measured("gpu.count", CheckStatus::kFail, fmt::format("{}; {} GPUs", why, wanted)));
+    for (const char* c : kGpuChecks)
+      if (std::string(c) != "gpu.count") out.push_back(not_measured(c, CheckStatus::kSkip, why));
+    return out;
+  };
+  if (!nvml) return none_visible(nvml.error().message);
   auto count = (*nvml)->device_count();
   if (!count) {
     out.push_back(not_measured("gpu.count", CheckStatus::kError, count.error().message));
     return out;
   }
-  const unsigned expected = ctx.expect_gpus ? *ctx.expect_gpus : static_cast<unsigned>(ctx.integer("expected"));
-  if (*count == 0) return skip_all("NVIDIA driver loaded but no GPU visible");
+  if (*count == 0) return none_visible("NVIDIA driver loaded but no GPU visible");
   {
-    Measurement m = measured("gpu.count", *count, expected ? fmt::format("expected {}", expected) : "any count accepted");
+    Measurement m = measured("gpu.count", *count, wanted);
     if (expected && *count != expected) {
       m.status = CheckStatus::kFail;
       m.reason = fmt::format("{} GPUs visible, expected {}", *count, expected);
+    } else if (*count < at_least) {
+      m.status = CheckStatus::kFail;
+      m.reason = fmt::format("{} GPUs visible, expected at least {}", *count, at_least);
     }
     out.push_back(m);
   }
@@ -112,7 +128,8 @@ std::vector<ProbeSpec> gpu_probes() {
             num("gpu.clock_events", "reasons", "active thermal or power slowdowns (hw_slowdown, hw_thermal, hw_power_brake, sw_thermal)"),
             num("gpu.pcie_width", "%", "PCIe link width as a percentage of the maximum"),
             num("gpu.pcie_gen", "%", "PCIe link generation as a percentage of the maximum")},
-           {{"expected", ParamType::kInteger, 0, 0, "GPUs expected on the node (0: any)"}},
+           {{"expected", ParamType::kInteger, 0, 0, "GPUs expected on the node (0: any)"},
+            {"min", ParamType::kInteger, 0, 0, "fewest GPUs the node must have (0: a node without GPUs passes)"}},
            "", false, 20, 10, run_gpu}};
 }
 

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <poll.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -57,6 +58,37 @@ Expected<Injection> parse_injection(const std::string& text) {
     inj.action = Injection::Action::kValue;
   }
   return inj;
+}
+
+std::string scratch_prefix(const std::string& probe, long pid, const std::string& host) {
+  return fmt::format("{}{}-{}@{}", kScratchPrefix, probe, pid, host);
+}
+
+std::vector<std::string> remove_stale_scratch(const std::string& dir, const std::string& host) {
+  std::vector<std::string> removed;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (!name.starts_with(kScratchPrefix)) continue;
+    // <prefix><probe>-<pid>@<host>.XXXXXX: probe names hold no '@', and
+    // mkdtemp's suffix no '.'.
+    const auto at = name.find('@');
+    const auto dash = name.rfind('-', at);
+    const auto dot = name.rfind('.');
+    if (at == std::string::npos || dash == std::string::npos || dot == std::string::npos || dot < at) continue;
+    if (name.substr(at + 1, dot - at - 1) != host) continue;  // another node's run: it may be alive there
+    const std::string digits = name.substr(dash + 1, at - dash - 1);
+    if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    const long pid = std::stol(digits);
+    // Alive, or a reused pid: kept. EPERM means a process of another user lives.
+    if (pid <= 0 || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    struct stat st {};
+    if (::lstat(it->path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid()) continue;
+    std::error_code rm;
+    fs::remove_all(it->path(), rm);
+    if (!rm) removed.push_back(it->path().string());
+  }
+  return removed;
 }
 
 namespace {
@@ -344,9 +376,12 @@ ChildOutcome run_in_child(const ProbeSpec& p, const ProbeContext& ctx, double ti
 }
 
 // The runner owns scratch directories, so they go away even when a probe is
-// killed mid-write.
+// killed mid-write. A runner that is itself killed (SIGKILL, OOM, a node
+// reboot) cannot, so the names carry its pid and host, and a later run on the
+// same host removes the scratch of runs that are gone.
 std::vector<StorageTarget> make_scratch(const std::vector<std::string>& paths, const std::string& probe) {
   std::vector<StorageTarget> out;
+  const std::string host = hw::hostname();
   for (const auto& p : paths) {
     StorageTarget t;
     t.path = p;
@@ -356,7 +391,8 @@ std::vector<StorageTarget> make_scratch(const std::vector<std::string>& paths, c
     } else if (!fs::is_directory(p, ec)) {
       t.error = "not a directory";
     } else {
-      std::string tmpl = (fs::path(p) / fmt::format(".pacer-vet-{}-{}.XXXXXX", probe, ::getpid())).string();
+      remove_stale_scratch(p, host);
+      std::string tmpl = (fs::path(p) / (scratch_prefix(probe, ::getpid(), host) + ".XXXXXX")).string();
       if (::mkdtemp(tmpl.data())) t.scratch = tmpl;
       else t.error = fmt::format("not writable: {}", std::strerror(errno));
     }

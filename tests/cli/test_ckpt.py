@@ -492,6 +492,21 @@ class CkptCli(unittest.TestCase):
             self.assertIn(needle, r.stderr, args)
         self.assertEqual(pacer("ckpt", "interval", "--save-cost", "40s").returncode, 2)  # --mtbf is required
 
+    def test_interval_agrees_with_plan_ckpt(self):
+        # One question, two doors: the same flags, figures, names and text.
+        for args in (["--save-cost", "40s", "--mtbf", "8h"],
+                     ["--save-cost", "90s", "--restart-cost", "15m", "--node-mtbf", "1000d", "--nodes", "512",
+                      "--campaign", "30d", "--interval", "3h"]):
+            c, p = pacer("ckpt", "interval", *args), pacer("plan", "ckpt", *args)
+            self.assertEqual((c.returncode, p.returncode), (0, 0), c.stderr + p.stderr)
+            self.assertEqual(c.stdout, p.stdout)
+            cj = json.loads(pacer("ckpt", "interval", *args, "--json").stdout)
+            pj = json.loads(pacer("plan", "ckpt", *args, "--json").stdout)
+            self.assertEqual(cj.pop("schema"), "pacer.ckpt.interval/1")
+            self.assertEqual(pj.pop("schema"), "pacer.plan.ckpt/1")
+            self.assertEqual(cj.pop("interval_s"), cj["daly_interval_s"])  # the old name, kept
+            self.assertEqual(cj, pj)
+
     def test_usage_errors_exit_2(self):
         missing = os.path.join(self.tmp.name, "missing")
         a_file = os.path.join(self.tmp.name, "file")

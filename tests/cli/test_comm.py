@@ -1,6 +1,7 @@
 """Integration tests for `pacer comm`: bench under mpirun (2 ranks) and alone, tune from its report, exit codes."""
 import json
 import os
+import pty
 import shutil
 import subprocess
 import tempfile
@@ -75,6 +76,44 @@ class CommBench(unittest.TestCase):
         j = json.loads(r.stdout)
         self.assertEqual(j["ranks"], 1)
         self.assertEqual(j["collectives"][0]["busbw_factor"], 0.0)
+
+    def run_on_terminal(self, *args, stderr_tty=True):
+        """Runs pacer with a terminal on stderr (or on stdout only, as mpirun gives its ranks); returns
+        (exit code, what reached the terminal, the other stream)."""
+        master, slave = pty.openpty()
+        p = subprocess.Popen([PACER, *args], stdout=subprocess.PIPE if stderr_tty else slave,
+                             stderr=slave if stderr_tty else subprocess.PIPE)
+        os.close(slave)
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the last writer closed the terminal
+                break
+            if not chunk:
+                break
+            seen += chunk
+        os.close(master)
+        other = (p.stdout if stderr_tty else p.stderr).read()
+        p.wait(timeout=120)
+        return p.returncode, seen.decode(errors="replace"), other.decode(errors="replace")
+
+    def test_progress_on_a_terminal(self):
+        args = ["comm", "bench", *SMALL, "--collectives", "all_reduce,broadcast"]
+        # mpirun keeps only stdout a terminal: the progress goes there, and is gone before the table.
+        rc, tty, err = self.run_on_terminal(*args, stderr_tty=False)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("[1] all_reduce 64 B done", tty)
+        self.assertIn("OK: every result checked", tty)
+        self.assertEqual(err, "")
+        rc, tty, out = self.run_on_terminal(*args)
+        self.assertEqual(rc, 0, tty)
+        self.assertIn("[1] all_reduce 64 B done", tty)
+        self.assertRegex(tty, r"\[\d+\] broadcast 1 MiB done")
+        self.assertNotIn("done", out)  # the report stays clean
+        # Not on a terminal, or with --json: no progress at all.
+        r = pacer(*args)
+        self.assertNotIn("done", r.stdout + r.stderr)
 
     @unittest.skipUnless(MPIRUN, "mpirun not installed")
     def test_tune_from_report(self):

@@ -149,6 +149,19 @@ class PrometheusTest(unittest.TestCase):
         time.sleep(0.5)  # two passes, so counters have totals
         return p, m.group(1)
 
+    def test_quiet_still_names_the_chosen_port(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            r = subprocess.run([PACER, "monitor", "-q", "--json", "--interval", "200ms", "--db", os.path.join(tmp, "p.db"),
+                                "--no-gpu", "--prometheus", "0", "--", "sleep", "0.5"],
+                               capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        lines = r.stderr.splitlines()
+        self.assertEqual(len(lines), 1, r.stderr)  # -q: the address and nothing else
+        m = re.search(r"prometheus metrics at (http://127\.0\.0\.1:(\d+)\S*)", lines[0])
+        self.assertIsNotNone(m, r.stderr)
+        self.assertNotEqual(m.group(2), "0")
+        self.assertEqual(json.loads(r.stdout)["prometheus_url"], m.group(1))
+
     def test_promtool_accepts_the_exposition(self):
         promtool = shutil.which("promtool")
         if not promtool:

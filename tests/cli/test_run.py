@@ -279,6 +279,31 @@ class PortsTest(unittest.TestCase):
         self.assertEqual(self.ports("-n", "5", *args).returncode, 2)
         self.assertEqual(self.ports("--local-rank", "8", "--job", "1").returncode, 2)
 
+    def test_ports_stay_outside_the_kernels_ephemeral_range(self):
+        with tempfile.TemporaryDirectory(prefix="pacer-proc-") as root:
+            ipv4 = os.path.join(root, "proc/sys/net/ipv4")
+            os.makedirs(ipv4)
+            with open(os.path.join(ipv4, "ip_local_port_range"), "w") as f:
+                f.write("20000\t30000\n")
+            with open(os.path.join(ipv4, "ip_local_reserved_ports"), "w") as f:
+                f.write("25000-25127\n")
+            seen = set()
+            for job in range(0, 300, 7):
+                r = self.ports("-n", "1", "--json", "--job", str(job), "--proc-root", root)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                j = json.loads(r.stdout)
+                self.assertEqual(j["ephemeral"], [20000, 30000])
+                self.assertEqual(j["reserved"], [[25000, 25127]])
+                lo, hi = j["range"]
+                self.assertTrue(hi < 20000 or lo > 30000 or (lo >= 25000 and hi <= 25127), j["range"])
+                seen.add(lo)
+            self.assertIn(25000, seen)
+            with open(os.path.join(ipv4, "ip_local_port_range"), "w") as f:
+                f.write("20000\n")
+            r = self.ports("--proc-root", root)
+            self.assertEqual(r.returncode, 2)
+            self.assertIn("ip_local_port_range", r.stderr)
+
     def test_exec_hands_the_ports_over(self):
         r = self.ports("-n", "2", "--job", "9", "--", "sh", "-c", 'echo "$PACER_PORTS|$PACER_PORT_0|$PACER_PORT_1"')
         self.assertEqual(r.returncode, 0, r.stderr)

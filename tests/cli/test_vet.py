@@ -41,6 +41,35 @@ class VetCli(unittest.TestCase):
         self.assertEqual(pacer().returncode, 2)  # a subcommand is required
         self.assertEqual(pacer("vet", "--no-such-flag").returncode, 2)
 
+    @unittest.skipUnless(os.path.isdir(os.environ.get("PACER_FAKE_NVML_DIR", "")), "PACER_FAKE_NVML_DIR not set (ctest sets it)")
+    def test_missing_driver_fails_a_node_that_must_have_gpus(self):
+        # The fake libnvidia-ml.so.1 whose nvmlInit says "driver not loaded" (9).
+        env = dict(os.environ, LD_LIBRARY_PATH=os.environ["PACER_FAKE_NVML_DIR"], PACER_FAKE_NVML_INIT="9")
+        run = lambda *a: subprocess.run([PACER, "vet", "--quick", "--only", "gpu.count", "--json", *a],
+                                        capture_output=True, text=True, timeout=120, env=env)
+        r = run("--profile", "h200", "--expect-gpus", "8")
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        j = json.loads(r.stdout)
+        self.assertEqual(j["verdict"], "fail")
+        [c] = [c for c in j["checks"] if c["name"] == "gpu.count"]
+        self.assertEqual(c["status"], "fail")
+        self.assertIn("no NVIDIA driver", c["reason"])
+        # Without an expectation a node without a driver is no GPU node: skip.
+        r = run("--profile", "default")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertEqual(json.loads(r.stdout)["checks"][0]["status"], "skip")
+
+    def test_unknown_command_is_a_usage_error_even_with_help(self):
+        for args, word, parent in [(["bogus", "--help"], "bogus", "pacer --help"), (["bogus"], "bogus", "pacer --help"),
+                                   (["ckpt", "lss", "--help"], "lss", "pacer ckpt --help")]:
+            r = pacer(*args)
+            self.assertEqual(r.returncode, 2, args)
+            self.assertEqual(r.stdout, "", args)  # no help text that looks like success
+            self.assertIn(f"unknown command '{word}'", r.stderr)
+            self.assertIn(parent, r.stderr)
+        self.assertEqual(pacer("ckpt", "ls", "--help").returncode, 0)
+        self.assertEqual(pacer("--help").returncode, 0)
+
     def test_list_names_every_category(self):
         r = pacer("vet", "--list")
         self.assertEqual(r.returncode, 0)

@@ -134,9 +134,21 @@ int main(int argc, char** argv) {
     for (const auto& e : fs::directory_iterator(base))
       if (e.path().filename().string().find(".partial-") != std::string::npos) leftovers = true;
     check(!leftovers, "no partial directories left", r);
-    // The same directory again: it exists, so every rank fails and nothing is replaced.
+    // The same directory again (a requeued job): every node finds it whole, nothing is replaced.
     auto again = pacer::comm::broadcast_path(*world, src_dir.string(), dst.string(), o);
-    check(!again.has_value(), "a second bcast onto an existing directory fails", r);
+    check(again.has_value(), "a second bcast onto the same copy: " + (again ? std::string() : again.error().message), r);
+    if (again && again->writer) check(again->unchanged && again->bytes_written == 0, "the same copy is left alone", r);
+    // One node's copy differs: that node replaces its copy, the other leaves its own.
+    world->barrier();
+    if (r == 2) spit(dst / "shards" / "deep" / "meta.json", "{\"step\": 41}\n");
+    world->barrier();
+    auto third = pacer::comm::broadcast_path(*world, src_dir.string(), dst.string(), o);
+    check(third.has_value(), "a bcast onto a differing copy: " + (third ? std::string() : third.error().message), r);
+    if (third && r == 0) check(!third->unchanged && third->bytes_written == 0, "node 0 kept its copy", r);
+    if (third && r == 2) check(third->bytes_written > 0, "node 1 replaced its copy", r);
+    world->barrier();
+    check(slurp(dst / "shards" / "deep" / "meta.json") == slurp(src_dir / "shards" / "deep" / "meta.json"),
+          "the differing copy was replaced", r);
   }
   // In memory: every rank gets the bytes.
   {

@@ -44,6 +44,24 @@ class ContractTest(unittest.TestCase):
             self.assertFalse(pacer.run.checkpoint_requested())
             self.assertEqual(pacer.run.ckpt_dir("/elsewhere"), "/elsewhere")
 
+    def test_planted_request_file_does_not_count(self):
+        # Only a regular file of this user, as `pacer run` creates it, is a request.
+        with tempfile.TemporaryDirectory() as d:
+            real = os.path.join(d, "real")
+            open(real, "w").close()
+            link = os.path.join(d, "req")
+            os.symlink(real, link)
+            with mock.patch.dict(os.environ, {"PACER_CKPT_REQUEST_FILE": link}):
+                self.assertFalse(pacer.run.checkpoint_requested())
+            os.unlink(link)
+            os.mkdir(link)
+            with mock.patch.dict(os.environ, {"PACER_CKPT_REQUEST_FILE": link}):
+                self.assertFalse(pacer.run.checkpoint_requested())
+            if os.geteuid() == 0:  # root can make a file of another user
+                os.chown(real, 65534, 65534)
+                with mock.patch.dict(os.environ, {"PACER_CKPT_REQUEST_FILE": real}):
+                    self.assertFalse(pacer.run.checkpoint_requested())
+
     def test_request_signal(self):
         with mock.patch.dict(os.environ, {"PACER_CKPT_SIGNAL": "USR2", "PACER_CKPT_REQUEST_FILE": "/nonexistent/req"}):
             self.assertEqual(pacer.run.watch(), signal.SIGUSR2)

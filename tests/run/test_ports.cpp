@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "pacer/run/ports.hpp"
+#include "test_util.hpp"
 
 namespace pacer::run {
 namespace {
@@ -27,17 +28,39 @@ PortScope scope_of(std::uint64_t job, int local_rank = 0) {
   return s;
 }
 
-PortPlan plan_of(int first, int last, int per_rank, int ranks_per_job) {
+// A fake root/proc/sys/net/ipv4 with the kernel's ephemeral range and reserved ports.
+class FakeProc {
+ public:
+  explicit FakeProc(const std::string& range = "32768\t60999\n", const std::string* reserved = nullptr)
+      : dir_("fake-proc-") {
+    dir_.file("proc/sys/net/ipv4/ip_local_port_range", range);
+    if (reserved) dir_.file("proc/sys/net/ipv4/ip_local_reserved_ports", *reserved);
+  }
+  const std::string& root() const { return dir_.path(); }
+
+ private:
+  test::TempDir dir_;
+};
+
+// Linux's default ephemeral range, whatever the machine running the tests has.
+const FakeProc& default_proc() {
+  static const FakeProc proc;
+  return proc;
+}
+
+PortPlan plan_of(int first, int last, int per_rank, int ranks_per_job, const std::string& root = default_proc().root()) {
   PortPlan p;
   p.first = first;
   p.last = last;
   p.per_rank = per_rank;
   p.ranks_per_job = ranks_per_job;
+  p.root = root;
   return p;
 }
 
 TEST(Ports, RangesAreDeterministicAndDisjoint) {
   PortPlan plan;
+  plan.root = default_proc().root();
   std::set<int> starts;
   for (int rank = 0; rank < plan.ranks_per_job; ++rank) {
     auto r = port_range(plan, scope_of(1234, rank));
@@ -52,6 +75,73 @@ TEST(Ports, RangesAreDeterministicAndDisjoint) {
             plan.per_rank * plan.ranks_per_job);
   EXPECT_FALSE(port_range(plan, scope_of(1, plan.ranks_per_job)));
   EXPECT_FALSE(port_range(plan_of(100, 90, 16, 8), scope_of(0)));
+}
+
+TEST(Ports, KernelPortFilesAreParsed) {
+  EXPECT_EQ(*parse_port_range("32768\t60999\n", "f"), (std::pair<int, int>{32768, 60999}));
+  EXPECT_EQ(*parse_port_range(" 1024 65535", "f"), (std::pair<int, int>{1024, 65535}));
+  for (const char* bad : {"", "32768", "32768 60999 7", "60999 32768", "0 100", "1 65536", "1 99999999999999999999", "a b"}) {
+    auto r = parse_port_range(bad, "/x/ip_local_port_range");
+    ASSERT_FALSE(r) << bad;
+    EXPECT_EQ(r.error().kind, ErrorKind::kConfig);
+    EXPECT_TRUE(test::contains(r.error().message, "/x/ip_local_port_range")) << bad;
+  }
+  EXPECT_TRUE(parse_reserved_ports("\n", "f")->empty());
+  EXPECT_EQ(*parse_reserved_ports("8080,40000-40127\n", "f"),
+            (std::vector<std::pair<int, int>>{{8080, 8080}, {40000, 40127}}));
+  for (const char* bad : {"8080,", ",1", "9-1", "1-", "70000", "1;2", "1-2-3"}) {
+    auto r = parse_reserved_ports(bad, "/x/ip_local_reserved_ports");
+    ASSERT_FALSE(r) << bad;
+    EXPECT_TRUE(test::contains(r.error().message, "/x/ip_local_reserved_ports")) << bad;
+  }
+  // No /proc/sys (a container, another OS): Linux's default, and a note saying so.
+  test::TempDir empty("no-proc-");
+  auto l = read_local_ports(empty.path());
+  ASSERT_TRUE(l) << l.error().message;
+  EXPECT_EQ(l->ephemeral_first, 32768);
+  EXPECT_EQ(l->ephemeral_last, 60999);
+  EXPECT_TRUE(test::contains(l->source, "default"));
+  const std::string reserved = "1,2,x";
+  FakeProc broken("32768 60999\n", &reserved);
+  EXPECT_FALSE(read_local_ports(broken.root()));
+}
+
+// The kernel hands out ports of its ephemeral range to every connect(): a
+// port given to a rank there could be taken before the rank binds it.
+TEST(Ports, RangesStayOutsideTheEphemeralRangeExceptReservedPorts) {
+  const std::string reserved = "45000-45127,50000\n";
+  FakeProc proc("30000 59999\n", &reserved);
+  const auto local = read_local_ports(proc.root()).value();
+  EXPECT_EQ(local.source, proc.root() + "/proc/sys/net/ipv4/ip_local_port_range");
+  const PortPlan plan = plan_of(20000, 65535, 16, 8, proc.root());
+  // 20000-29999: 78 blocks of 128; 45000-45127: 1; 60000-65535: 43.
+  std::set<int> starts;
+  for (std::uint64_t job = 0; job < 200; ++job)
+    for (int rank = 0; rank < plan.ranks_per_job; ++rank) {
+      auto r = port_range(plan, scope_of(job, rank));
+      ASSERT_TRUE(r) << r.error().message;
+      for (int p = r->first; p <= r->second; ++p) ASSERT_TRUE(local.usable(p)) << "job " << job << ": port " << p;
+      if (rank == 0) starts.insert(r->first);
+    }
+  EXPECT_EQ(starts.size(), 78u + 1u + 43u);
+  EXPECT_EQ(starts.count(45000), 1u);
+  EXPECT_EQ(port_range(plan, scope_of(78))->first, 45000);
+  EXPECT_EQ(port_range(plan, scope_of(79))->first, 60000);
+  EXPECT_EQ(*port_range(plan, scope_of(122)), *port_range(plan, scope_of(0)));
+  // The default plan on Linux's default range: nothing handed out lies in 32768-60999.
+  PortPlan def;
+  def.root = default_proc().root();
+  for (std::uint64_t job = 0; job < 300; ++job) {
+    auto r = port_range(def, scope_of(job, 7));
+    ASSERT_TRUE(r);
+    EXPECT_TRUE(r->second < 32768 || r->first > 60999) << r->first << "-" << r->second;
+  }
+  // A plan inside the ephemeral range has no room: a usage error that says why.
+  auto none = port_range(plan_of(40000, 41999, 16, 8, proc.root()), scope_of(1));
+  ASSERT_FALSE(none);
+  EXPECT_EQ(none.error().kind, ErrorKind::kUsage);
+  EXPECT_TRUE(test::contains(none.error().message, "ephemeral range 30000-59999"));
+  EXPECT_TRUE(test::contains(none.error().message, "ip_local_reserved_ports"));
 }
 
 TEST(Ports, HeldPortsAreSkippedAndReleasedOnDestruction) {
@@ -117,7 +207,7 @@ TEST(Ports, RandomPicksCollideTheAllocatorDoesNot) {
   constexpr int kServices = 64;
   constexpr int kRange = 2000;
   constexpr int kTrials = 40;
-  constexpr int kFirst = 40000;
+  constexpr int kFirst = 21000;  // below the ephemeral range
   std::mt19937 rng(7);
   int trials_with_collision = 0;
   int random_collisions = 0;

@@ -2,8 +2,11 @@
 // LD_LIBRARY_PATH by the sampler's dlopen) with two Hopper GPUs. It counts
 // every call by entry point so tests can check the sampling schedule, and
 // returns NaN for one GPM metric, as NVML does over a too-short window.
+// $PACER_FAKE_NVML_INIT (an NVML return code: 9 is "driver not loaded") makes
+// nvmlInit fail; $PACER_FAKE_NVML_GPUS (0-2) shows fewer GPUs.
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -57,6 +60,10 @@ int device_index(void* dev) {
     if (dev == &g_devices[i]) return static_cast<int>(i);
   return -1;
 }
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : fallback;
+}
 }  // namespace
 
 #define FAKE(name) count(#name)
@@ -73,12 +80,13 @@ void fake_nvml_reset() {
   std::lock_guard lk(g_mu);
   g_calls.clear();
 }
-int nvmlInit_v2() { return FAKE(nvmlInit_v2), kSuccess; }
+int nvmlInit_v2() { return FAKE(nvmlInit_v2), env_int("PACER_FAKE_NVML_INIT", kSuccess); }
 int nvmlShutdown() { return FAKE(nvmlShutdown), kSuccess; }
 const char* nvmlErrorString(int) { return "fake error"; }
 int nvmlDeviceGetCount_v2(unsigned* n) {
   FAKE(nvmlDeviceGetCount_v2);
-  *n = kGpus;
+  const int visible = env_int("PACER_FAKE_NVML_GPUS", static_cast<int>(kGpus));
+  *n = visible >= 0 && visible < static_cast<int>(kGpus) ? static_cast<unsigned>(visible) : kGpus;
   return kSuccess;
 }
 int nvmlDeviceGetHandleByIndex_v2(unsigned i, void** dev) {

@@ -1,12 +1,18 @@
 // run_vet end to end: selection, child-process isolation, timeouts, crashes,
 // injections, storage safety and baselines, with the real probes.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
 
 #include <filesystem>
 #include <set>
 #include <string>
 
 #include "pacer/core/atomic_file.hpp"
+#include "pacer/hw/system.hpp"
 #include "pacer/vet/vet.hpp"
 #include "test_util.hpp"
 #include "vet/probes.hpp"
@@ -198,6 +204,74 @@ TEST(Runner, HungStorageProbeLeavesNoScratch) {
   auto r = pacer::vet::run_vet(o);
   ASSERT_TRUE(r) << r.error().message;
   EXPECT_EQ(r->checks.at(0).status, CheckStatus::kError);
+  EXPECT_EQ(target.entries(), std::set<std::string>{});
+}
+
+namespace {
+// A pid that no process has: a child that has exited and been reaped.
+pid_t dead_pid() {
+  const pid_t pid = ::fork();
+  if (pid == 0) ::_exit(0);
+  ::waitpid(pid, nullptr, 0);
+  return pid;
+}
+}  // namespace
+
+TEST(Runner, StaleScratchOfDeadRunsOnThisHostIsRemoved) {
+  TempDir target("pacer-runner-");
+  const std::string host = pacer::hw::hostname();
+  const pid_t dead = dead_pid();
+  auto plant = [&](const std::string& name) {
+    fs::create_directories(fs::path(target.path()) / name / "sub");
+    target.file(name + "/sub/sequential.dat", "left by a killed run");
+  };
+  const std::string stale = pacer::vet::scratch_prefix("storage.throughput", dead, host) + ".abc123";
+  const std::string alive = pacer::vet::scratch_prefix("storage.throughput", ::getpid(), host) + ".abc123";
+  const std::string elsewhere = pacer::vet::scratch_prefix("storage.throughput", dead, host + "-other") + ".abc123";
+  const std::string old_name = fmt::format(".pacer-vet-storage.throughput-{}.abc123", dead);
+  for (const auto& n : {stale, alive, elsewhere, old_name}) plant(n);
+  target.file(pacer::vet::scratch_prefix("storage.free", dead, host) + ".file00", "not a directory");
+
+  const auto removed = pacer::vet::remove_stale_scratch(target.path(), host);
+  ASSERT_EQ(removed.size(), 1u);
+  EXPECT_EQ(fs::path(removed[0]).filename().string(), stale);
+  EXPECT_EQ(target.entries().count(stale), 0u);
+  for (const auto& n : {alive, elsewhere, old_name}) EXPECT_EQ(target.entries().count(n), 1u) << n;
+}
+
+TEST(Runner, ScratchOfAKilledVetIsRemovedByTheNextRun) {
+  TempDir target("pacer-runner-");
+  VetOptions killed;
+  killed.only = {"storage.write"};
+  killed.storage_paths = {target.path()};
+  killed.timeout_s = 60;
+  killed.injections = {inject("storage.write=hang")};
+  const pid_t child = ::fork();
+  if (child == 0) {
+    // Never back into the test runner, whatever happens here.
+    try {
+      (void)pacer::vet::run_vet(killed);
+    } catch (...) {
+    }
+    ::_exit(0);
+  }
+  bool made = false;
+  for (int i = 0; i < 200 && !made; ++i) {
+    for (const auto& e : target.entries()) made = made || e.starts_with(".pacer-vet-");
+    if (!made) ::usleep(50'000);
+  }
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  ASSERT_TRUE(made) << "the killed vet made no scratch directory";
+  ASSERT_EQ(target.entries().size(), 1u);  // what a SIGKILLed vet leaves
+  EXPECT_NE(target.entries().begin()->find(fmt::format("-{}@{}.", child, pacer::hw::hostname())), std::string::npos)
+      << *target.entries().begin();
+
+  VetOptions o;
+  o.only = {"storage.free"};
+  o.storage_paths = {target.path()};
+  auto r = pacer::vet::run_vet(o);
+  ASSERT_TRUE(r) << r.error().message;
   EXPECT_EQ(target.entries(), std::set<std::string>{});
 }
 

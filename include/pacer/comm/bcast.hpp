@@ -26,17 +26,24 @@ struct BcastStats {
   std::uint64_t xxh3 = 0;           // XXH3-64 of every file's bytes in order (every rank that received them)
   int nodes = 1;                    // writers: one per node
   bool writer = false;
+  bool unchanged = false;           // every node's DST held the same bytes already: nothing was replaced
   double seconds = 0;
 };
 
 // Collective over `world`: rank 0 reads `src` (a file, or a directory whose
-// regular files are sent with their relative paths) and broadcasts it in
-// chunks to one rank per node (the lowest rank on each node), which writes
-// `dst` on its node: a file is written beside dst and renamed over it, a
-// directory is written as dst.partial-* and renamed to dst (which must not
-// exist). Every chunk carries its XXH3-64 and is checked on arrival; a
-// mismatch or a write error on any node fails the call on every rank, and then
-// no node renames its copy into place. Blocking; call from one thread per rank.
+// regular files, and symlinks to regular files wherever they point, are sent
+// with their relative paths; a symlink to a directory or a special file is an
+// error) and broadcasts it in chunks to one rank per node (the lowest rank on
+// each node), which writes `dst` on its node: a file is written beside dst and
+// renamed over it, a directory is written as dst.partial-* and renamed to dst.
+// A dst that exists is compared as the chunks arrive: the same bytes (and
+// the same files, sizes and modes) leave it untouched (`unchanged`); any
+// difference replaces it whole in one rename (a directory: RENAME_EXCHANGE).
+// Every chunk carries its XXH3-64 and is checked on arrival; rank 0 checks
+// that no source file changed (size, mtime, ctime, inode) between listing and
+// the last chunk. A mismatch, a change or a write error on any node fails the
+// call on every rank, and then no node puts its copy in place. Blocking; call
+// from one thread per rank.
 Expected<BcastStats> broadcast_path(Communicator& world, const std::string& src, const std::string& dst,
                                     const BcastOptions& options = {});
 

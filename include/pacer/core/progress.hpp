@@ -1,6 +1,7 @@
 // A one-line progress display on a terminal; silent when stderr is not a TTY.
 #pragma once
 
+#include <cstdio>
 #include <string>
 
 namespace pacer {
@@ -11,6 +12,9 @@ namespace pacer {
 class Progress {
  public:
   Progress();
+  // The same on another stream (stdout, where a launcher such as mpirun
+  // keeps only stdout a terminal); silent unless `out` is a terminal.
+  explicit Progress(std::FILE* out);
   ~Progress();
   Progress(const Progress&) = delete;
   Progress& operator=(const Progress&) = delete;
@@ -20,6 +24,7 @@ class Progress {
   void clear();
 
  private:
+  std::FILE* out_ = stderr;
   bool enabled_ = false;
   std::size_t last_width_ = 0;
 };

@@ -10,14 +10,38 @@
 
 namespace pacer::run {
 
-// How the port space is cut: each job gets a block of ranks_per_job ranges of
-// per_rank ports; block = job mod (number of blocks that fit in [first, last]).
+// How the port space is cut: the ports of [first, last] the kernel does not
+// hand out on its own (outside its ephemeral range, or reserved) form
+// contiguous segments; each job gets a block of ranks_per_job ranges of
+// per_rank ports; block = job mod (number of blocks that fit in the segments).
+// A block never straddles two segments.
 struct PortPlan {
   int first = 20000;
-  int last = 59999;
+  int last = 65535;
   int per_rank = 16;
   int ranks_per_job = 8;
+  std::string root = "/";  // where /proc is read from (tests: a fake tree)
 };
+
+// What the kernel does with local ports: connect() and bind(0) pick from the
+// ephemeral range (net.ipv4.ip_local_port_range, also used for IPv6) except
+// the reserved ports (net.ipv4.ip_local_reserved_ports). A port handed out in
+// the ephemeral range could be taken by any outgoing connection before the
+// service binds it; a reserved one cannot.
+struct LocalPorts {
+  int ephemeral_first = 32768;  // Linux's default
+  int ephemeral_last = 60999;
+  std::vector<std::pair<int, int>> reserved;  // [lo, hi] ranges
+  std::string source;  // the file read, or why the default was assumed
+  bool usable(int port) const;  // not ephemeral, or reserved
+};
+// Reads root/proc/sys/net/ipv4/ip_local_port_range and ip_local_reserved_ports.
+// A missing file (no /proc/sys) gives Linux's default range and no reserved
+// ports, with `source` saying so; a malformed one is a kConfig error naming it.
+Expected<LocalPorts> read_local_ports(const std::string& root = "/");
+// The files' contents: "32768\t60999\n" and "8080,9000-9010\n" (may be empty).
+Expected<std::pair<int, int>> parse_port_range(const std::string& text, const std::string& source);
+Expected<std::vector<std::pair<int, int>>> parse_reserved_ports(const std::string& text, const std::string& source);
 
 // Whose ports: the Slurm job and the local rank on this node.
 struct PortScope {
@@ -32,8 +56,10 @@ struct PortScope {
 // number.
 Expected<PortScope> port_scope_from_env();
 
-// [lo, hi] of a job's local rank: the same on every call, on every node.
+// [lo, hi] of a job's local rank: the same on every call, on every node
+// whose kernel has the same ephemeral range and reserved ports.
 Expected<std::pair<int, int>> port_range(const PortPlan& plan, const PortScope& scope);
+Expected<std::pair<int, int>> port_range(const PortPlan& plan, const PortScope& scope, const LocalPorts& local);
 
 // Ports bound by this process, held (TCP, bound without SO_REUSEADDR on all
 // addresses, so nobody else can bind them) until handed over or destroyed.
