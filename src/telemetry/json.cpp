@@ -1,4 +1,7 @@
-// The JSON records of `pacer monitor` (--json).
+// The JSON records of `pacer monitor` and `pacer query` (--json).
+#include <cmath>
+
+#include "pacer/telemetry/catalog.hpp"
 #include "pacer/telemetry/monitor.hpp"
 
 namespace pacer::telemetry {
@@ -23,6 +26,28 @@ json to_json(const MonitorResult& r) {
             {"sampler_core_percent", r.sampler_core_percent()},
             {"notes", r.notes}};
   if (!r.prometheus_url.empty()) j["prometheus_url"] = r.prometheus_url;
+  return j;
+}
+
+namespace {
+// JSON has no NaN or infinity: such cells are null, as SQL NULL is.
+json cell_json(const Value& v) {
+  if (std::holds_alternative<std::monostate>(v)) return nullptr;
+  if (const auto* i = std::get_if<std::int64_t>(&v)) return *i;
+  if (const auto* d = std::get_if<double>(&v)) return std::isfinite(*d) ? json(*d) : json(nullptr);
+  return std::get<std::string>(v);
+}
+}  // namespace
+
+json to_json(const QueryResult& r, const std::string& db, const std::string& query, bool named_question) {
+  json rows = json::array();
+  for (const auto& row : r.rows) {
+    json o = json::object();
+    for (std::size_t i = 0; i < row.size(); ++i) o[r.columns[i]] = cell_json(row[i]);
+    rows.push_back(std::move(o));
+  }
+  json j = {{"schema", "pacer.query/1"}, {"db", db}, {"columns", r.columns}, {"rows", rows}};
+  j[named_question ? "question" : "sql"] = query;
   return j;
 }
 
