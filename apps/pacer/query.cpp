@@ -83,9 +83,7 @@ struct CatalogArgs {
 
 int merge(const CatalogArgs& a) {
   const auto r = unwrap(telemetry::merge_catalogs(a.out, a.inputs));
-  nlohmann::json j = {{"schema", "pacer.catalog.merge/1"}, {"out", a.out},     {"inputs", a.inputs}, {"runs", r.runs},
-            {"nodes", r.nodes},                  {"samples", r.samples}, {"steps", r.steps}, {"events", r.events}};
-  print(j, a.json,
+  print(telemetry::to_json(r, a.out, a.inputs), a.json,
         fmt::format("OK: merged {} catalog(s) into {}: {} run(s), {} node(s), {} samples, {} steps, {} events\n",
                     r.inputs, a.out, r.runs, r.nodes, r.samples, r.steps, r.events));
   return 0;

@@ -1,4 +1,4 @@
-// The JSON records of `pacer monitor` and `pacer query` (--json).
+// The JSON records of `pacer monitor`, `pacer query` and `pacer catalog merge` (--json).
 #include <cmath>
 
 #include "pacer/telemetry/catalog.hpp"
@@ -49,6 +49,11 @@ json to_json(const QueryResult& r, const std::string& db, const std::string& que
   json j = {{"schema", "pacer.query/1"}, {"db", db}, {"columns", r.columns}, {"rows", rows}};
   j[named_question ? "question" : "sql"] = query;
   return j;
+}
+
+json to_json(const MergeResult& r, const std::string& out, const std::vector<std::string>& inputs) {
+  return {{"schema", "pacer.catalog.merge/1"}, {"out", out},         {"inputs", inputs}, {"runs", r.runs},
+          {"nodes", r.nodes},                  {"samples", r.samples}, {"steps", r.steps}, {"events", r.events}};
 }
 
 }  // namespace pacer::telemetry

@@ -126,5 +126,7 @@ struct MergeResult {
   std::int64_t runs = 0, nodes = 0, samples = 0, steps = 0, events = 0;
 };
 Expected<MergeResult> merge_catalogs(const std::string& out, const std::vector<std::string>& inputs);
+// The record of `pacer catalog merge --json` (schema pacer.catalog.merge/1).
+nlohmann::json to_json(const MergeResult& r, const std::string& out, const std::vector<std::string>& inputs);
 
 }  // namespace pacer::telemetry
