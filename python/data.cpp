@@ -209,8 +209,8 @@ class PyLoader {
 void register_data(py::module_& m) {
   py::class_<Dataset, std::shared_ptr<Dataset>>(m, "_Dataset", "Opened tar shards; samples numbered across shards")
       .def("__len__", [](const Dataset& d) { return d.size(); })
-      .def_property_readonly("shards", &Dataset::shards)
-      .def_property_readonly("shard_samples", &Dataset::shard_samples)
+      .def_property_readonly("shards", &Dataset::shards, "The shard paths, in order")
+      .def_property_readonly("shard_samples", &Dataset::shard_samples, "The number of samples in each shard")
       .def("read", [](const Dataset& d, std::uint64_t i) {
         std::optional<Expected<Dataset::Sample>> r;
         {
@@ -219,15 +219,16 @@ void register_data(py::module_& m) {
         }
         if (!*r) throw Exception(r->error());
         return sample_dict(**r);
-      }, py::arg("i"));
+      }, py::arg("i"), "{'__key__': key, ext: bytes, ...} of sample i (0 <= i < len)");
 
   py::class_<TokenDataset, std::shared_ptr<TokenDataset>>(m, "_TokenDataset", "A Megatron-Core indexed dataset (PREFIX.bin + PREFIX.idx)")
-      .def(py::init([](const std::string& prefix) { return unwrap(TokenDataset::open(prefix)); }), py::arg("prefix"))
-      .def_property_readonly("dtype", &TokenDataset::dtype)
-      .def_property_readonly("documents", &TokenDataset::documents)
-      .def_property_readonly("tokens", &TokenDataset::tokens)
+      .def(py::init([](const std::string& prefix) { return unwrap(TokenDataset::open(prefix)); }), py::arg("prefix"),
+           "Opens PREFIX.bin and PREFIX.idx (the .bin is read with pread, never mapped)")
+      .def_property_readonly("dtype", &TokenDataset::dtype, "The token dtype, a numpy name")
+      .def_property_readonly("documents", &TokenDataset::documents, "Documents in the dataset")
+      .def_property_readonly("tokens", &TokenDataset::tokens, "Tokens over all sequences")
       .def("__len__", &TokenDataset::sequences)
-      .def("document", &TokenDataset::document, py::arg("d"))
+      .def("document", &TokenDataset::document, py::arg("d"), "(first, end): document d is sequences first..end-1")
       // A copy read with pread: a view into a mapping would SIGBUS once the .bin is truncated.
       .def("sequence_bytes", [](const TokenDataset& ds, std::uint64_t i) {
         std::optional<Expected<std::string>> r;
@@ -237,7 +238,7 @@ void register_data(py::module_& m) {
         }
         if (!*r) throw Exception(r->error());
         return py::bytes(**r);
-      }, py::arg("i"));
+      }, py::arg("i"), "Sequence i's bytes (a copy)");
   m.def("_write_token_dataset", [](const std::string& prefix, const std::string& dtype,
                                    const std::vector<std::vector<std::int64_t>>& docs) { unwrap(write_token_dataset(prefix, dtype, docs)); },
         py::arg("prefix"), py::arg("dtype"), py::arg("documents"));
@@ -250,15 +251,18 @@ void register_data(py::module_& m) {
                                {static_cast<py::ssize_t>(o.buffer->size())}, {1}, /*readonly=*/true);
       });
 
-  py::class_<PyLoader>(m, "_Loader")
-      .def(py::init<std::shared_ptr<Dataset>, const py::dict&, bool>(), py::arg("dataset"), py::arg("options"), py::arg("copy"))
-      .def(py::init<std::shared_ptr<TokenDataset>, const py::dict&>(), py::arg("dataset"), py::arg("options"))
-      .def("next", &PyLoader::next)
-      .def("state", &PyLoader::state)
-      .def("load_state", &PyLoader::load_state, py::arg("state"))
-      .def("set_epoch", &PyLoader::set_epoch, py::arg("epoch"))
-      .def("stats", &PyLoader::stats)
-      .def("batches_per_epoch", &PyLoader::batches_per_epoch);
+  // pacer.data.Loader (python/pacer/data.py) is the documented face of these.
+  py::class_<PyLoader>(m, "_Loader", "The C++ loader behind pacer.data.Loader")
+      .def(py::init<std::shared_ptr<Dataset>, const py::dict&, bool>(), py::arg("dataset"), py::arg("options"), py::arg("copy"),
+           "Over tar shards; options: the dict pacer.data.Loader builds; copy: values as bytes, not memoryviews")
+      .def(py::init<std::shared_ptr<TokenDataset>, const py::dict&>(), py::arg("dataset"), py::arg("options"),
+           "Over a token dataset; options: the dict pacer.data.Loader builds")
+      .def("next", &PyLoader::next, "(batch, pinned) of this rank, or None at the end of the epoch; waits without the GIL")
+      .def("state", &PyLoader::state, "The state as JSON text (schema pacer.loader/1): where the next batch starts")
+      .def("load_state", &PyLoader::load_state, py::arg("state"), "Continues from a state() text; a mismatch raises pacer.Error")
+      .def("set_epoch", &PyLoader::set_epoch, py::arg("epoch"), "Start epoch `epoch` from its beginning")
+      .def("stats", &PyLoader::stats, "Counters and wait times (pacer.data.Loader.stats)")
+      .def("batches_per_epoch", &PyLoader::batches_per_epoch, "Batches of this rank per epoch");
 }
 
 }  // namespace pacer::python

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "commands.hpp"
@@ -59,33 +60,30 @@ int bcast(const BcastArgs& a) {
   comm::BcastOptions o;
   o.chunk_bytes = *chunk;
   const auto st = unwrap(comm::broadcast_path(w, a.src, a.dst, o));
-  nlohmann::json compare = nullptr;
+  std::optional<comm::ReadComparison> compare;
   if (a.compare) {
     w.barrier();
     const auto t0 = std::chrono::steady_clock::now();
     const std::uint64_t mine = read_all(a.src);
     w.barrier();
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    compare = {{"bytes_read", mine * static_cast<std::uint64_t>(w.size())}, {"seconds", s}};
+    compare = comm::ReadComparison{mine * static_cast<std::uint64_t>(w.size()), s};
   }
   if (w.rank() != 0) return 0;
-  nlohmann::json j = {{"schema", "pacer.bcast/1"}, {"src", a.src}, {"dst", a.dst}, {"ranks", w.size()},
-                      {"nodes", st.nodes}, {"files", st.files}, {"bytes", st.bytes}, {"bytes_read", st.bytes_read},
-                      {"chunks", st.chunks}, {"chunk_bytes", o.chunk_bytes}, {"xxh3", fmt::format("{:016x}", st.xxh3)},
-                      {"seconds", st.seconds}, {"unchanged", st.unchanged}, {"every_rank_reads", compare}};
+  const comm::BcastReport report{a.src, a.dst, w.size(), o.chunk_bytes, st, compare};
   Table t({{"METHOD"}, {"READ FROM SRC", true}, {"TIME", true}, {"RATE", true}});
   t.add_row({"pacer bcast", format_bytes(double(st.bytes_read)), format_duration(st.seconds),
              format_bytes(st.seconds > 0 ? double(st.bytes) / st.seconds : 0) + "/s"});
-  if (a.compare) {
-    const double s = compare["seconds"].get<double>();
-    t.add_row({"every rank reads", format_bytes(compare["bytes_read"].get<double>()), format_duration(s),
+  if (compare) {
+    const double s = compare->seconds;
+    t.add_row({"every rank reads", format_bytes(double(compare->bytes_read)), format_duration(s),
                format_bytes(s > 0 ? double(st.bytes) / s : 0) + "/s"});
   }
   const std::string text = t.render() + fmt::format("OK: {} ({} file(s), {}) to {} on {} node(s), {} rank(s), xxh3 {:016x}{}\n",
                                                     a.src, st.files, format_bytes(double(st.bytes)), a.dst, st.nodes,
                                                     w.size(), st.xxh3,
                                                     st.unchanged ? "; unchanged: every node held the same bytes already" : "");
-  print(j, a.json, text);
+  print(comm::to_json(report), a.json, text);
   return 0;
 }
 

@@ -32,11 +32,6 @@ struct CkptArgs {
   std::string max_shard_size = "5GB";
 };
 
-json entry_json(const ckpt::Entry& e) {
-  return {{"step", e.step},          {"path", e.path},         {"bytes", e.bytes},     {"partial", e.partial},
-          {"committed", e.committed}, {"verified", e.verified}, {"damaged", e.damaged}, {"problem", e.problem}};
-}
-
 std::string status_of(const ckpt::Entry& e, bool verify) {
   if (e.partial) return "partial";
   if (e.damaged) return "damaged";
@@ -48,14 +43,12 @@ std::string status_of(const ckpt::Entry& e, bool verify) {
 int ls(const CkptArgs& a) {
   require_dir(a.dir);
   const auto entries = ckpt::list(a.dir, a.verify);
-  json j = {{"schema", "pacer.ckpt.ls/1"}, {"dir", a.dir}, {"checkpoints", json::array()}};
   Table t({{"STEP", true}, {"SIZE", true}, {"STATUS"}, {"PATH"}, {"PROBLEM"}});
   for (const auto& e : entries) {
-    j["checkpoints"].push_back(entry_json(e));
     t.add_row({std::to_string(e.step), e.committed || e.damaged ? format_bytes(double(e.bytes)) : "-", status_of(e, a.verify), e.path,
                e.problem});
   }
-  print(j, a.json, t.render());
+  print(ckpt::to_json(ckpt::ListReport{a.dir, entries}), a.json, t.render());
   // A step directory that does not check (missing or truncated data, bad
   // manifest) is damage, not a leftover: it fails ls --verify.
   bool bad = false;
@@ -66,23 +59,21 @@ int ls(const CkptArgs& a) {
 
 int verify(const CkptArgs& a) {
   require_dir(a.dir);
-  json j = {{"schema", "pacer.ckpt.verify/1"}, {"dir", a.dir}, {"checkpoints", json::array()}};
+  ckpt::VerifyReport report{a.dir, {}};
   Table t({{"STEP", true}, {"SIZE", true}, {"STATUS"}, {"PROBLEM"}});
   int checked = 0;
-  bool bad = false;
   for (const auto& e : ckpt::list(a.dir, true)) {
     if (a.step && e.step != *a.step) continue;
     if (e.partial && !a.step) continue;  // leftovers of unfinished saves are not checkpoints
     if (e.damaged) continue;             // moved aside by a save: not a checkpoint any more
     ++checked;
-    if (!e.verified) bad = true;
-    j["checkpoints"].push_back(entry_json(e));
+    report.checkpoints.push_back(e);
     t.add_row({std::to_string(e.step), e.committed ? format_bytes(double(e.bytes)) : "-", status_of(e, true), e.problem});
   }
   if (a.step && checked == 0) usage_error(fmt::format("{}: no checkpoint for step {}", a.dir, *a.step));
-  j["verdict"] = bad ? "fail" : "pass";
+  const bool bad = !report.ok();
   std::string table = t.render() + fmt::format("{}: {} checkpoint(s) checked in {}\n", bad ? "FAILED" : "OK", checked, a.dir);
-  print(j, a.json, table);
+  print(ckpt::to_json(report), a.json, table);
   return bad ? 1 : 0;
 }
 
@@ -91,14 +82,6 @@ int prune(const CkptArgs& a) {
   if (a.keep_last < 1) usage_error("--keep-last must be at least 1");
   const auto r = unwrap(ckpt::prune(a.dir, {.keep_last = a.keep_last, .keep_every = a.keep_every,
                                             .remove_damaged = a.remove_damaged, .dry_run = a.dry_run}));
-  json damaged = json::array();
-  for (const auto& d : r.damaged) {
-    const bool gone = std::find(r.removed_damaged.begin(), r.removed_damaged.end(), d.path) != r.removed_damaged.end();
-    damaged.push_back({{"step", d.step}, {"path", d.path}, {"moved_aside", d.damaged}, {"problem", d.problem}, {"removed", gone}});
-  }
-  json j = {{"schema", "pacer.ckpt.prune/1"}, {"dir", a.dir},  {"dry_run", a.dry_run}, {"removed", r.removed},
-            {"kept", r.kept},                 {"damaged", damaged}, {"busy", r.busy}};
-  j["newest_valid"] = r.newest_valid ? json(*r.newest_valid) : json(nullptr);
   const std::string verb = a.dry_run ? "would remove" : "removed";
   std::string text;
   if (r.newest_valid) text += fmt::format("newest valid step {} (kept)\n", *r.newest_valid);
@@ -113,7 +96,7 @@ int prune(const CkptArgs& a) {
   if (a.dry_run) text += fmt::format("dry run: {} checkpoint(s) would be removed from {}; nothing was changed\n", n, a.dir);
   else text += fmt::format("OK: {} checkpoint(s) removed from {}\n", n, a.dir);
   if (!r.damaged.empty() && !a.remove_damaged) text += "damaged steps are left for you: --remove-damaged removes them\n";
-  print(j, a.json, text);
+  print(ckpt::to_json(r, a.dir, a.dry_run), a.json, text);
   // Step directories but none that verifies: the root has nothing to resume from.
   bool any_step = false;
   for (const auto& d : r.damaged) any_step = any_step || !d.damaged;
@@ -161,13 +144,10 @@ int export_cmd(const CkptArgs& a) {
   if (!max || *max == 0) usage_error(fmt::format("--max-shard-size '{}': expected a positive size such as 5GB", a.max_shard_size));
   const auto r = unwrap(ckpt::export_safetensors(a.dir, a.step, a.safetensors, {.prefix = a.prefix, .max_shard_bytes = *max}));
   for (const auto& s : r.skipped) fmt::print(stderr, "pacer: warning: not exported, damaged: {}\n", s);
-  json j = {{"schema", "pacer.ckpt.export/1"}, {"dir", a.dir},         {"step", r.step},   {"format", "safetensors"},
-            {"out", a.safetensors},             {"files", r.files},     {"tensors", r.tensors}, {"bytes", r.bytes},
-            {"skipped", r.skipped}};
   std::string text = fmt::format("exported step {} of {}: {} tensor(s), {}, checked by reading back\n", r.step, a.dir, r.tensors,
                                  format_bytes(double(r.bytes)));
   for (const auto& f : r.files) text += "  " + f + "\n";
-  print(j, a.json, text);
+  print(ckpt::to_json(r, a.dir, a.safetensors), a.json, text);
   return 0;
 }
 

@@ -46,26 +46,9 @@ int monitor(const MonitorArgs& a) {
     if (!a.quiet || w.starts_with(kPrometheusAt)) std::fprintf(stderr, "pacer monitor: %s\n", w.c_str());
   };
   const auto r = unwrap(telemetry::run_monitor(o));
-  const double overhead = r.wall_s > 0 ? 100.0 * r.sampler_cpu_s / r.wall_s : 0;
+  const double overhead = r.sampler_core_percent();
   if (a.json) {
-    nlohmann::json j = {{"schema", "pacer.monitor/1"},
-                        {"db", r.db},
-                        {"run_id", r.run_id},
-                        {"exit_code", r.exit_code},
-                        {"samples", r.samples},
-                        {"readings", r.readings},
-                        {"steps", r.steps},
-                        {"malformed_lines", r.malformed_lines},
-                        {"malformed_examples", r.malformed_examples},
-                        {"dropped", r.dropped},
-                        {"nonfinite", r.nonfinite},
-                        {"catalog_status", r.catalog_status},
-                        {"wall_s", r.wall_s},
-                        {"sampler_cpu_s", r.sampler_cpu_s},
-                        {"sampler_core_percent", overhead},
-                        {"notes", r.notes}};
-    if (!r.prometheus_url.empty()) j["prometheus_url"] = r.prometheus_url;
-    print(j, true, "");
+    print(telemetry::to_json(r), true, "");
   } else if (!a.quiet) {
     // stdout belongs to the command; the summary goes to stderr.
     for (const auto& n : r.notes) std::fprintf(stderr, "pacer monitor: note: %s\n", n.c_str());

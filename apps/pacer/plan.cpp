@@ -16,7 +16,6 @@
 namespace pacer::cli {
 namespace {
 
-using nlohmann::json;
 using plan::Recompute;
 using plan::Schedule;
 
@@ -48,8 +47,6 @@ struct PlanArgs {
 
 std::string pct(double f) { return std::isfinite(f) ? fmt::format("{:.1f}%", 100 * f) : "-"; }
 std::string num(double v) { return std::isfinite(v) ? format_number(v) : "inf"; }
-// JSON has no infinity or NaN: such figures are null.
-json jnum(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
 
 int bytes_of(const std::string& precision, const char* option) {
   if (precision == "bf16" || precision == "fp16") return 2;
@@ -67,17 +64,12 @@ double duration(const std::string& text, const char* option) {
 // ---------------------------------------------------------------------------------------------------------
 int amdahl(const PlanArgs& a) {
   const auto r = unwrap(plan::amdahl(a.serial_fraction, a.speedup, a.gpus));
-  json j = {{"schema", "pacer.plan.amdahl/1"},   {"serial_fraction", r.serial_fraction},
-            {"gpus", r.n},                       {"speedup", r.speedup},
-            {"efficiency", r.efficiency},        {"max_speedup", jnum(r.max_speedup)},
-            {"gpus_at_half_efficiency", jnum(r.n_for_half_efficiency)},
-            {"serial_fraction_from", a.speedup ? "measured speedup (Karp-Flatt)" : "given"}};
   std::string text = fmt::format("serial fraction {:.4g}{}\n", r.serial_fraction,
                                  a.speedup ? fmt::format(" (Karp-Flatt, from a speedup of {} on {} GPUs)", num(*a.speedup), num(a.gpus)) : "");
   text += fmt::format("on {} GPUs: speedup {}, efficiency {}\n", num(r.n), num(r.speedup), pct(r.efficiency));
   text += fmt::format("no number of GPUs gives more than {}x; efficiency falls to 50% at {} GPUs\n", num(r.max_speedup),
                       num(r.n_for_half_efficiency));
-  print(j, a.json, text);
+  print(plan::to_json(r, a.speedup.has_value()), a.json, text);
   return 0;
 }
 
@@ -85,22 +77,13 @@ int scaling(const PlanArgs& a) {
   if (a.mode != "strong" && a.mode != "weak") usage_error(fmt::format("--mode '{}': expected strong or weak", a.mode));
   const auto mode = a.mode == "strong" ? plan::ScalingMode::kStrong : plan::ScalingMode::kWeak;
   const auto r = unwrap(plan::analyse_scaling(unwrap(plan::read_scaling_csv(a.file)), mode, a.predict));
-  json j = {{"schema", "pacer.plan.scaling/1"}, {"file", a.file}, {"mode", a.mode},
-            {"serial_fraction", r.serial_fraction}, {"serial_fraction_stderr", jnum(r.serial_fraction_stderr)},
-            {"rms_residual", r.rms_residual}, {"points", json::array()}, {"predictions", json::array()},
-            {"warnings", r.warnings}};
   Table t({{"GPUS", true}, {"THROUGHPUT", true}, {"STEP TIME", true}, {"EFFICIENCY", true}, {"KARP-FLATT", true}});
   for (const auto& p : r.points) {
-    j["points"].push_back({{"gpus", p.gpus}, {"throughput", p.throughput > 0 ? json(p.throughput) : json(nullptr)},
-                           {"step_time_s", p.step_time_s > 0 ? json(p.step_time_s) : json(nullptr)},
-                           {"efficiency", p.efficiency}, {"karp_flatt", jnum(p.karp_flatt)}, {"line", p.line}});
     t.add_row({num(p.gpus), p.throughput > 0 ? num(p.throughput) : "-", p.step_time_s > 0 ? format_duration(p.step_time_s) : "-",
                pct(p.efficiency), std::isfinite(p.karp_flatt) ? fmt::format("{:.4f}", p.karp_flatt) : "-"});
   }
   Table pt({{"PREDICT GPUS", true}, {"EFFICIENCY", true}, {"RANGE (2 SE)", true}, {"NOTE"}});
   for (const auto& p : r.predictions) {
-    j["predictions"].push_back({{"gpus", p.gpus}, {"efficiency", p.efficiency}, {"efficiency_low", jnum(p.efficiency_low)},
-                                {"efficiency_high", jnum(p.efficiency_high)}, {"extrapolated_far", p.extrapolated_far}});
     pt.add_row({num(p.gpus), pct(p.efficiency),
                 std::isfinite(p.efficiency_low) ? fmt::format("{} - {}", pct(p.efficiency_low), pct(p.efficiency_high)) : "unknown",
                 p.extrapolated_far ? "far beyond the data" : ""});
@@ -111,21 +94,8 @@ int scaling(const PlanArgs& a) {
                       a.mode == "strong" ? "Amdahl" : "Gustafson", a.mode == "strong" ? "fixed total work" : "fixed work per GPU");
   text += pt.render();
   for (const auto& w : r.warnings) text += "warning: " + w + "\n";
-  print(j, a.json, text);
+  print(plan::to_json(r, a.file), a.json, text);
   return 0;
-}
-
-json stage_json(const plan::PipelinePlan& p) {
-  json stages = json::array();
-  for (std::size_t i = 0; i < p.stages.size(); ++i) {
-    const auto& s = p.stages[i];
-    json js = {{"stage", i}, {"first_layer", s.first_layer}, {"layers", s.layer_count}, {"time_s", s.time_s},
-               {"memory_bytes", s.memory_bytes}, {"in_flight", s.in_flight}};
-    if (!p.chunk_bounds.empty()) js["chunk_first_layers"] = p.chunk_bounds[i];
-    stages.push_back(js);
-  }
-  return {{"stages", stages}, {"step_time_s", p.step_time_s}, {"bubble_fraction", p.bubble_fraction},
-          {"max_stage_time_s", p.max_stage_time_s}};
 }
 
 int pipeline(const PlanArgs& a) {
@@ -135,9 +105,6 @@ int pipeline(const PlanArgs& a) {
   else if (a.schedule != "1f1b") usage_error(fmt::format("--schedule '{}': expected gpipe, 1f1b or interleaved", a.schedule));
   const auto layers = unwrap(plan::read_layers_csv(a.file));
   const auto r = unwrap(plan::plan_pipeline(layers, a.stages, a.microbatches, s, a.chunks));
-  json j = {{"schema", "pacer.plan.pipeline/1"}, {"file", a.file}, {"schedule", a.schedule}, {"stages", r.stages},
-            {"microbatches", r.microbatches}, {"chunks", r.chunks}, {"layers", layers.size()},
-            {"optimal", stage_json(r.optimal)}, {"by_count", stage_json(r.by_count)}, {"gain", r.gain}};
   std::vector<Table::Column> cols = {{"STAGE", true}, {"LAYERS"}, {"PER MICRO-BATCH", true}, {"BY COUNT", true}};
   if (r.has_memory) cols.push_back({"MEMORY", true});
   Table t(cols);
@@ -159,7 +126,7 @@ int pipeline(const PlanArgs& a) {
                       format_duration(r.optimal.step_time_s), pct(r.optimal.bubble_fraction), a.schedule, r.microbatches,
                       format_duration(r.by_count.step_time_s), pct(r.by_count.bubble_fraction));
   text += fmt::format("OK: the balanced partition is {} faster than splitting by layer count\n", pct(r.gain));
-  print(j, a.json, text);
+  print(plan::to_json(r, a.file, layers.size()), a.json, text);
   return 0;
 }
 
@@ -218,10 +185,10 @@ void resolve_transformer(PlanArgs& a) {
 }
 
 // Fills hardware figures not given on the command line from the vet report; returns where each came from.
-json resolve_hardware(PlanArgs& a) {
+plan::HardwareSources resolve_hardware(PlanArgs& a) {
   a.hw.tp_latency_s = a.tp_latency_us * 1e-6;
   a.hw.dp_latency_s = a.dp_latency_us * 1e-6;
-  json sources = json::object();
+  plan::HardwareSources sources;
   std::optional<plan::Calibration> cal;
   if (!a.vet.empty()) cal = unwrap(plan::read_vet_report(a.vet));
   auto fill = [&](double& field, const char* key, const char* check) {
@@ -238,27 +205,9 @@ json resolve_hardware(PlanArgs& a) {
   return sources;
 }
 
-json model_json(const PlanArgs& a) {
-  const auto& m = a.model;
-  const auto& p = a.par;
-  return {{"layers", m.layers}, {"hidden", m.hidden}, {"heads", m.heads}, {"seq", m.seq}, {"vocab", m.vocab},
-          {"ffn", m.ffn > 0 ? m.ffn : 4 * m.hidden}, {"parameters", plan::parameter_count(m)},
-          {"tp", p.tp}, {"pp", p.pp}, {"dp", p.dp}, {"micro_batch", p.micro_batch},
-          {"global_batch", p.global_batch > 0 ? p.global_batch : p.micro_batch * p.dp}, {"interleave", p.interleave},
-          {"sequence_parallel", p.sequence_parallel}, {"flash_attention", p.flash_attention}, {"recompute", a.recompute},
-          {"zero_stage", p.zero_stage}};
-}
-
 int memory(PlanArgs& a) {
   resolve_transformer(a);
   const auto r = plan::estimate_memory(a.model, a.par);
-  json j = {{"schema", "pacer.plan.memory/1"}, {"config", model_json(a)},
-            {"per_gpu", {{"parameters", r.parameters}, {"weight_bytes", r.weight_bytes}, {"gradient_bytes", r.gradient_bytes},
-                         {"optimizer_bytes", r.optimizer_bytes}, {"activation_bytes_per_layer", r.activation_bytes_per_layer},
-                         {"in_flight_microbatches", r.in_flight_microbatches}, {"activation_bytes", r.activation_bytes},
-                         {"total_bytes", r.total_bytes}}},
-            {"layer_activations", json::array()}};
-  for (const auto& t : plan::layer_activations(a.model, a.par)) j["layer_activations"].push_back({{"name", t.name}, {"bytes", t.bytes}});
   Table t({{"WHAT"}, {"PER GPU", true}, {"HOW"}});
   t.add_row({"parameters", fmt::format("{:.3g}", r.parameters), "first pipeline stage, embeddings included"});
   t.add_row({"weights", format_bytes(r.weight_bytes), a.par.zero_stage >= 3 ? "2 B/param, sharded over dp" : "2 B/param"});
@@ -273,28 +222,23 @@ int memory(PlanArgs& a) {
   text += fmt::format("model: {:.3g} parameters; recomputation {}{}{}\n", plan::parameter_count(a.model), a.recompute,
                       a.par.sequence_parallel ? ", sequence parallel" : "", a.par.flash_attention ? ", fused attention" : "");
   int rc = 0;
+  std::optional<std::uint64_t> gpu_memory;
   if (!a.gpu_memory.empty()) {
     auto cap = parse_size(a.gpu_memory);
     if (!cap || *cap == 0) usage_error(fmt::format("--gpu-memory '{}': expected a size such as 80GiB", a.gpu_memory));
     const bool fits = r.total_bytes <= double(*cap);
-    j["gpu_memory_bytes"] = *cap;
-    j["fits"] = fits;
+    gpu_memory = *cap;
     text += fmt::format("{}: {} needed of {} per GPU\n", fits ? "OK" : "FAILED", format_bytes(r.total_bytes), format_bytes(double(*cap)));
     rc = fits ? 0 : 1;
   }
-  print(j, a.json, text);
+  print(plan::to_json(r, a.model, a.par, gpu_memory), a.json, text);
   return rc;
 }
 
 int comm(PlanArgs& a) {
   resolve_transformer(a);
-  json sources = resolve_hardware(a);
+  const auto sources = resolve_hardware(a);
   const auto r = unwrap(plan::estimate_comm(a.model, a.par, a.hw));
-  json j = {{"schema", "pacer.plan.comm/1"}, {"config", model_json(a)}, {"hardware_sources", sources},
-            {"per_gpu_per_step", {{"dp_bytes", r.dp_bytes}, {"tp_bytes", r.tp_bytes}, {"pp_bytes", r.pp_bytes},
-                                  {"dp_time_s", r.dp_time_s}, {"tp_time_s", r.tp_time_s}, {"pp_time_s", r.pp_time_s},
-                                  {"backward_flops", r.backward_flops}, {"dp_hide_flops", r.dp_hide_flops},
-                                  {"dp_hidden_fraction", r.dp_hidden_fraction}}}};
   Table t({{"TRAFFIC"}, {"BYTES/GPU/STEP", true}, {"TIME", true}, {"OVER"}});
   t.add_row({"data parallel", format_bytes(r.dp_bytes), format_duration(r.dp_time_s),
              a.par.zero_stage >= 1 ? "reduce-scatter + all-gather" : "all-reduce"});
@@ -305,28 +249,14 @@ int comm(PlanArgs& a) {
   if (a.hw.gemm_tflops > 0 && r.dp_time_s > 0)
     text += fmt::format("hiding the gradient reduction takes {:.3g} FLOP of backward per GPU; the last micro-batch has {:.3g}, enough to hide {} of it at {} TFLOP/s\n",
                         r.dp_hide_flops, r.backward_flops, pct(r.dp_hidden_fraction), num(a.hw.gemm_tflops));
-  print(j, a.json, text);
+  print(plan::to_json(r, a.model, a.par, sources), a.json, text);
   return 0;
 }
 
 int step(PlanArgs& a) {
   resolve_transformer(a);
-  json sources = resolve_hardware(a);
+  const auto sources = resolve_hardware(a);
   const auto r = unwrap(plan::estimate_step(a.model, a.par, a.hw));
-  const auto flops = plan::step_flops(a.model, a.par);
-  json j = {{"schema", "pacer.plan.step/1"}, {"config", model_json(a)}, {"hardware_sources", sources},
-            {"hardware", {{"gemm_tflops", a.hw.gemm_tflops}, {"attention_tflops", a.hw.attention_tflops},
-                          {"peak_tflops", a.hw.peak_tflops}, {"hbm_gbps", a.hw.hbm_gbps}, {"tp_gbps", a.hw.tp_gbps},
-                          {"dp_gbps", a.hw.dp_gbps}, {"overlap_dp", a.hw.overlap_dp}}},
-            {"microbatches", r.microbatches},
-            {"breakdown_s", {{"gemm", r.gemm_s}, {"elementwise", r.elementwise_s}, {"tp_comm", r.tp_comm_s},
-                             {"pp_comm", r.pp_comm_s}, {"bubble", r.bubble_s}, {"dp_comm", r.dp_comm_s},
-                             {"optimizer", r.optimizer_s}}},
-            {"step_s", r.step_s}, {"tokens_per_s", r.tokens_per_s}, {"model_flops", flops.model_flops},
-            {"hardware_flops", flops.hardware_flops}, {"model_tflops_per_gpu", r.model_tflops_per_gpu},
-            {"hardware_tflops_per_gpu", r.hardware_tflops_per_gpu},
-            {"mfu", a.hw.peak_tflops > 0 ? json(r.mfu) : json(nullptr)},
-            {"hfu", a.hw.peak_tflops > 0 ? json(r.hfu) : json(nullptr)}};
   Table t({{"PART"}, {"TIME", true}, {"SHARE", true}});
   for (auto [name, v] : {std::pair{"matrix compute (GEMM)", r.gemm_s}, {"memory-bound kernels", r.elementwise_s},
                          {"tensor-parallel comm", r.tp_comm_s}, {"pipeline send/recv", r.pp_comm_s},
@@ -338,7 +268,7 @@ int step(PlanArgs& a) {
                       num(r.hardware_tflops_per_gpu));
   if (a.hw.peak_tflops > 0) text += fmt::format(", MFU {}", pct(r.mfu));
   text += "\n";
-  print(j, a.json, text);
+  print(plan::to_json(r, a.model, a.par, a.hw, sources), a.json, text);
   return 0;
 }
 
@@ -378,25 +308,21 @@ int print_interval(const IntervalArgs& a, const std::string& schema) {
   if (!a.campaign.empty()) in.campaign_s = duration(a.campaign, "--campaign");
   if (!a.interval.empty()) in.current_interval_s = duration(a.interval, "--interval");
   const auto r = unwrap(plan::plan_ckpt(in));
-  json j = {{"schema", schema}, {"save_cost_s", in.save_cost_s}, {"save_cost_from", save_from},
-            {"restart_cost_s", in.restart_cost_s}, {"mtbf_s", in.mtbf_s}, {"young_interval_s", r.young_interval_s},
-            {"daly_interval_s", r.daly_interval_s}, {"lost_fraction", r.lost_fraction}};
-  if (schema == "pacer.ckpt.interval/1") j["interval_s"] = r.daly_interval_s;  // its name before the two agreed
   std::string text = fmt::format("job MTBF {}, save {}, restart {}\n", format_duration(in.mtbf_s), format_duration(in.save_cost_s),
                                  format_duration(in.restart_cost_s));
   text += fmt::format("checkpoint every {} (Daly; Young: {}): {} of the time lost to saves, rework and restarts\n",
                       format_duration(r.daly_interval_s), format_duration(r.young_interval_s), pct(r.lost_fraction));
   if (in.current_interval_s > 0) {
-    j["current_interval_s"] = in.current_interval_s;
-    j["lost_fraction_current"] = r.lost_fraction_current;
     text += fmt::format("at the current {} interval: {} lost\n", format_duration(in.current_interval_s), pct(r.lost_fraction_current));
   }
   if (in.campaign_s > 0) {
-    j["campaign_s"] = in.campaign_s;
-    j["expected_failures"] = r.expected_failures;
-    j["p_any_failure"] = r.p_any_failure;
     text += fmt::format("over {}: {:.3g} failures expected, {} chance of at least one\n", format_duration(in.campaign_s),
                         r.expected_failures, r.p_any_failure > 0.999 ? "a >99.9%" : "a " + pct(r.p_any_failure));
+  }
+  nlohmann::json j = plan::to_json(r, in, save_from);
+  if (schema != "pacer.plan.ckpt/1") {
+    j["schema"] = schema;
+    j["interval_s"] = r.daly_interval_s;  // pacer ckpt interval's name for it before the two agreed
   }
   print(j, a.json, text);
   return 0;

@@ -54,13 +54,8 @@ int ports(const PortsArgs& a) {
     std::fprintf(stderr, "pacer: error: %s: %s\n", a.argv[0].c_str(), e == ENOENT ? "command not found" : std::strerror(e));
     return e == ENOENT ? 127 : 126;
   }
-  nlohmann::json j = {{"schema", "pacer.ports/1"}, {"job", scope.job}, {"job_from", scope.job_from},
-                      {"local_rank", scope.local_rank}, {"local_rank_from", scope.rank_from},
-                      {"range", {range.first, range.second}}, {"ports", lease.ports()},
-                      {"ephemeral", {local.ephemeral_first, local.ephemeral_last}}, {"ephemeral_from", local.source},
-                      {"reserved", local.reserved}};
   // Plain output is the ports alone, one line, for `read P1 P2 < <(pacer ports --count 2)`.
-  print(j, a.json, list + "\n");
+  print(run::to_json(scope, range, lease.ports(), local), a.json, list + "\n");
   return 0;
 }
 

@@ -1,7 +1,6 @@
 // `pacer query` and `pacer catalog`: ask a job catalog a named question or any SQL; merge per-node catalogs.
 #include <fmt/format.h>
 
-#include <cmath>
 #include <cstdio>
 
 #include "commands.hpp"
@@ -13,7 +12,6 @@
 namespace pacer::cli {
 namespace {
 
-using nlohmann::json;
 using telemetry::Value;
 
 struct QueryArgs {
@@ -33,13 +31,6 @@ std::string cell_text(const Value& v, bool exact = false) {
   if (std::holds_alternative<std::monostate>(v)) return "";
   if (const auto* i = std::get_if<std::int64_t>(&v)) return std::to_string(*i);
   if (const auto* d = std::get_if<double>(&v)) return exact ? fmt::format("{}", *d) : fmt::format("{:.10g}", *d);
-  return std::get<std::string>(v);
-}
-
-json cell_json(const Value& v) {
-  if (std::holds_alternative<std::monostate>(v)) return nullptr;
-  if (const auto* i = std::get_if<std::int64_t>(&v)) return *i;
-  if (const auto* d = std::get_if<double>(&v)) return std::isfinite(*d) ? json(*d) : json(nullptr);
   return std::get<std::string>(v);
 }
 
@@ -77,15 +68,6 @@ int query(const QueryArgs& a) {
     std::fputs(out.c_str(), stdout);
     return 0;
   }
-  json rows = json::array();
-  for (const auto& row : r.rows) {
-    json o = json::object();
-    for (std::size_t i = 0; i < row.size(); ++i) o[r.columns[i]] = cell_json(row[i]);
-    rows.push_back(std::move(o));
-  }
-  json j = {{"schema", "pacer.query/1"}, {"db", a.db}, {"columns", r.columns}, {"rows", rows}};
-  if (named) j["question"] = a.query;
-  else j["sql"] = a.query;
   std::vector<Table::Column> cols;
   for (const auto& c : r.columns) cols.push_back({c, false, 48});
   Table t(cols);
@@ -96,7 +78,7 @@ int query(const QueryArgs& a) {
   }
   std::string text = r.columns.empty() ? "" : t.render();
   text += fmt::format("OK: {} row(s)\n", r.rows.size());
-  print(j, a.json, text);
+  print(telemetry::to_json(r, a.db, a.query, named), a.json, text);
   return 0;
 }
 
@@ -109,10 +91,7 @@ struct CatalogArgs {
 int merge(const CatalogArgs& a) {
   const auto r = unwrap(telemetry::merge_catalogs(a.out, a.inputs));
   for (const auto& s : r.skipped) std::fprintf(stderr, "pacer catalog merge: note: %s\n", s.c_str());
-  json j = {{"schema", "pacer.catalog.merge/1"}, {"out", a.out},         {"inputs", a.inputs}, {"runs", r.runs},
-            {"nodes", r.nodes},                  {"samples", r.samples}, {"steps", r.steps},   {"events", r.events},
-            {"skipped", r.skipped}};
-  print(j, a.json,
+  print(telemetry::to_json(r, a.out, a.inputs), a.json,
         fmt::format("OK: merged {} catalog(s) into {}: {} run(s), {} node(s), {} samples, {} steps, {} events\n",
                     r.inputs, a.out, r.runs, r.nodes, r.samples, r.steps, r.events));
   return 0;

@@ -16,7 +16,6 @@ namespace pacer::cli {
 namespace {
 
 namespace fs = std::filesystem;
-using nlohmann::json;
 
 struct ShardArgs {
   std::string src, out, target_size = "256MB", prefix = "train";
@@ -75,21 +74,19 @@ int index(const ShardArgs& a) {
     std::error_code ec;
     if (!fs::is_regular_file(s, ec)) usage_error(fmt::format("{}: no such shard", s));
   }
-  json j = {{"schema", "pacer.shard.index/1"}, {"shards", json::array()}};
+  data::IndexReport report;
   Table t({{"SHARD"}, {"SAMPLES", true}, {"SIZE", true}, {"INDEX"}});
   Progress progress;
-  std::uint64_t total = 0;
   for (std::size_t i = 0; i < a.shards.size(); ++i) {
     const auto& s = a.shards[i];
     progress.update(fmt::format("[{}/{}] {}", i + 1, a.shards.size(), s));
     const auto idx = unwrap(data::build_index(s));
-    total += idx.samples;
-    j["shards"].push_back({{"path", s}, {"samples", idx.samples}, {"bytes", idx.shard_bytes}, {"index", data::index_path(s)}});
+    report.samples += idx.samples;
+    report.shards.push_back({s, idx.samples, idx.shard_bytes, data::index_path(s)});
     t.add_row({s, std::to_string(idx.samples), format_bytes(double(idx.shard_bytes)), data::index_path(s)});
   }
   progress.clear();
-  j["samples"] = total;
-  print(j, a.json, t.render() + fmt::format("OK: {} shard(s) indexed, {} samples\n", a.shards.size(), total));
+  print(data::to_json(report), a.json, t.render() + fmt::format("OK: {} shard(s) indexed, {} samples\n", a.shards.size(), report.samples));
   return 0;
 }
 
@@ -132,11 +129,7 @@ int verify(const ShardArgs& a) {
 int tokenize(const ShardArgs& a) {
   const auto vocab = a.vocab.empty() ? data::Vocabulary::bytes_only() : unwrap(data::Vocabulary::load(a.vocab));
   const auto r = unwrap(data::tokenize_file(a.src, a.out, vocab, a.field));
-  nlohmann::json j = {{"schema", "pacer.shard.tokenize/1"}, {"input", a.src}, {"prefix", a.out},
-                      {"vocabulary", a.vocab.empty() ? nlohmann::json(nullptr) : nlohmann::json(a.vocab)},
-                      {"vocabulary_size", vocab.size()}, {"documents", r.documents}, {"tokens", r.tokens},
-                      {"bytes", r.bytes}, {"fallback_bytes", r.fallback_bytes}, {"dtype", r.dtype}};
-  print(j, a.json,
+  print(data::to_json(r, a.src, a.out, a.vocab, vocab.size()), a.json,
         fmt::format("OK: {} documents, {} {} tokens ({} bytes of text, {} by byte fallback) in {}.bin/.idx\n", r.documents,
                     r.tokens, r.dtype, r.bytes, r.fallback_bytes, a.out));
   return 0;

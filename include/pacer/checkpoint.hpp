@@ -164,6 +164,22 @@ struct Entry {
 // committed checkpoint is checked.
 std::vector<Entry> list(const std::string& root, bool verify);
 
+// The records of `pacer ckpt ls` (schema pacer.ckpt.ls/1) and `pacer ckpt
+// verify` (pacer.ckpt.verify/1) over the root `dir`; fields in docs/checkpoint.md.
+nlohmann::json to_json(const Entry& e);
+struct ListReport {
+  std::string dir;
+  std::vector<Entry> checkpoints;  // as list() returns them
+};
+nlohmann::json to_json(const ListReport& r);
+struct VerifyReport {
+  std::string dir;
+  std::vector<Entry> checkpoints;  // those checked, each listed with verify
+  // Every checkpoint checked verified ("verdict": "pass").
+  bool ok() const;
+};
+nlohmann::json to_json(const VerifyReport& r);
+
 // Retention, by hand (`pacer ckpt prune`) or after each save. Only valid
 // steps count: the steps are checked from the newest down until one verifies
 // (every checksum); that step and every older committed one are the
@@ -189,6 +205,8 @@ struct PruneResult {
   std::vector<std::uint64_t> busy;            // would be removed but a Reader holds them: left for the next prune
 };
 Expected<PruneResult> prune(const std::string& root, const PruneOptions& options);
+// The record of `pacer ckpt prune` (schema pacer.ckpt.prune/1) for prune(dir, {.dry_run = dry_run, ...}).
+nlohmann::json to_json(const PruneResult& r, const std::string& dir, bool dry_run);
 
 // Model weights in the safetensors format (the Hugging Face layout): the
 // numeric blobs whose name starts with `<prefix>/`, each named by the rest of
@@ -216,6 +234,8 @@ Expected<ExportResult> export_safetensors(Reader& reader, const std::string& out
 // damaged newer step is passed over and listed in `skipped`).
 Expected<ExportResult> export_safetensors(const std::string& root, std::optional<std::uint64_t> step, const std::string& out_dir,
                                           const ExportOptions& options);
+// The record of `pacer ckpt export` (schema pacer.ckpt.export/1) for an export of root `dir` into `out_dir`.
+nlohmann::json to_json(const ExportResult& r, const std::string& dir, const std::string& out_dir);
 
 struct Options {
   std::string root;                      // persistent tier (shared file system)
@@ -332,5 +352,6 @@ class Checkpointer {
 // δ < 2M, and M otherwise. Young's first-order sqrt(2δM) is young_interval.
 double optimal_interval(double save_cost_s, double mtbf_s);
 double young_interval(double save_cost_s, double mtbf_s);
+
 
 }  // namespace pacer::ckpt

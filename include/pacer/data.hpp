@@ -83,6 +83,20 @@ Expected<ShardIndex> read_index(const std::string& shard, bool header_only);
 // naming the shard.
 Expected<ShardIndex> load_or_build_index(const std::string& shard, bool header_only);
 
+// The indexes `pacer shard index` (re)built: its record (schema
+// pacer.shard.index/1, docs/data.md).
+struct IndexReport {
+  struct Shard {
+    std::string path;
+    std::uint64_t samples = 0;
+    std::uint64_t bytes = 0;  // of the shard
+    std::string index;        // index_path(path)
+  };
+  std::vector<Shard> shards;
+  std::uint64_t samples = 0;  // over every shard
+};
+nlohmann::json to_json(const IndexReport& report);
+
 // ---------------------------------------------------------------------------
 // Datasets
 
@@ -270,6 +284,10 @@ struct TokenizeReport {
 // error naming file:line.
 Expected<TokenizeReport> tokenize_file(const std::string& input, const std::string& prefix, const Vocabulary& vocab,
                                        const std::string& field = "text");
+// The record of `pacer shard tokenize` (schema pacer.shard.tokenize/1,
+// docs/data.md); vocabulary_file "" for the bytes-only vocabulary.
+nlohmann::json to_json(const TokenizeReport& report, const std::string& input, const std::string& prefix,
+                       const std::string& vocabulary_file, std::size_t vocabulary_size);
 
 // Writes a token dataset: one sequence per document, each a vector of token
 // ids, in `dtype` ("uint16" or "int32" as Megatron writes them; any integer

@@ -5,6 +5,8 @@
 // no global state, every function is thread-safe. Units are in the names: _s seconds, _bytes bytes,
 // _flops FLOP (not per second), _tflops TFLOP/s, _gbps GB/s (1e9 bytes per second). Formulas are in
 // docs/plan.md; functions that take user input return Expected and name the offending key or file:line.
+// Each report's to_json is the record `pacer plan <command> --json` prints (schema pacer.plan.<command>/1);
+// JSON has no infinity or NaN, so such figures are null there.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +14,8 @@
 #include <optional>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "pacer/core/error.hpp"
 
@@ -56,6 +60,8 @@ struct AmdahlReport {
 };
 // Either `serial_fraction` or `measured_speedup` must be given; n >= 1.
 Expected<AmdahlReport> amdahl(std::optional<double> serial_fraction, std::optional<double> measured_speedup, double n);
+// from_speedup: the fraction came from a measured speedup (Karp-Flatt), not given.
+nlohmann::json to_json(const AmdahlReport& r, bool from_speedup);
 
 // ---------------------------------------------------------------------------------------------------------
 // Scaling from measurements.
@@ -88,6 +94,8 @@ struct ScalingReport {
 Expected<std::vector<ScalingPoint>> read_scaling_csv(const std::string& path);
 Expected<ScalingReport> analyse_scaling(std::vector<ScalingPoint> points, ScalingMode mode,
                                         const std::vector<double>& predict_at);
+// `file`: the CSV the points came from.
+nlohmann::json to_json(const ScalingReport& r, const std::string& file);
 
 // ---------------------------------------------------------------------------------------------------------
 // Pipeline partitioning of measured per-layer times.
@@ -127,6 +135,8 @@ Expected<std::vector<Layer>> read_layers_csv(const std::string& path);
 std::vector<int> partition_min_max(const std::vector<double>& times, int parts);
 Expected<PipelineReport> plan_pipeline(const std::vector<Layer>& layers, int stages, int microbatches,
                                        Schedule schedule, int chunks);
+// `file`: the CSV of the `layers` layers.
+nlohmann::json to_json(const PipelineReport& r, const std::string& file, std::size_t layers);
 
 // ---------------------------------------------------------------------------------------------------------
 // Transformers (GPT-style: attention + 4h MLP, learned position embeddings, tied output layer).
@@ -156,6 +166,8 @@ struct Parallel {
 // Checks that every size is positive, that tp divides heads and hidden, pp*interleave divides layers,
 // dp*micro_batch divides global_batch. The message names the option.
 Status validate(const Model& m, const Parallel& p);
+// The "config" object of the memory, comm and step records: the model, its parameter count and the layout.
+nlohmann::json to_json(const Model& m, const Parallel& p);
 
 // Parameters of the whole model: 12 l h^2 (1 + 13/(12h) + (V + s)/(12 l h)) for ffn = 4h.
 double parameter_count(const Model& m);
@@ -183,6 +195,9 @@ struct MemoryReport {
   double total_bytes = 0;
 };
 MemoryReport estimate_memory(const Model& m, const Parallel& p);
+// With `gpu_memory_bytes`, the record also says whether the estimate fits in that much.
+nlohmann::json to_json(const MemoryReport& r, const Model& m, const Parallel& p,
+                       std::optional<std::uint64_t> gpu_memory_bytes = std::nullopt);
 // Mixed-precision Adam model states of `params` parameters per model replica: 2 bytes of weights,
 // `grad_bytes` of gradients (2 in the ZeRO paper, 4 for Megatron's fp32 main gradients) and 12 of optimizer
 // state (Rajbhandari et al. 2020), partitioned over `dp` ranks as ZeRO stage `zero_stage` does.
@@ -225,6 +240,9 @@ struct CommReport {
 double allreduce_time_s(double bytes, int n, double gbps, double latency_s);
 double allgather_time_s(double bytes, int n, double gbps, double latency_s);
 Expected<CommReport> estimate_comm(const Model& m, const Parallel& p, const Hardware& hw);
+// hardware_sources: where each hardware figure came from ("command line", or a vet check and its report).
+using HardwareSources = std::map<std::string, std::string>;
+nlohmann::json to_json(const CommReport& r, const Model& m, const Parallel& p, const HardwareSources& hardware_sources);
 
 struct StepReport {
   int microbatches = 0;          // per pipeline per step
@@ -243,6 +261,8 @@ struct StepReport {
   double hfu = 0;
 };
 Expected<StepReport> estimate_step(const Model& m, const Parallel& p, const Hardware& hw);
+nlohmann::json to_json(const StepReport& r, const Model& m, const Parallel& p, const Hardware& hw,
+                       const HardwareSources& hardware_sources);
 
 // ---------------------------------------------------------------------------------------------------------
 // Checkpoint intervals and failures.
@@ -264,6 +284,8 @@ struct CkptReport {
 // Job MTBF from a per-node MTBF and the node count (independent exponential failures).
 double job_mtbf_s(double node_mtbf_s, int nodes);
 Expected<CkptReport> plan_ckpt(const CkptInput& in);
+// save_cost_from: how the save cost was found ("given", or the size and write rate it came from).
+nlohmann::json to_json(const CkptReport& r, const CkptInput& in, const std::string& save_cost_from);
 
 // ---------------------------------------------------------------------------------------------------------
 // Calibration from `pacer vet --json` reports (schema pacer.vet/1). Figures are taken by check name:

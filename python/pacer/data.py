@@ -47,11 +47,13 @@ class Dataset:
     """Opened shards; samples are numbered 0..len-1 across shards in shard order."""
 
     def __init__(self, impl):
+        """Not called directly: pacer.data.open(spec) opens a dataset."""
         if not isinstance(impl, _Dataset):
             raise TypeError("use pacer.data.open(spec) to open a dataset")
         self._impl = impl
 
     def __len__(self):
+        """Samples over all shards."""
         return len(self._impl)
 
     @property
@@ -77,6 +79,7 @@ class Dataset:
         return self._impl.read(i)
 
     def __iter__(self):
+        """Every sample in order, as ds[i] gives it."""
         for i in range(len(self)):
             yield self[i]
 
@@ -94,27 +97,34 @@ class TokenDataset:
     """
 
     def __init__(self, prefix):
+        """Opens PREFIX.bin and PREFIX.idx; a truncated or inconsistent pair raises pacer.Error naming the file."""
         self._impl = _pacer._TokenDataset(os.fsdecode(prefix))
 
     def __len__(self):
+        """Sequences in the dataset."""
         return len(self._impl)
 
     @property
     def dtype(self):
+        """The token dtype, a numpy name ("uint16", "int32", ...)."""
         return self._impl.dtype
 
     @property
     def documents(self):
+        """Documents in the dataset."""
         return self._impl.documents
 
     @property
     def tokens(self):
+        """Tokens over all sequences."""
         return self._impl.tokens
 
     def document(self, d):
+        """(first, end): document d is sequences first..end-1."""
         return self._impl.document(d)
 
     def __getitem__(self, i):
+        """Sequence i as a read-only numpy array viewing the mapping (negative i counts from the end)."""
         import numpy as np
 
         if i < 0:
@@ -170,6 +180,34 @@ class Loader:
     def __init__(self, dataset, batch_size=32, seed=0, rank=0, world_size=1, shuffle=True, drop_last=False, threads=2,
                  prefetch=4, skip_bad=False, decode=True, max_bytes=512 << 20, copy=False, seq_len=None, pack=False,
                  pack_window=1000, bucket_window=0, pad_id=0, pin_memory=False, device=None):
+        """Opens a loader over `dataset`; reading starts at once, in the background.
+
+        Args:
+            dataset: a Dataset or TokenDataset, or anything pacer.data.open takes.
+            batch_size: samples (token datasets: rows) per batch of this rank.
+            seed: seeds the order; the same (seed, epoch) gives the same order.
+            rank: this rank, 0 <= rank < world_size.
+            world_size: the ranks sharing each epoch; each reads its own part of every global batch.
+            shuffle: a seeded permutation per epoch (False: in order).
+            drop_last: drop the last, partial global batch (False: split it as evenly as possible).
+            threads: reader threads.
+            prefetch: batches read ahead of the consumer.
+            skip_bad: skip samples that cannot be read (counted in stats()["skipped"]) instead of raising.
+            decode: decode fields with extension "npy" into numpy arrays (tar shards).
+            max_bytes: bound on the bytes held in prefetched batches.
+            copy: field values as bytes instead of memoryviews into the batch buffer (tar shards).
+            seq_len: token datasets: the row length (packed rows are exactly this long; unpacked rows are cut to it).
+            pack: token datasets: pack documents into seq_len-token rows.
+            pack_window: token datasets: documents per packing window (best-fit decreasing within it).
+            bucket_window: token datasets, unpacked: sort documents by length within windows of this many
+                global batches (0: off).
+            pad_id: token datasets: the token id of padding.
+            pin_memory: page-lock the batch buffers (when CUDA is present) for asynchronous device copies.
+            device: token datasets: return torch tensors on this device (e.g. "cuda"), copied from pinned buffers.
+
+        Raises pacer.Error for a bad option, a rank outside the world or a
+        dataset with fewer items than ranks, naming what is wrong.
+        """
         if not isinstance(dataset, (Dataset, TokenDataset)):
             dataset = open(dataset)
         self.dataset = dataset
@@ -192,9 +230,11 @@ class Loader:
         self._finished = False  # the current epoch was read to its end
 
     def __len__(self):
+        """Batches of this rank per epoch (token datasets with pack=True: of the current epoch)."""
         return self._impl.batches_per_epoch()
 
     def __iter__(self):
+        """The batches of one epoch; a loop read to the end makes the next loop read the next epoch."""
         return self._epoch()
 
     def _start_next_epoch(self):
@@ -248,6 +288,7 @@ class Loader:
 
     @property
     def epoch(self):
+        """The epoch the next batch comes from."""
         return self.state_dict()["epoch"]
 
     def set_epoch(self, epoch):
@@ -260,6 +301,10 @@ class Loader:
         return json.loads(self._impl.state())
 
     def load_state_dict(self, state):
+        """Continues from a state_dict(): exactly where it was taken, also with another world size.
+
+        A state for another dataset size or order (seed, shuffle, seq_len, packing, ...) raises pacer.Error.
+        """
         self._impl.load_state(json.dumps(state))
         self._finished = False
 

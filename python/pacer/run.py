@@ -14,10 +14,13 @@ the save; the supervisor sees the committed step and stops the command::
     import pacer, pacer.run
     pacer.run.watch()                      # early: installs the handler for PACER_CKPT_SIGNAL
     ck = pacer.Checkpointer(pacer.run.ckpt_dir("/scratch/run42/ckpt"))
+    saved = False                          # a save answered the pending request
     for step in range(start, steps):
         train_step()
-        if step % 1000 == 0 or pacer.run.checkpoint_requested():
-            ck.save(step, state).wait()
+        requested = pacer.run.checkpoint_requested()
+        if step % 1000 == 0 or (requested and not saved):
+            ck.save(step, state()).wait()
+            saved = requested              # the request stays pending until the stop: save once
 
 With several ranks, decide on rank 0 and broadcast the answer (every rank must
 call ``save`` for the same step).

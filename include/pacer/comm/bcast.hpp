@@ -2,7 +2,10 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "pacer/comm/communicator.hpp"
 #include "pacer/core/error.hpp"
@@ -50,5 +53,24 @@ Expected<BcastStats> broadcast_path(Communicator& world, const std::string& src,
 // Collective: rank 0 reads the file `src` once; every rank returns its bytes,
 // checked chunk by chunk as above.
 Expected<std::string> broadcast_file(Communicator& world, const std::string& src, const BcastOptions& options = {});
+
+// Every rank reading SRC itself instead (`pacer bcast --compare`), timed
+// between two barriers: what a broadcast saves the source.
+struct ReadComparison {
+  std::uint64_t bytes_read = 0;  // by all ranks together
+  double seconds = 0;
+};
+
+// One broadcast as rank 0 reports it: the record of `pacer bcast --json`
+// (schema pacer.bcast/1, fields in docs/run.md).
+struct BcastReport {
+  std::string src;
+  std::string dst;
+  int ranks = 1;
+  std::uint64_t chunk_bytes = 0;
+  BcastStats stats;                                 // rank 0's
+  std::optional<ReadComparison> every_rank_reads;  // null in the record when not measured
+};
+nlohmann::json to_json(const BcastReport& r);
 
 }  // namespace pacer::comm

@@ -6,6 +6,8 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "pacer/core/error.hpp"
 
 namespace pacer::run {
@@ -60,6 +62,11 @@ Expected<PortScope> port_scope_from_env();
 // whose kernel has the same ephemeral range and reserved ports.
 Expected<std::pair<int, int>> port_range(const PortPlan& plan, const PortScope& scope);
 Expected<std::pair<int, int>> port_range(const PortPlan& plan, const PortScope& scope, const LocalPorts& local);
+
+// The record of `pacer ports --json` (schema pacer.ports/1): whose ports,
+// their range and the ports acquired in it.
+nlohmann::json to_json(const PortScope& scope, const std::pair<int, int>& range, const std::vector<int>& ports,
+                       const LocalPorts& local);
 
 // Ports bound by this process, held (TCP, bound without SO_REUSEADDR on all
 // addresses, so nobody else can bind them) until handed over or destroyed.

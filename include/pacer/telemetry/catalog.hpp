@@ -8,6 +8,8 @@
 #include <variant>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "pacer/core/error.hpp"
 #include "pacer/telemetry/records.hpp"
 
@@ -51,6 +53,9 @@ struct QueryResult {
   std::vector<std::string> columns;
   std::vector<std::vector<Value>> rows;
 };
+// The record of `pacer query --json` (schema pacer.query/1, docs/telemetry.md)
+// for `query` asked of the catalog `db`: a named question, or SQL.
+nlohmann::json to_json(const QueryResult& r, const std::string& db, const std::string& query, bool named_question);
 
 // An open catalog. Writes are grouped into one transaction per call. When a
 // write fails for lack of space (SQLITE_FULL, or an I/O error) the catalog
@@ -139,5 +144,7 @@ struct MergeResult {
   std::vector<std::string> skipped;
 };
 Expected<MergeResult> merge_catalogs(const std::string& out, const std::vector<std::string>& inputs);
+// The record of `pacer catalog merge --json` (schema pacer.catalog.merge/1).
+nlohmann::json to_json(const MergeResult& r, const std::string& out, const std::vector<std::string>& inputs);
 
 }  // namespace pacer::telemetry

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "pacer/core/error.hpp"
 #include "pacer/telemetry/records.hpp"
 
@@ -42,6 +44,8 @@ struct MonitorResult {
   double sampler_cpu_s = 0;    // CPU time of the monitor process over the run
   std::vector<std::string> notes;  // sources skipped and why
   std::string prometheus_url;
+  // The sampler's CPU time as a share of one core over the run.
+  double sampler_core_percent() const { return wall_s > 0 ? 100.0 * sampler_cpu_s / wall_s : 0; }
 };
 
 // Runs `command` (or follows `pid`) until it ends, sampling every
@@ -52,6 +56,8 @@ struct MonitorResult {
 // command. Catalog trouble (a full disk) never stops the command. Fails only
 // when the command cannot be started or the catalog cannot be opened.
 Expected<MonitorResult> run_monitor(const MonitorOptions& options);
+// The record of `pacer monitor --json` (schema pacer.monitor/1, docs/telemetry.md).
+nlohmann::json to_json(const MonitorResult& r);
 
 // Prometheus text exposition (format 0.0.4) of one sample: HELP and TYPE per
 // family, labels node, gpu and device; counters as NAME_total with their
