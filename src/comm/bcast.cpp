@@ -1,5 +1,7 @@
 // pacer bcast: rank 0 reads, chunks go over MPI with their checksums, one rank per node writes.
 #include "pacer/comm/bcast.hpp"
+#include "pacer/core/posix_io.hpp"
+#include "pacer/hw/system.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -155,16 +157,12 @@ Status check_unchanged(const Plan& plan, const std::string& src) {
 }
 
 // Reads exactly len bytes at offset, or says why not.
-std::string pread_full(int fd, char* buf, std::size_t len, std::uint64_t offset, std::size_t& got) {
+std::string read_chunk(int fd, char* buf, std::size_t len, std::uint64_t offset, std::size_t& got) {
   got = 0;
-  while (got < len) {
-    const ssize_t n = pread(fd, buf + got, len - got, static_cast<off_t>(offset + got));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return std::strerror(errno);
-    if (n == 0) return "short read (file changed?)";
-    got += static_cast<std::size_t>(n);
-  }
-  return "";
+  auto r = pread_full(fd, buf, len, offset, "read");
+  if (!r) return r.error().message;
+  got = *r;
+  return got < len ? "short read (file changed?)" : "";
 }
 
 // Receives each verified chunk in order: file index, offset, bytes.
@@ -211,7 +209,7 @@ Status stream(Communicator& c, const Plan& plan, const std::string& src, const S
       }
     }
     std::size_t got = 0;
-    if (why.empty()) why = pread_full(fd, buf.data(), p.len, p.offset, got);
+    if (why.empty()) why = read_chunk(fd, buf.data(), p.len, p.offset, got);
     if (!why.empty()) {
       flag = 1;
       why = fmt::format("{}: {} at byte {}", path.string(), why, p.offset + got);
@@ -276,20 +274,12 @@ Status stream(Communicator& c, const Plan& plan, const std::string& src, const S
   return result;
 }
 
-std::string host_pid() {
-  char h[256] = {};
-  gethostname(h, sizeof h - 1);
-  return fmt::format("{}-{}", h, getpid());
-}
+std::string host_pid() { return fmt::format("{}-{}", hw::hostname(), getpid()); }
 
 Status fsync_path(const fs::path& p, int flags) {
-  const int fd = ::open(p.c_str(), flags | O_CLOEXEC);
-  if (fd < 0) return Error{ErrorKind::kIo, fmt::format("{}: {}", p.string(), std::strerror(errno))};
-  const int r = fsync(fd);
-  const int e = errno;
-  close(fd);
-  if (r != 0) return Error{ErrorKind::kIo, fmt::format("{}: fsync: {}", p.string(), std::strerror(e))};
-  return {};
+  auto fd = open_fd(p.string(), flags);
+  if (!fd) return fd.error();
+  return fsync_fd(fd->get(), p.string());
 }
 
 // Writes the received files under a temporary name and puts them in place
@@ -343,7 +333,7 @@ class Writer {
     if (same_) {
       cmp_.resize(len);
       std::size_t got = 0;
-      if (pread_full(old_[file], cmp_.data(), len, offset, got).empty() && std::memcmp(cmp_.data(), data, len) == 0)
+      if (read_chunk(old_[file], cmp_.data(), len, offset, got).empty() && std::memcmp(cmp_.data(), data, len) == 0)
         return {};
       if (Status s = start(file, offset); !s) return s;
     }
@@ -425,7 +415,7 @@ class Writer {
       for (std::uint64_t at = 0; at < end;) {
         const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(buf.size(), end - at));
         std::size_t got = 0;
-        if (const std::string why = pread_full(old_[i], buf.data(), n, at, got); !why.empty())
+        if (const std::string why = read_chunk(old_[i], buf.data(), n, at, got); !why.empty())
           return Error{ErrorKind::kIo, fmt::format("{}: {} at byte {}", dst_path(i).string(), why, at + got)};
         if (Status s = put(i, at, buf.data(), n); !s) return s;
         at += n;
@@ -439,14 +429,7 @@ class Writer {
   }
 
   Status put(std::size_t file, std::uint64_t offset, const char* data, std::size_t len) {
-    std::size_t done = 0;
-    while (done < len) {
-      const ssize_t n = pwrite(fds_[file], data + done, len - done, static_cast<off_t>(offset + done));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0)
-        return Error{ErrorKind::kIo, fmt::format("{}: write at byte {}: {}", tmp_path(file).string(), offset + done, std::strerror(errno))};
-      done += static_cast<std::size_t>(n);
-    }
+    if (Status st = pwrite_full(fds_[file], data, len, offset, tmp_path(file).string()); !st) return st;
     written_ += len;
     return {};
   }

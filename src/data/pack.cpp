@@ -174,8 +174,7 @@ Status scan_lines(Source& src) {
     return {};
   };
   for (;;) {
-    const ssize_t n = ::read(fd.get(), buf.data(), buf.size());
-    if (n < 0 && errno == EINTR) continue;
+    const ssize_t n = retry_eintr([&] { return ::read(fd.get(), buf.data(), buf.size()); });
     if (n < 0) return io_error(fmt::format("{}: read failed: {}", src.path, std::strerror(errno)));
     if (n == 0) break;
     std::size_t pos = 0;

@@ -13,6 +13,7 @@
 #include <memory>
 
 #include "pacer/core/units.hpp"
+#include "pacer/core/posix_io.hpp"
 #include "probes.hpp"
 
 namespace pacer::vet {
@@ -107,16 +108,9 @@ void throughput(const ProbeContext& ctx, const StorageTarget& t, std::vector<Mea
     }
     std::uint64_t tag = i;
     std::memcpy(buf.get(), &tag, 8);  // every block differs, and reads can be checked
-    std::size_t done = 0;
-    while (done < block) {
-      const ssize_t n = ::write(fd, buf.get() + done, block - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        const int err = n < 0 ? errno : ENOSPC;
-        ::close(fd);
-        return fail_both(CheckStatus::kFail, fmt::format("write failed after {}: {}", format_bytes(double(i * block + done)), std::strerror(err)));
-      }
-      done += static_cast<std::size_t>(n);
+    if (Status w = write_full(fd, buf.get(), block, file); !w) {
+      ::close(fd);
+      return fail_both(CheckStatus::kFail, fmt::format("after {}: {}", format_bytes(double(i * block)), w.error().message));
     }
   }
   if (::fsync(fd) != 0) {
@@ -142,17 +136,12 @@ void throughput(const ProbeContext& ctx, const StorageTarget& t, std::vector<Mea
   std::size_t mismatched = 0;
   t0 = Clock::now();
   for (std::size_t i = 0; i < blocks && !cancelled(); ++i) {
-    std::size_t done = 0;
-    while (done < block) {
-      const ssize_t n = ::read(fd, buf.get() + done, block - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        const int err = n < 0 ? errno : EIO;
-        ::close(fd);
-        out.push_back(not_measured("storage.read", CheckStatus::kFail, fmt::format("read failed: {}", std::strerror(err)), t.path));
-        return;
-      }
-      done += static_cast<std::size_t>(n);
+    auto got = read_full(fd, buf.get(), block, file);
+    if (!got || *got < block) {
+      ::close(fd);
+      out.push_back(not_measured("storage.read", CheckStatus::kFail,
+                                 got ? fmt::format("{}: read failed: short read", file) : got.error().message, t.path));
+      return;
     }
     std::uint64_t tag = 0;
     std::memcpy(&tag, buf.get(), 8);

@@ -20,6 +20,8 @@
 #include "pacer/hw/system.hpp"
 #include "pacer/vet/cluster.hpp"
 #include "pacer/vet/vet.hpp"
+#include "pacer/core/posix_io.hpp"
+#include "pacer/core/process.hpp"
 #include "pacer/core/time.hpp"
 #include "outliers.hpp"
 #include "probes.hpp"
@@ -212,17 +214,8 @@ struct ChildOutcome {
   double duration_s = 0;
 };
 
-void write_all(int fd, const std::string& out) {
-  const char* data = out.data();
-  std::size_t left = out.size();
-  while (left > 0) {
-    const ssize_t n = ::write(fd, data, left);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    data += n;
-    left -= static_cast<std::size_t>(n);
-  }
-}
+// The parent reads what arrives: a failed write shows there as a short answer.
+void write_all(int fd, const std::string& out) { (void)write_full(fd, out.data(), out.size(), "the pipe to the parent"); }
 
 void stop_child(pid_t pid) {
   ::kill(-pid, SIGTERM);
@@ -325,8 +318,7 @@ ForkOutcome run_forked(const std::function<std::string()>& body, double timeout_
       stop_child(pid);
     }
   } else {
-    while (::waitpid(pid, &wstatus, 0) < 0 && errno == EINTR) {
-    }
+    (void)wait_process(pid, &wstatus);
   }
   out.duration_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (timed_out) out.error = fmt::format("timed out after {}", format_duration(timeout_s));
