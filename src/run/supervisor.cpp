@@ -192,58 +192,39 @@ Status create_request(const std::string& path, const std::string& body) {
   return {};
 }
 
-}  // namespace
-
-std::optional<std::uint64_t> latest_committed_step(const std::string& dir) {
-  if (dir.empty()) return std::nullopt;
-  std::error_code ec;
-  if (!std::filesystem::is_directory(dir, ec)) return std::nullopt;
-  for (const auto& e : ckpt::list(dir, false))
-    if (e.committed) return e.step;  // newest first
-  return std::nullopt;
-}
-
-std::string format_event(const json& e) {
-  return fmt::format("{} pacer run: {}: {}", e.value("time", ""), e.value("event", ""), e.value("message", ""));
-}
-
-Expected<Outcome> supervise(const Options& o) {
+// The checks on Options that need nothing else.
+Status check_options(const Options& o) {
   if (o.argv.empty()) return Error{ErrorKind::kUsage, "no command to run (pacer run [options] -- CMD ...)"};
   if (o.grace_s < 0 || o.stop_timeout_s < 0 || o.before_s < 0 || o.restart_delay_s < 0)
     return Error{ErrorKind::kUsage, "durations (--grace, --stop-timeout, --before, --restart-delay) must not be negative"};
   if (o.max_restarts < 0) return Error{ErrorKind::kUsage, "--max-restarts must be 0 or more"};
   if (o.give_up_after < 1) return Error{ErrorKind::kUsage, "--give-up-after must be at least 1"};
-  Log log(o);
-  if (auto s = log.open(); !s) return s.error();
+  return {};
+}
 
-  const char* job_env = std::getenv("SLURM_JOB_ID");
-  const std::string job = job_env ? job_env : "";
-  const bool in_slurm = !job.empty();
-  log("start", fmt::format("{}; CMD: {}", in_slurm ? fmt::format("Slurm job {}", job)
-                                                   : "no Slurm job (SLURM_JOB_ID unset): running bare, no walltime "
-                                                     "from Slurm and no requeue",
-                           join(o.argv)),
-      {{"argv", o.argv}, {"slurm_job", in_slurm ? json(job) : json(nullptr)}, {"host", hw::hostname()}});
-
-  if (o.vet_quick) {
-    vet::VetOptions vo;
-    vo.quick = true;
-    auto report = vet::run_vet(vo);
-    if (!report) return report.error();
-    std::vector<std::string> failed;
-    for (const auto& c : report->checks)
-      if (c.status == vet::CheckStatus::kFail || c.status == vet::CheckStatus::kError) failed.push_back(c.name);
-    if (report->verdict() != "pass" || report->interrupted) {
-      const std::string why = report->interrupted ? "interrupted" : fmt::format("failed: {}", join(failed));
-      log("vet", fmt::format("pacer vet --quick {}; CMD not started", why), {{"verdict", "fail"}, {"failed", failed}});
-      Outcome out;
-      out.exit_code = static_cast<int>(ExitCode::kCheckFailed);
-      out.reason = fmt::format("vet --quick {} on this node; CMD not started", why);
-      return out;
-    }
-    log("vet", fmt::format("pacer vet --quick passed ({} checks)", report->checks.size()), {{"verdict", "pass"}});
+// `--vet-quick`: an Outcome when the node fails and CMD must not start.
+Expected<std::optional<Outcome>> vet_node(const Options& o, Log& log) {
+  if (!o.vet_quick) return std::optional<Outcome>();
+  vet::VetOptions vo;
+  vo.quick = true;
+  auto report = vet::run_vet(vo);
+  if (!report) return report.error();
+  std::vector<std::string> failed;
+  for (const auto& c : report->checks)
+    if (c.status == vet::CheckStatus::kFail || c.status == vet::CheckStatus::kError) failed.push_back(c.name);
+  if (report->verdict() != "pass" || report->interrupted) {
+    const std::string why = report->interrupted ? "interrupted" : fmt::format("failed: {}", join(failed));
+    log("vet", fmt::format("pacer vet --quick {}; CMD not started", why), {{"verdict", "fail"}, {"failed", failed}});
+    Outcome out;
+    out.exit_code = static_cast<int>(ExitCode::kCheckFailed);
+    out.reason = fmt::format("vet --quick {} on this node; CMD not started", why);
+    return std::optional<Outcome>(out);
   }
+  log("vet", fmt::format("pacer vet --quick passed ({} checks)", report->checks.size()), {{"verdict", "pass"}});
+  return std::optional<Outcome>();
+}
 
+Walltime find_walltime(const Options& o, Log& log) {
   Walltime wt;
   if (o.end_time) {
     wt.end_time = o.end_time;
@@ -262,23 +243,24 @@ Expected<Outcome> supervise(const Options& o) {
     log("walltime", fmt::format("end time unknown: {}; checkpoint on {} only", wt.note, signal_name(o.slurm_signal)),
         {{"end_time", nullptr}});
   }
+  return wt;
+}
 
-  std::string request_dir;  // made here, removed at the end
-  if (o.request_file.empty()) {
-    auto d = make_request_dir();
-    if (!d) return d.error();
-    request_dir = *d;
-  } else {
-    // A directory that does not exist is let through: the request file then
-    // cannot be created (logged at the request) and only a signal asks.
-    const std::string parent = std::filesystem::path(o.request_file).parent_path().string();
-    std::error_code ec;
-    if (auto s = check_base_dir(parent.empty() ? "." : parent); !s && std::filesystem::exists(parent.empty() ? "." : parent, ec))
-      return Error{ErrorKind::kUsage, fmt::format("--request-file {}: {} (anyone could plant a request there)",
-                                                  o.request_file, s.error().message)};
-  }
-  const std::string request_file = request_dir.empty() ? o.request_file : request_dir + "/ckpt-request";
-  std::optional<std::uint64_t> best = latest_committed_step(o.ckpt_dir);
+// The private directory made for the request file (removed at the end), or
+// "" when --request-file names one, whose directory is checked.
+Expected<std::string> prepare_request_dir(const Options& o) {
+  if (o.request_file.empty()) return make_request_dir();
+  // A directory that does not exist is let through: the request file then
+  // cannot be created (logged at the request) and only a signal asks.
+  const std::string parent = std::filesystem::path(o.request_file).parent_path().string();
+  std::error_code ec;
+  if (auto s = check_base_dir(parent.empty() ? "." : parent); !s && std::filesystem::exists(parent.empty() ? "." : parent, ec))
+    return Error{ErrorKind::kUsage, fmt::format("--request-file {}: {} (anyone could plant a request there)",
+                                                o.request_file, s.error().message)};
+  return std::string();
+}
+
+void log_checkpoints(const Options& o, Log& log, const std::optional<std::uint64_t>& best) {
   if (o.ckpt_dir.empty())
     log("checkpoints", "no --ckpt-dir: commits cannot be seen, so a checkpoint request waits the whole grace period "
                        "and crashes never count as progress");
@@ -286,56 +268,74 @@ Expected<Outcome> supervise(const Options& o) {
     log("checkpoints", best ? fmt::format("latest committed step in {}: {}", o.ckpt_dir, *best)
                             : fmt::format("no committed step in {} yet", o.ckpt_dir),
         {{"committed_step", best ? json(*best) : json(nullptr)}});
+}
 
-  // Attempts without progress count across requeues: a job whose every
-  // allocation ends without a new committed step must stop being requeued.
-  int no_progress = 0;
-  const std::string state_path =
-      o.ckpt_dir.empty() ? std::string() : (std::filesystem::path(o.ckpt_dir) / kStateName).string();
-  if (!state_path.empty() && std::filesystem::exists(state_path)) {
-    auto text = read_file(state_path);
-    const json j = text ? json::parse(*text, nullptr, false) : json();
-    if (!j.is_object() || !j.contains("no_progress") || !j.at("no_progress").is_number_integer()) {
-      log("history", fmt::format("{}: unreadable, ignored", state_path));
-    } else {
-      const json s = j.value("committed_step", json());
-      const std::optional<std::uint64_t> then =
-          s.is_number_unsigned() ? std::optional<std::uint64_t>(s.get<std::uint64_t>()) : std::nullopt;
-      if (then == best) {
-        no_progress = j.at("no_progress").get<int>();
-        log("history", fmt::format("{} earlier attempt(s) in a row ended without a new committed step ({})",
-                                   no_progress, state_path),
-            {{"no_progress", no_progress}});
-      }
-    }
+// Attempts without progress count across requeues: a job whose every
+// allocation ends without a new committed step must stop being requeued.
+int load_no_progress(const std::string& state_path, const std::optional<std::uint64_t>& best, Log& log) {
+  if (state_path.empty() || !std::filesystem::exists(state_path)) return 0;
+  auto text = read_file(state_path);
+  const json j = text ? json::parse(*text, nullptr, false) : json();
+  if (!j.is_object() || !j.contains("no_progress") || !j.at("no_progress").is_number_integer()) {
+    log("history", fmt::format("{}: unreadable, ignored", state_path));
+    return 0;
   }
-  auto save_state = [&](const std::optional<std::uint64_t>& latest) {
-    if (state_path.empty()) return;
-    const json j = {{"schema", "pacer.run.state/1"}, {"no_progress", no_progress},
-                    {"committed_step", latest ? json(*latest) : json(nullptr)}, {"time", utc_iso(wall_now(), true)}};
-    if (auto st = write_file_atomic(state_path, j.dump() + "\n"); !st) log("history", st.error().message);
-  };
-  auto forget_state = [&] {
-    if (!state_path.empty()) unlink(state_path.c_str());
-  };
+  const json s = j.value("committed_step", json());
+  const std::optional<std::uint64_t> then =
+      s.is_number_unsigned() ? std::optional<std::uint64_t>(s.get<std::uint64_t>()) : std::nullopt;
+  if (then != best) return 0;
+  const int no_progress = j.at("no_progress").get<int>();
+  log("history", fmt::format("{} earlier attempt(s) in a row ended without a new committed step ({})", no_progress,
+                             state_path),
+      {{"no_progress", no_progress}});
+  return no_progress;
+}
 
-  const sigset_t set = watched_signals();
-  MaskGuard mask(set);
-  // A request belongs to one attempt: none is left behind.
-  struct RemoveOnExit {
-    const std::string& path;
-    const std::string& dir;
-    ~RemoveOnExit() {
-      unlink(path.c_str());
-      if (!dir.empty()) rmdir(dir.c_str());
-    }
-  } remove_request{request_file, request_dir};
+// One attempt of CMD, from its start to its exit.
+struct Attempt {
+  enum class Phase { kRunning, kCheckpointing, kStopping };
+  int number = 0;
+  pid_t pid = 0;
+  Phase phase = Phase::kRunning;
+  double grace_deadline = 0;
+  double kill_deadline = 0;
+  bool killed = false;
+  bool asked = false;  // a checkpoint was requested in this attempt
+  int forwarded_stop = 0;
+  std::optional<std::uint64_t> baseline;
+  std::optional<double> trigger;  // monotonic time of the walltime checkpoint
+  int status = 0;                 // from waitpid
+};
 
+// The state of one supervised run, shared by its phases. A phase that
+// returns an Outcome ends the run.
+struct Supervisor {
+  const Options& o;
+  Log& log;
+  const std::string& job;
+  bool in_slurm;
+  const Walltime& wt;
+  const std::string& request_file;
+  const sigset_t& set;
+  const MaskGuard& mask;
+  const std::string state_path;
+  std::optional<std::uint64_t> best;
+  int no_progress = 0;
   Outcome out;
   int restarts = 0;
   bool walltime_fired = false;
 
-  auto requeue = [&](const std::string& why) {
+  void save_state(const std::optional<std::uint64_t>& latest) {
+    if (state_path.empty()) return;
+    const json j = {{"schema", "pacer.run.state/1"}, {"no_progress", no_progress},
+                    {"committed_step", latest ? json(*latest) : json(nullptr)}, {"time", utc_iso(wall_now(), true)}};
+    if (auto st = write_file_atomic(state_path, j.dump() + "\n"); !st) log("history", st.error().message);
+  }
+  void forget_state() {
+    if (!state_path.empty()) unlink(state_path.c_str());
+  }
+
+  void requeue(const std::string& why) {
     out.exit_code = kExitRequeued;
     out.requeued = true;
     out.committed_step = latest_committed_step(o.ckpt_dir);
@@ -360,9 +360,25 @@ Expected<Outcome> supervise(const Options& o) {
       return;
     }
     log("requeued", fmt::format("job {} requeued; exit {}", job, kExitRequeued));
-  };
+  }
 
-  for (int attempt = 0;; ++attempt) {
+  Outcome give_up(int exit_code, const std::string& why) {
+    forget_state();
+    out.exit_code = exit_code;
+    out.reason = "giving up: " + why;
+    log("give-up", out.reason);
+    return out;
+  }
+
+  Outcome finish(int exit_code, const std::string& reason, const std::string& event = "done") {
+    out.exit_code = exit_code;
+    out.reason = reason;
+    log(event, out.reason);
+    return out;
+  }
+
+  // Fills a.pid, or returns the Outcome of a CMD that could not start.
+  std::optional<Outcome> start(Attempt& a) {
     unlink(request_file.c_str());  // a request belongs to one attempt (and one allocation)
     if (struct stat st {}; lstat(request_file.c_str(), &st) == 0) {
       out.exit_code = static_cast<int>(ExitCode::kRuntime);
@@ -372,7 +388,7 @@ Expected<Outcome> supervise(const Options& o) {
       return out;
     }
     std::vector<std::pair<std::string, std::string>> env = {{kRequestFileEnv, request_file},
-                                                            {kAttemptEnv, std::to_string(attempt)}};
+                                                            {kAttemptEnv, std::to_string(a.number)}};
     if (!o.ckpt_dir.empty()) env.emplace_back(kCkptDirEnv, o.ckpt_dir);
     if (o.request_signal) env.emplace_back(kRequestSignalEnv, signal_name(*o.request_signal).substr(3));
     // Its own process group, so that signals reach everything CMD starts
@@ -392,93 +408,95 @@ Expected<Outcome> supervise(const Options& o) {
       log("not-started", out.reason, {{"exit_code", out.exit_code}});
       return out;
     }
-    const pid_t pid = *spawned;
-    log("started", fmt::format("attempt {} (pid {}), resuming from {}", attempt, pid, step_text(best)),
-        {{"attempt", attempt}, {"pid", pid}});
-
-    enum class Phase { kRunning, kCheckpointing, kStopping } phase = Phase::kRunning;
-    double grace_deadline = 0;
-    double kill_deadline = 0;
-    bool killed = false;
-    bool asked = false;  // a checkpoint was requested in this attempt
-    int forwarded_stop = 0;
-    std::optional<std::uint64_t> baseline;
-    std::optional<double> trigger;  // monotonic time of the walltime checkpoint
+    a.pid = *spawned;
+    log("started", fmt::format("attempt {} (pid {}), resuming from {}", a.number, a.pid, step_text(best)),
+        {{"attempt", a.number}, {"pid", a.pid}});
     if (wt.end_time && o.before_s > 0 && !walltime_fired)
-      trigger = mono_now() + (*wt.end_time - o.before_s - wall_now());
+      a.trigger = mono_now() + (*wt.end_time - o.before_s - wall_now());
+    return std::nullopt;
+  }
 
-    auto stop = [&](const std::string& why) {
-      kill(-pid, SIGTERM);
-      phase = Phase::kStopping;
-      kill_deadline = mono_now() + o.stop_timeout_s;
-      log("stop", fmt::format("{}; SIGTERM to CMD's process group, SIGKILL after {} s", why, o.stop_timeout_s));
-    };
-    auto request = [&](const std::string& why) {
-      asked = true;
-      baseline = latest_committed_step(o.ckpt_dir);
-      const json body = {{"schema", "pacer.run.request/1"}, {"reason", why}, {"time", utc_iso(wall_now(), true)},
-                         {"deadline", wall_now() + o.grace_s}, {"committed_step", baseline ? json(*baseline) : json(nullptr)}};
-      const auto s = create_request(request_file, body.dump() + "\n");
-      if (o.request_signal) kill(-pid, *o.request_signal);
-      phase = Phase::kCheckpointing;
-      grace_deadline = mono_now() + o.grace_s;
-      log("checkpoint-request",
-          fmt::format("{}: asking CMD to checkpoint ({}{}); waiting up to {} s for a step newer than {}", why,
-                      s ? "request file " + request_file : "request file FAILED: " + s.error().message,
-                      o.request_signal ? " and " + signal_name(*o.request_signal) : "", o.grace_s, step_text(baseline)),
-          {{"request_file", request_file}, {"committed_step", baseline ? json(*baseline) : json(nullptr)}});
-    };
+  void stop(Attempt& a, const std::string& why) {
+    kill(-a.pid, SIGTERM);
+    a.phase = Attempt::Phase::kStopping;
+    a.kill_deadline = mono_now() + o.stop_timeout_s;
+    log("stop", fmt::format("{}; SIGTERM to CMD's process group, SIGKILL after {} s", why, o.stop_timeout_s));
+  }
 
-    int st = 0;
+  void request(Attempt& a, const std::string& why) {
+    a.asked = true;
+    a.baseline = latest_committed_step(o.ckpt_dir);
+    const json body = {{"schema", "pacer.run.request/1"}, {"reason", why}, {"time", utc_iso(wall_now(), true)},
+                       {"deadline", wall_now() + o.grace_s}, {"committed_step", a.baseline ? json(*a.baseline) : json(nullptr)}};
+    const auto s = create_request(request_file, body.dump() + "\n");
+    if (o.request_signal) kill(-a.pid, *o.request_signal);
+    a.phase = Attempt::Phase::kCheckpointing;
+    a.grace_deadline = mono_now() + o.grace_s;
+    log("checkpoint-request",
+        fmt::format("{}: asking CMD to checkpoint ({}{}); waiting up to {} s for a step newer than {}", why,
+                    s ? "request file " + request_file : "request file FAILED: " + s.error().message,
+                    o.request_signal ? " and " + signal_name(*o.request_signal) : "", o.grace_s, step_text(a.baseline)),
+        {{"request_file", request_file}, {"committed_step", a.baseline ? json(*a.baseline) : json(nullptr)}});
+  }
+
+  // Waits for CMD to exit, answering signals, the walltime trigger, commits
+  // and deadlines; fills a.status.
+  void watch(Attempt& a) {
+    using Phase = Attempt::Phase;
     for (;;) {
       double wait_s = 3600;
       const double now = mono_now();
-      if (phase == Phase::kRunning && trigger) wait_s = std::min(wait_s, *trigger - now);
-      if (phase == Phase::kCheckpointing) wait_s = std::min({wait_s, 0.2, grace_deadline - now});
-      if (phase == Phase::kStopping && !killed) wait_s = std::min(wait_s, kill_deadline - now);
+      if (a.phase == Phase::kRunning && a.trigger) wait_s = std::min(wait_s, *a.trigger - now);
+      if (a.phase == Phase::kCheckpointing) wait_s = std::min({wait_s, 0.2, a.grace_deadline - now});
+      if (a.phase == Phase::kStopping && !a.killed) wait_s = std::min(wait_s, a.kill_deadline - now);
       wait_s = std::max(wait_s, 0.0);
       timespec ts{static_cast<time_t>(wait_s), static_cast<long>((wait_s - std::floor(wait_s)) * 1e9)};
       siginfo_t info{};
       const int sig = sigtimedwait(&set, &info, &ts);
-      if (waitpid(pid, &st, WNOHANG) == pid) break;
+      if (waitpid(a.pid, &a.status, WNOHANG) == a.pid) break;
       if (sig > 0 && sig != SIGCHLD) {
-        if (sig == o.slurm_signal && !asked) {
-          request(fmt::format("{} received (Slurm's warning before the time limit)", signal_name(sig)));
+        if (sig == o.slurm_signal && !a.asked) {
+          request(a, fmt::format("{} received (Slurm's warning before the time limit)", signal_name(sig)));
         } else {
-          kill(-pid, sig);
-          if (sig != SIGUSR1 && sig != SIGUSR2) forwarded_stop = sig;
+          kill(-a.pid, sig);
+          if (sig != SIGUSR1 && sig != SIGUSR2) a.forwarded_stop = sig;
           log("signal", fmt::format("{} forwarded to CMD's process group", signal_name(sig)), {{"signal", sig}});
         }
       }
       const double t = mono_now();
-      if (phase == Phase::kRunning && trigger && t >= *trigger) {
+      if (a.phase == Phase::kRunning && a.trigger && t >= *a.trigger) {
         walltime_fired = true;
-        request(fmt::format("job ends in {} s (--before {} s)", static_cast<long long>(*wt.end_time - wall_now()),
-                            o.before_s));
+        request(a, fmt::format("job ends in {} s (--before {} s)", static_cast<long long>(*wt.end_time - wall_now()),
+                               o.before_s));
       }
-      if (phase == Phase::kCheckpointing) {
+      if (a.phase == Phase::kCheckpointing) {
         const auto cur = latest_committed_step(o.ckpt_dir);
-        if (newer(cur, baseline)) {
+        if (newer(cur, a.baseline)) {
           log("committed", fmt::format("CMD committed step {} in {}", *cur, o.ckpt_dir), {{"committed_step", *cur}});
-          stop(fmt::format("checkpoint at step {} is committed", *cur));
-        } else if (t >= grace_deadline) {
-          stop(fmt::format("no new committed step within the grace period of {} s (latest: {}); stopping anyway",
-                           o.grace_s, step_text(cur)));
+          stop(a, fmt::format("checkpoint at step {} is committed", *cur));
+        } else if (t >= a.grace_deadline) {
+          stop(a, fmt::format("no new committed step within the grace period of {} s (latest: {}); stopping anyway",
+                              o.grace_s, step_text(cur)));
         }
       }
-      if (phase == Phase::kStopping && !killed && t >= kill_deadline) {
-        kill(-pid, SIGKILL);
-        killed = true;
+      if (a.phase == Phase::kStopping && !a.killed && t >= a.kill_deadline) {
+        kill(-a.pid, SIGKILL);
+        a.killed = true;
         log("kill", fmt::format("CMD still running {} s after SIGTERM: SIGKILL to its process group", o.stop_timeout_s));
       }
     }
     // Workers CMD left behind in its group hold GPUs and ports. The group id
     // cannot be taken by another process while any member is alive.
-    kill(-pid, SIGKILL);
+    kill(-a.pid, SIGKILL);
+  }
+
+  // Decides what follows CMD's exit: an Outcome, or nothing for a restart.
+  std::optional<Outcome> decide(const Attempt& a) {
+    const int st = a.status;
     const int code = status_code(st);
     const auto latest = latest_committed_step(o.ckpt_dir);
-    log("exited", fmt::format("CMD {} (attempt {}); latest committed: {}", describe_status(st), attempt, step_text(latest)),
-        {{"attempt", attempt}, {"exit_code", code}, {"committed_step", latest ? json(*latest) : json(nullptr)}});
+    log("exited", fmt::format("CMD {} (attempt {}); latest committed: {}", describe_status(st), a.number, step_text(latest)),
+        {{"attempt", a.number}, {"exit_code", code}, {"committed_step", latest ? json(*latest) : json(nullptr)}});
 
     // Progress is a step newer than any seen before this attempt.
     auto count_progress = [&] {
@@ -490,40 +508,28 @@ Expected<Outcome> supervise(const Options& o) {
       }
     };
     out.committed_step = latest;
-    auto give_up = [&](int exit_code, const std::string& why) {
-      forget_state();
-      out.exit_code = exit_code;
-      out.reason = "giving up: " + why;
-      log("give-up", out.reason);
-      return out;
-    };
     const std::string no_progress_text = fmt::format(
         "{} consecutive attempt(s) without a new committed step (latest: {})", no_progress + 1, step_text(latest));
 
-    if (phase == Phase::kStopping || (phase == Phase::kCheckpointing && code != 0)) {
+    using Phase = Attempt::Phase;
+    if (a.phase == Phase::kStopping || (a.phase == Phase::kCheckpointing && code != 0)) {
       count_progress();
       if (no_progress >= o.give_up_after)
         return give_up(static_cast<int>(ExitCode::kCheckFailed),
                        no_progress_text + ", counting earlier allocations; not requeued");
       save_state(latest);
-      requeue(newer(latest, baseline)
+      requeue(newer(latest, a.baseline)
                   ? fmt::format("stopped after committing step {}", *latest)
                   : fmt::format("stopped without a new committed step (resume from {})", step_text(latest)));
       return out;
     }
     if (code == 0) {
       forget_state();
-      out.exit_code = 0;
-      out.reason = "CMD finished";
-      log("done", out.reason);
-      return out;
+      return finish(0, "CMD finished");
     }
-    if (forwarded_stop) {
-      out.exit_code = code;
-      out.reason = fmt::format("CMD {} after {} was forwarded; not restarted", describe_status(st), signal_name(forwarded_stop));
-      log("done", out.reason);
-      return out;
-    }
+    if (a.forwarded_stop)
+      return finish(code, fmt::format("CMD {} after {} was forwarded; not restarted", describe_status(st),
+                                      signal_name(a.forwarded_stop)));
     count_progress();
     if (no_progress >= o.give_up_after) return give_up(code, no_progress_text + "; last one " + describe_status(st));
     if (restarts >= o.max_restarts)
@@ -532,8 +538,12 @@ Expected<Outcome> supervise(const Options& o) {
     log("restart", fmt::format("CMD crashed; restart {} of {} in {} s from {} ({} attempt(s) in a row without progress)",
                                restarts, o.max_restarts, o.restart_delay_s, step_text(best), no_progress),
         {{"restart", restarts}, {"no_progress", no_progress}});
-    // The delay still answers signals: Slurm's warning requeues at once (the
-    // newest commit is all there is to save), a stop signal ends the run.
+    return std::nullopt;
+  }
+
+  // The delay still answers signals: Slurm's warning requeues at once (the
+  // newest commit is all there is to save), a stop signal ends the run.
+  std::optional<Outcome> wait_to_restart() {
     const double until = mono_now() + o.restart_delay_s;
     for (double left; (left = until - mono_now()) > 0;) {
       timespec ts{static_cast<time_t>(left), static_cast<long>((left - std::floor(left)) * 1e9)};
@@ -543,14 +553,82 @@ Expected<Outcome> supervise(const Options& o) {
         requeue(fmt::format("{} received between attempts", signal_name(sig)));
         return out;
       }
-      if (sig != SIGUSR1 && sig != SIGUSR2) {
-        out.exit_code = 128 + sig;
-        out.reason = fmt::format("{} received while waiting to restart; not restarted", signal_name(sig));
-        log("done", out.reason);
-        return out;
-      }
+      if (sig != SIGUSR1 && sig != SIGUSR2)
+        return finish(128 + sig, fmt::format("{} received while waiting to restart; not restarted", signal_name(sig)));
+    }
+    return std::nullopt;
+  }
+
+  Outcome run() {
+    for (int attempt = 0;; ++attempt) {
+      Attempt a;
+      a.number = attempt;
+      if (auto done = start(a)) return *done;
+      watch(a);
+      if (auto done = decide(a)) return *done;
+      if (auto done = wait_to_restart()) return *done;
     }
   }
+};
+
+}  // namespace
+
+std::optional<std::uint64_t> latest_committed_step(const std::string& dir) {
+  if (dir.empty()) return std::nullopt;
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) return std::nullopt;
+  for (const auto& e : ckpt::list(dir, false))
+    if (e.committed) return e.step;  // newest first
+  return std::nullopt;
+}
+
+std::string format_event(const json& e) {
+  return fmt::format("{} pacer run: {}: {}", e.value("time", ""), e.value("event", ""), e.value("message", ""));
+}
+
+Expected<Outcome> supervise(const Options& o) {
+  if (auto s = check_options(o); !s) return s.error();
+  Log log(o);
+  if (auto s = log.open(); !s) return s.error();
+
+  const char* job_env = std::getenv("SLURM_JOB_ID");
+  const std::string job = job_env ? job_env : "";
+  const bool in_slurm = !job.empty();
+  log("start", fmt::format("{}; CMD: {}", in_slurm ? fmt::format("Slurm job {}", job)
+                                                   : "no Slurm job (SLURM_JOB_ID unset): running bare, no walltime "
+                                                     "from Slurm and no requeue",
+                           join(o.argv)),
+      {{"argv", o.argv}, {"slurm_job", in_slurm ? json(job) : json(nullptr)}, {"host", hw::hostname()}});
+
+  auto vetted = vet_node(o, log);
+  if (!vetted) return vetted.error();
+  if (*vetted) return **vetted;
+
+  const Walltime wt = find_walltime(o, log);
+  auto made_dir = prepare_request_dir(o);
+  if (!made_dir) return made_dir.error();
+  const std::string request_dir = *made_dir;  // made here, removed at the end
+  const std::string request_file = request_dir.empty() ? o.request_file : request_dir + "/ckpt-request";
+  const std::optional<std::uint64_t> best = latest_committed_step(o.ckpt_dir);
+  log_checkpoints(o, log, best);
+  const std::string state_path =
+      o.ckpt_dir.empty() ? std::string() : (std::filesystem::path(o.ckpt_dir) / kStateName).string();
+  const int no_progress = load_no_progress(state_path, best, log);
+
+  const sigset_t set = watched_signals();
+  MaskGuard mask(set);
+  // A request belongs to one attempt: none is left behind.
+  struct RemoveOnExit {
+    const std::string& path;
+    const std::string& dir;
+    ~RemoveOnExit() {
+      unlink(path.c_str());
+      if (!dir.empty()) rmdir(dir.c_str());
+    }
+  } remove_request{request_file, request_dir};
+
+  Supervisor sup{o, log, job, in_slurm, wt, request_file, set, mask, state_path, best, no_progress, Outcome{}, 0, false};
+  return sup.run();
 }
 
 }  // namespace pacer::run
