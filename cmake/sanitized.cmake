@@ -83,7 +83,7 @@ ExternalProject_Add(pacer_sanitized
     # CPU code only, one rank: the sanitizers watch the parsers and the host-side logic.
     -DPACER_CUDA:BOOL=OFF -DPACER_MPI:BOOL=OFF -DPACER_NCCL:BOOL=OFF
     -DPACER_PYTHON:BOOL=${PACER_PYTHON}
-    # -O1 with line tables: sanitizer speed and readable stacks at half the compile time of -O2 -g.
+    # -O1 with line tables, as sanitizers are usually run: readable stacks, a lighter compile than -O2 -g.
     -DCMAKE_BUILD_TYPE:STRING=RelWithDebInfo
     "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO:STRING=-O1 -g1"
     "-DCMAKE_C_FLAGS_RELWITHDEBINFO:STRING=-O1 -g1"
