@@ -18,6 +18,12 @@ name="$2" bin="$3" work="$4"
 # -error_exitcode: libFuzzer's default, 77, is what ctest takes for "skipped".
 opts=(-timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=1024 -error_exitcode=1)
 [ -f "$here/$name.dict" ] && opts+=("-dict=$here/$name.dict")
+# The targets' scratch directories go below one folder of this run, removed at the end: a target
+# that crashes or times out exits without removing its own.
+base=/tmp
+[ -w /dev/shm ] && base=/dev/shm
+export TMPDIR="$(mktemp -d "$base/pacer-fuzz-run-XXXXXX")"
+trap 'rm -rf "$TMPDIR"' EXIT
 if [ ! -x "$bin" ]; then
   echo "fuzz: $bin is missing: build the main tree first (it builds build/sanitize)" >&2
   exit 1
@@ -32,7 +38,7 @@ case "$mode" in
       exit 77
     fi
     echo "fuzz.$name.regressions: ${#inputs[@]} input(s)"
-    exec "$bin" "${opts[@]}" "${inputs[@]}"
+    "$bin" "${opts[@]}" "${inputs[@]}"
     ;;
   fuzz)
     seconds="$5"
