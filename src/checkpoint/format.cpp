@@ -61,6 +61,26 @@ Expected<std::uint64_t> unhex(const std::string& s) {
   return v;
 }
 
+// Where in a manifest (a JSON pointer) the first number that is not a non-negative integer is,
+// meta left out: get<std::uint64_t>() and get<int>() of a float cast it, undefined beyond the
+// type's range, and every number pacer writes there is a count, a size or an offset. Iterative:
+// the nesting is the input's.
+std::optional<std::string> non_count_number(const json& manifest) {
+  std::vector<std::pair<const json*, std::string>> todo{{&manifest, ""}};
+  while (!todo.empty()) {
+    auto [j, where] = todo.back();
+    todo.pop_back();
+    if (j->is_number() && !j->is_number_unsigned()) return where.empty() ? "/" : where;
+    if (j->is_object()) {
+      for (auto it = j->begin(); it != j->end(); ++it)
+        if (j != &manifest || it.key() != "meta") todo.emplace_back(&*it, where + "/" + it.key());
+    } else if (j->is_array()) {
+      for (std::size_t i = 0; i < j->size(); ++i) todo.emplace_back(&(*j)[i], where + "/" + std::to_string(i));
+    }
+  }
+  return std::nullopt;
+}
+
 json blob_to_json(const BlobInfo& b) {
   json chunks = json::array();
   for (auto h : b.chunk_hashes) chunks.push_back(hex(h));
@@ -123,6 +143,7 @@ Expected<Manifest> manifest_from_json(const std::string& text, const std::string
   j.erase("manifest_xxh3");
   const std::string body = j.dump();
   if (hex(XXH3_64bits(body.data(), body.size())) != want) return bad("manifest checksum mismatch (edited or corrupt)");
+  if (auto where = non_count_number(j)) return bad(fmt::format("{} is not a non-negative integer", *where));
   try {
     Manifest m;
     m.step = j.at("step").get<std::uint64_t>();

@@ -75,6 +75,7 @@ Expected<std::shared_ptr<TokenDataset>> TokenDataset::open(const std::string& pr
   std::size_t pos = 0;
   auto take = [&](void* dst, std::size_t n) {
     if (pos + n > b.size()) return false;
+    if (n == 0) return true;  // an empty vector's data() may be null, which memcpy must not get
     std::memcpy(dst, b.data() + pos, n);
     pos += n;
     return true;

@@ -190,7 +190,10 @@ Expected<StepRecord> parse_step_json(std::string_view line) {
   if (it == j.end() || !it->is_number_integer()) return Error{ErrorKind::kConfig, "\"step\" missing or not an integer"};
   r.step = it->get<std::int64_t>();
   nlohmann::json extra = nlohmann::json::object();
-  for (auto& [key, value] : j.items()) {
+  for (auto& item : j.items()) {
+    // Named, not a structured binding: clang before 16 (the fuzz build) cannot capture bindings in a lambda.
+    const std::string& key = item.key();
+    nlohmann::json& value = item.value();
     if (key == "step") continue;
     const auto number = [&](std::optional<double>& out) -> Status {
       if (value.is_null()) return {};

@@ -211,6 +211,9 @@ Status parse_cluster(const std::string& source, const toml::node& node, json& d)
     if (!v || !n.is_number() || !std::isfinite(*v) || *v < 0)
       return at(source, n, fmt::format("'{}' in [cluster] must be a finite non-negative number", key));
     if (key.starts_with("link_") && *v > 1) return at(source, n, fmt::format("'{}' in [cluster] must be in [0, 1]", key));
+    // Becomes an unsigned count: a fraction or a value beyond it (or NaN) would not convert.
+    if (key == "outlier_min_nodes" && !(*v >= 0 && *v <= 4294967295.0 && std::floor(*v) == *v))
+      return at(source, n, "'outlier_min_nodes' in [cluster] must be a whole number of nodes");
     d["cluster"][key] = *v;
   }
   return {};

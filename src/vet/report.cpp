@@ -130,16 +130,21 @@ Expected<std::map<std::string, double>> load_baseline(const std::string& path) {
   json j;
   try {
     j = json::parse(*text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // out_of_range too: a number beyond double
     return Error{ErrorKind::kConfig, fmt::format("baseline {}: not valid JSON: {}", path, e.what())};
   }
   if (!j.is_object() || j.value("schema", "") != kReportSchema || !j.contains("checks") || !j["checks"].is_array())
     return Error{ErrorKind::kConfig, fmt::format("baseline {}: not a pacer vet report (expected \"schema\": \"{}\" and a \"checks\" array)", path, kReportSchema)};
   std::map<std::string, double> figures;
   for (const auto& c : j["checks"]) {
-    if (!c.is_object() || !c.contains("name")) continue;
-    if (c.contains("value") && c["value"].is_number() && c.value("status", "") != "error" && c.value("status", "") != "skip")
-      figures[c["name"].get<std::string>() + "|" + c.value("target", "")] = c["value"].get<double>();
+    // A field of another type is no figure (as a missing one), not an exception.
+    auto text = [&](const char* key) {
+      auto it = c.find(key);
+      return it != c.end() && it->is_string() ? it->get<std::string>() : std::string();
+    };
+    if (!c.is_object() || !c.contains("name") || !c["name"].is_string()) continue;
+    if (c.contains("value") && c["value"].is_number() && text("status") != "error" && text("status") != "skip")
+      figures[text("name") + "|" + text("target")] = c["value"].get<double>();
   }
   return figures;
 }

@@ -1,5 +1,7 @@
 // The checkpoint format: names, dtypes, manifests and their self-checksum, retention arithmetic, intervals.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <xxhash.h>
 
 #include <cmath>
 
@@ -153,6 +155,36 @@ TEST(CkptFormat, ManifestRejectsWrongChunkCount) {
   auto r = manifest_from_json(to_json(m).dump(), "M");
   ASSERT_FALSE(r);
   EXPECT_TRUE(contains(r.error().message, "'w'"));
+}
+
+// The manifest's self-checksum made right after an edit, as a crafted manifest would have it.
+std::string rechecksummed(nlohmann::json j) {
+  j.erase("manifest_xxh3");
+  const std::string body = j.dump();
+  j["manifest_xxh3"] = fmt::format("{:016x}", XXH3_64bits(body.data(), body.size()));
+  return j.dump();
+}
+
+// Found by tests/fuzz/manifest.cpp: a size of 2.5e59 was cast to uint64, undefined behaviour; a
+// negative offset wrapped to a huge one.
+TEST(CkptFormat, ManifestNumbersMustBeNonNegativeIntegers) {
+  const nlohmann::json good = to_json(sample());
+  ASSERT_TRUE(manifest_from_json(rechecksummed(good), "M"));
+  for (const char* where : {"/files/0/size", "/blobs/0/offset", "/step", "/world_size", "/blobs/0/shape/0"}) {
+    for (const nlohmann::json& value : {nlohmann::json(2.5e59), nlohmann::json(-1), nlohmann::json(1.0)}) {
+      nlohmann::json j = good;
+      j[nlohmann::json::json_pointer(where)] = value;
+      auto r = manifest_from_json(rechecksummed(j), "dir/MANIFEST.json");
+      ASSERT_FALSE(r) << where << " = " << value;
+      EXPECT_EQ(r.error().kind, ErrorKind::kConfig);
+      EXPECT_TRUE(contains(r.error().message, "dir/MANIFEST.json")) << r.error().message;
+      EXPECT_TRUE(contains(r.error().message, where)) << r.error().message;
+    }
+  }
+  // The user's meta may hold any number.
+  nlohmann::json j = good;
+  j["meta"]["lr"] = -2.5e59;
+  EXPECT_TRUE(manifest_from_json(rechecksummed(j), "M"));
 }
 
 TEST(CkptRetention, KeepsNewestLastNAndMultiples) {

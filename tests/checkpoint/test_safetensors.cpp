@@ -177,7 +177,8 @@ TEST(SafetensorsExport, ShardsWithAnIndexAboveTheMaximumSize) {
   for (const auto& [name, file] : want_map) {
     Parsed p = parse(out + "/" + file);
     ASSERT_EQ(p.error, "") << file;
-    const Blob& b = *std::find_if(blobs.begin(), blobs.end(), [&](const Blob& x) { return x.name == "model/" + name; });
+    const std::string blob_name = "model/" + name;  // clang before 16 cannot capture a structured binding
+    const Blob& b = *std::find_if(blobs.begin(), blobs.end(), [&](const Blob& x) { return x.name == blob_name; });
     EXPECT_EQ(p.data[name], as_string(b.bytes)) << name;
   }
   EXPECT_FALSE(fs::exists(out + "/model.safetensors")) << "the earlier single file would shadow the shards";

@@ -58,6 +58,20 @@ TEST(TokenDataset, ReadsTheMegatronLayout) {
   EXPECT_FALSE((*ds)->read(3));
 }
 
+// Found by tests/fuzz/idx.cpp: the empty arrays were copied with memcpy(nullptr, ..., 0), undefined
+// behaviour that the sanitized build (sanitize.unit.*) aborts on.
+TEST(TokenDataset, AnIndexWithoutSequencesOpensEmpty) {
+  TempDir dir("pacer-tokens-");
+  const std::string prefix = dir.path() + "/empty";
+  write(prefix + ".bin", "");
+  write(prefix + ".idx", megatron_idx(8, {}, {}, {0}));
+  auto ds = TokenDataset::open(prefix);
+  ASSERT_TRUE(ds) << ds.error().message;
+  EXPECT_EQ((*ds)->sequences(), 0u);
+  EXPECT_EQ((*ds)->documents(), 0u);
+  EXPECT_EQ((*ds)->tokens(), 0u);
+}
+
 TEST(TokenDataset, WriterRoundTripsAndRefusesTokensThatDoNotFit) {
   TempDir dir("pacer-tokens-");
   const std::vector<std::vector<std::int64_t>> docs = {{1, 2, 3}, {}, {70000, 5}, {42}};

@@ -318,6 +318,29 @@ TEST_F(LoadBaseline, InvalidJsonIsConfigErrorNamingPath) {
   EXPECT_TRUE(contains(b.error().message, p));
 }
 
+// Found by tests/fuzz/baseline.cpp: both threw out of load_baseline (std::terminate in a caller
+// without a handler) instead of an error or a skipped entry.
+TEST_F(LoadBaseline, ANumberBeyondDoubleIsConfigErrorNamingPath) {
+  const std::string p = dir_.file("huge.json", R"({"schema": "pacer.vet/1", "checks": [{"name": "a", "value": 1e999}]})");
+  auto b = load_baseline(p);
+  ASSERT_FALSE(b.has_value());
+  EXPECT_EQ(b.error().kind, ErrorKind::kConfig);
+  EXPECT_TRUE(contains(b.error().message, p));
+}
+
+TEST_F(LoadBaseline, FieldsOfAnotherTypeAreNoFigure) {
+  const std::string p = dir_.file("types.json", R"({"schema": "pacer.vet/1", "checks": [
+      {"name": 5, "value": 1},
+      {"name": "a", "value": 2, "status": 3},
+      {"name": "b", "value": 3, "target": ["x"]},
+      {"name": "c", "value": 4, "status": "pass", "target": "/t"}
+    ]})");
+  auto b = load_baseline(p);
+  ASSERT_TRUE(b.has_value()) << b.error().message;
+  const std::map<std::string, double> expected{{"a|", 2}, {"b|", 3}, {"c|/t", 4}};
+  EXPECT_EQ(*b, expected);
+}
+
 TEST_F(LoadBaseline, WrongSchemaIsConfigErrorNamingPath) {
   for (const char* text : {R"({"schema": "pacer.bench/1", "checks": []})",
                            R"({"checks": []})",

@@ -406,6 +406,16 @@ TEST_F(ProfileTest, BaselineRatioOutOfRangeRejected) {
   expect_config_error("[baseline]\nratio = 0.5\n", 2, {"'ratio'"});
 }
 
+// Found by tests/fuzz/profile.cpp: 1.5e14 was converted to unsigned, undefined behaviour.
+TEST_F(ProfileTest, OutlierMinNodesMustBeAWholeCount) {
+  expect_config_error("[cluster]\noutlier_min_nodes = 1.5e14\n", 2, {"outlier_min_nodes", "whole number"});
+  expect_config_error("[cluster]\noutlier_min_nodes = 2.5\n", 2, {"outlier_min_nodes"});
+  expect_config_error("[cluster]\noutlier_min_nodes = nan\n", 2, {"outlier_min_nodes"});
+  auto p = parse_profile("[cluster]\noutlier_min_nodes = 4\n", path("site.toml"));
+  ASSERT_TRUE(p.has_value()) << p.error().message;
+  EXPECT_EQ(p->cluster.outlier_min_nodes, 4u);
+}
+
 TEST_F(ProfileTest, ProfileToJsonRecordsThresholdsAndSources) {
   auto p = load_profile("h200");
   ASSERT_TRUE(p.has_value()) << p.error().message;

@@ -1,0 +1,54 @@
+// Fuzzes the shard index reader: arbitrary bytes as the .pidx of a fixed, real shard
+// (fixtures/shard.tar), then every sample read through it.
+//
+// The index carries checksums of itself, so random bytes stop at the first one. An input whose
+// reserved word (bytes 12-15) is odd is therefore "fixed up" first: the shard size and both
+// checksums are set to what the reader expects, and the entries behind them get fuzzed too.
+// Only the member-headers hash is left as the input has it (the bounds checks come before it).
+#include <xxhash.h>
+
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+#include "fuzz.hpp"
+#include "pacer/data.hpp"
+#include "shard_reads.hpp"
+
+using namespace pacer;
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  static const std::string shard = fuzz::place_fixture("shard.tar", "shard.tar");
+  static const std::uint64_t shard_bytes = std::filesystem::file_size(shard);
+  std::vector<std::uint8_t> bytes(data, data + size);
+  std::uint32_t reserved = 0;
+  if (bytes.size() >= 64 && (std::memcpy(&reserved, bytes.data() + 12, 4), reserved & 1)) {
+    reserved = 0;
+    std::memcpy(bytes.data() + 12, &reserved, 4);
+    std::memcpy(bytes.data() + 16, &shard_bytes, 8);
+    const std::uint64_t entries = XXH3_64bits(bytes.data() + 64, bytes.size() - 64);
+    std::memcpy(bytes.data() + 48, &entries, 8);
+    const std::uint64_t self = XXH3_64bits(bytes.data(), 56);
+    std::memcpy(bytes.data() + 56, &self, 8);
+  }
+  fuzz::write_bytes(data::index_path(shard), bytes.data(), bytes.size());
+
+  (void)data::read_index(shard, true);
+  auto idx = data::read_index(shard, false);
+  if (!idx) return 0;
+  for (const auto& e : idx->entries)
+    for (const auto& f : e.fields)
+      PACER_FUZZ_CHECK(f.offset <= shard_bytes && f.size <= shard_bytes - f.offset,
+                       "sample '%s' field '%s' [%llu, +%llu) accepted outside the %llu-byte shard", e.key.c_str(),
+                       f.ext.c_str(), (unsigned long long)f.offset, (unsigned long long)f.size,
+                       (unsigned long long)shard_bytes);
+
+  auto read = fuzz::read_samples(shard);
+  if (!read) return 0;
+  for (const auto& s : *read)
+    if (s)
+      for (const auto& [ext, bytes] : s->fields)
+        PACER_FUZZ_CHECK(bytes.size() <= shard_bytes, "field '%s' of %zu bytes from a %llu-byte shard", ext.c_str(),
+                         bytes.size(), (unsigned long long)shard_bytes);
+  return 0;
+}
