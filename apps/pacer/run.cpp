@@ -1,5 +1,6 @@
 // `pacer run`: supervise a training command inside a Slurm job (checkpoint, requeue, restart).
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <unistd.h>
 
@@ -13,9 +14,26 @@
 #include "pacer/core/units.hpp"
 #include "pacer/run.hpp"
 #include "pacer/telemetry.hpp"
+#include "pacer/vet/vet.hpp"
 
 namespace pacer::cli {
 namespace {
+
+// --vet quick: this node's quick vet, as the supervisor's gate before CMD.
+Expected<run::VetQuickVerdict> vet_quick() {
+  vet::VetOptions vo;
+  vo.quick = true;
+  auto report = vet::run_vet(vo);
+  if (!report) return report.error();
+  run::VetQuickVerdict v;
+  for (const auto& c : report->checks)
+    if (c.status == vet::CheckStatus::kFail || c.status == vet::CheckStatus::kError) v.failed.push_back(c.name);
+  v.passed = report->verdict() == "pass" && !report->interrupted;
+  if (report->interrupted) v.summary = "interrupted";
+  else if (!v.passed) v.summary = fmt::format("failed: {}", fmt::join(v.failed, " "));
+  else v.summary = fmt::format("passed ({} checks)", report->checks.size());
+  return v;
+}
 
 struct RunArgs {
   std::vector<std::string> argv;
@@ -79,7 +97,7 @@ int run(const RunArgs& a) {
       }
     }
   }
-  if (a.vet == "quick") o.vet_quick = true;
+  if (a.vet == "quick") o.vet_quick = vet_quick;
   else if (a.vet != "none") usage_error(fmt::format("--vet {}: expected quick or none", a.vet));
   o.log_path = a.log;
   // --monitor: every attempt of CMD runs under `pacer monitor` (which passes

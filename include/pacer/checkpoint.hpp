@@ -346,10 +346,8 @@ class Checkpointer {
   std::unique_ptr<Impl> impl_;
 };
 
-// Checkpoint interval that minimises lost work plus checkpoint cost, for a
-// save that costs `save_cost_s` and a mean time between failures `mtbf_s`:
-// Daly's higher-order estimate, sqrt(2δM)·(1 + √(δ/2M)/3 + (δ/2M)/9) − δ for
-// δ < 2M, and M otherwise. Young's first-order sqrt(2δM) is young_interval.
+// core's optimal_interval and young_interval (pacer/core/stats.hpp), under the
+// checkpoint API's names for callers of this library.
 double optimal_interval(double save_cost_s, double mtbf_s);
 double young_interval(double save_cost_s, double mtbf_s);
 

@@ -64,6 +64,13 @@ enum class RequeueMode {
   kExit,      // exit kExitRequeued only (an sbatch --dependency=singleton chain)
 };
 
+// What the check before CMD found.
+struct VetQuickVerdict {
+  bool passed = false;
+  std::string summary;              // "passed (12 checks)", "failed: gpu.count disk.free", "interrupted"
+  std::vector<std::string> failed;  // checks that failed or errored
+};
+
 struct Options {
   std::vector<std::string> argv;  // CMD, run by path search without a shell
   std::string ckpt_dir;           // where CMD commits checkpoints (pacer checkpoint layout); empty: none
@@ -83,7 +90,10 @@ struct Options {
   RequeueMode requeue = RequeueMode::kScontrol;
   std::string scontrol = "scontrol";
   std::optional<double> end_time;  // overrides learn_walltime (Unix seconds)
-  bool vet_quick = false;          // `pacer vet --quick` first; CMD is not started when it fails
+  // `pacer vet --quick` before CMD's first start (the CLI's --vet quick calls
+  // vet::run_vet); CMD is not started unless it passes. A callback so that run
+  // does not link vet. Empty: no check.
+  std::function<Expected<VetQuickVerdict>()> vet_quick;
   std::string log_path;            // JSON lines, appended; empty: none
   // Every decision, after it is written to log_path (human log lines).
   std::function<void(const nlohmann::json& event)> on_event;

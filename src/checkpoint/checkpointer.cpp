@@ -31,6 +31,7 @@
 #include "pacer/core/atomic_file.hpp"
 #include "pacer/core/host_buffer.hpp"
 #include "pacer/core/posix_io.hpp"
+#include "pacer/core/stats.hpp"
 #include "pacer/core/time.hpp"
 #include "pacer/hw/cuda_host.hpp"
 #include "pacer/hw/system.hpp"
@@ -1551,16 +1552,8 @@ Expected<Reader> Checkpointer::open_reader(std::optional<std::uint64_t> step) {
   return Error{ErrorKind::kUsage, fmt::format("no valid checkpoint under {}", impl_->opt.root)};
 }
 
-double young_interval(double save_cost_s, double mtbf_s) {
-  if (save_cost_s <= 0 || mtbf_s <= 0) return 0;
-  return std::sqrt(2 * save_cost_s * mtbf_s);
-}
+double young_interval(double save_cost_s, double mtbf_s) { return pacer::young_interval(save_cost_s, mtbf_s); }
 
-double optimal_interval(double save_cost_s, double mtbf_s) {
-  if (save_cost_s <= 0 || mtbf_s <= 0) return 0;
-  if (save_cost_s >= 2 * mtbf_s) return mtbf_s;
-  const double x = save_cost_s / (2 * mtbf_s);
-  return std::sqrt(2 * save_cost_s * mtbf_s) * (1 + std::sqrt(x) / 3 + x / 9) - save_cost_s;
-}
+double optimal_interval(double save_cost_s, double mtbf_s) { return pacer::optimal_interval(save_cost_s, mtbf_s); }
 
 }  // namespace pacer::ckpt

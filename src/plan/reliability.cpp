@@ -3,7 +3,7 @@
 
 #include <cmath>
 
-#include "pacer/checkpoint.hpp"
+#include "pacer/core/stats.hpp"
 #include "pacer/plan.hpp"
 
 namespace pacer::plan {
@@ -29,9 +29,9 @@ Expected<CkptReport> plan_ckpt(const CkptInput& in) {
   if (in.campaign_s < 0) return bad("--campaign", in.campaign_s);
   if (in.current_interval_s < 0) return bad("--interval", in.current_interval_s);
   CkptReport r;
-  // One definition of the optimum for the whole of pacer: the checkpoint capability's.
-  r.young_interval_s = ckpt::young_interval(in.save_cost_s, in.mtbf_s);
-  r.daly_interval_s = ckpt::optimal_interval(in.save_cost_s, in.mtbf_s);
+  // One definition of the optimum for the whole of pacer: core's, which checkpoint uses too.
+  r.young_interval_s = pacer::young_interval(in.save_cost_s, in.mtbf_s);
+  r.daly_interval_s = pacer::optimal_interval(in.save_cost_s, in.mtbf_s);
   r.lost_fraction = std::min(1.0, lost_fraction(r.daly_interval_s, in));
   if (in.current_interval_s > 0) r.lost_fraction_current = std::min(1.0, lost_fraction(in.current_interval_s, in));
   r.expected_failures = in.campaign_s / in.mtbf_s;

@@ -18,7 +18,6 @@
 #include "pacer/checkpoint.hpp"
 #include "pacer/core/atomic_file.hpp"
 #include "pacer/run.hpp"
-#include "pacer/vet/vet.hpp"
 #include "pacer/core/process.hpp"
 #include "pacer/core/time.hpp"
 #include "pacer/hw/system.hpp"
@@ -202,25 +201,19 @@ Status check_options(const Options& o) {
   return {};
 }
 
-// `--vet-quick`: an Outcome when the node fails and CMD must not start.
+// `--vet quick`: an Outcome when the node fails and CMD must not start.
 Expected<std::optional<Outcome>> vet_node(const Options& o, Log& log) {
   if (!o.vet_quick) return std::optional<Outcome>();
-  vet::VetOptions vo;
-  vo.quick = true;
-  auto report = vet::run_vet(vo);
-  if (!report) return report.error();
-  std::vector<std::string> failed;
-  for (const auto& c : report->checks)
-    if (c.status == vet::CheckStatus::kFail || c.status == vet::CheckStatus::kError) failed.push_back(c.name);
-  if (report->verdict() != "pass" || report->interrupted) {
-    const std::string why = report->interrupted ? "interrupted" : fmt::format("failed: {}", join(failed));
-    log("vet", fmt::format("pacer vet --quick {}; CMD not started", why), {{"verdict", "fail"}, {"failed", failed}});
+  auto v = o.vet_quick();
+  if (!v) return v.error();
+  if (!v->passed) {
+    log("vet", fmt::format("pacer vet --quick {}; CMD not started", v->summary), {{"verdict", "fail"}, {"failed", v->failed}});
     Outcome out;
     out.exit_code = static_cast<int>(ExitCode::kCheckFailed);
-    out.reason = fmt::format("vet --quick {} on this node; CMD not started", why);
+    out.reason = fmt::format("vet --quick {} on this node; CMD not started", v->summary);
     return std::optional<Outcome>(out);
   }
-  log("vet", fmt::format("pacer vet --quick passed ({} checks)", report->checks.size()), {{"verdict", "pass"}});
+  log("vet", fmt::format("pacer vet --quick {}", v->summary), {{"verdict", "pass"}});
   return std::optional<Outcome>();
 }
 

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "cluster_nccl.hpp"
+#include "probes.hpp"
 #include "pacer/core/stats.hpp"
 #include "pacer/core/units.hpp"
 #include "pacer/hw/system.hpp"
@@ -278,8 +279,6 @@ std::vector<std::vector<std::pair<int, int>>> rounds_of(const std::vector<std::p
 }
 
 }  // namespace
-
-bool is_cluster_check(const std::string& name) { return name == "network.p2p" || name == "cluster.report"; }
 
 Expected<std::optional<ClusterReport>> run_cluster_vet(comm::TimedComm& world, const ClusterOptions& o) {
   const std::optional<ClusterReport> kNotRoot;

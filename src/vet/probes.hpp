@@ -87,6 +87,13 @@ struct ProbeSpec {
 const std::vector<ProbeSpec>& all_probes();
 const CheckSpec* find_check(const std::string& name);
 const ProbeSpec* probe_of_check(const std::string& name);
+// Chaos targets of the cluster layer, beside the node checks (--inject
+// [NODE:]NAME=ACTION): network.p2p=VALUE makes every link of the node report
+// VALUE GB/s, network.p2p=hang makes the node sit out the network tests,
+// cluster.report=hang makes its leader never send its report (a wedged node).
+// Kept with the registry so that the node runner can tell them apart without
+// depending on the cluster layer.
+bool is_cluster_check(const std::string& name);
 
 std::vector<ProbeSpec> system_probes();
 std::vector<ProbeSpec> cpu_probes();

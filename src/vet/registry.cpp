@@ -29,6 +29,8 @@ const CheckSpec* find_check(const std::string& name) {
   return nullptr;
 }
 
+bool is_cluster_check(const std::string& name) { return name == "network.p2p" || name == "cluster.report"; }
+
 Measurement measured(const std::string& check, double value, std::string detail, std::string target) {
   Measurement m;
   m.check = check;

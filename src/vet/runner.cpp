@@ -18,7 +18,6 @@
 
 #include "pacer/core/units.hpp"
 #include "pacer/hw/system.hpp"
-#include "pacer/vet/cluster.hpp"
 #include "pacer/vet/vet.hpp"
 #include "pacer/core/posix_io.hpp"
 #include "pacer/core/process.hpp"

@@ -105,6 +105,35 @@ double unix_now() { return static_cast<double>(std::time(nullptr)); }
 // A request file another user could plant at the old, predictable default
 // ($TMPDIR/pacer-run-<pid>.ckpt-request) must not reach CMD: the default
 // lives in a mode-0700 directory of its own that pacer made.
+// The vet before CMD is the caller's callback: a failed verdict keeps CMD from
+// starting and names the failed checks; a passing one lets CMD run.
+TEST(Run, VetQuickCallbackGatesTheStart) {
+  test::TempDir tmp("run-vet-gate-");
+  unsetenv("SLURM_JOB_ID");
+  const std::string marker = tmp.path() + "/started";
+  Options o;
+  o.argv = {"touch", marker};
+  o.restart_delay_s = 0;
+  int calls = 0;
+  o.vet_quick = [&]() -> Expected<VetQuickVerdict> {
+    ++calls;
+    return VetQuickVerdict{false, "failed: gpu.count", {"gpu.count"}};
+  };
+  auto r = supervise(o);
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(r->exit_code, 1);
+  EXPECT_NE(r->reason.find("failed: gpu.count"), std::string::npos) << r->reason;
+  EXPECT_NE(r->reason.find("CMD not started"), std::string::npos) << r->reason;
+  EXPECT_FALSE(std::filesystem::exists(marker));
+
+  o.vet_quick = []() -> Expected<VetQuickVerdict> { return VetQuickVerdict{true, "passed (3 checks)", {}}; };
+  r = supervise(o);
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_EQ(r->exit_code, 0) << r->reason;
+  EXPECT_TRUE(std::filesystem::exists(marker));
+}
+
 TEST(Run, RequestFileLivesInAPrivateDirectory) {
   test::TempDir tmp("run-request-");
   test::TempDir out("run-request-out-");

@@ -9,4 +9,13 @@ namespace pacer {
 // 0 for none. Takes a copy, since it sorts.
 double median(std::vector<double> values);
 
+// Checkpoint interval that minimises lost work plus checkpoint cost, for a
+// save that costs `save_cost_s` and a mean time between failures `mtbf_s`:
+// Daly's higher-order estimate, sqrt(2δM)·(1 + √(δ/2M)/3 + (δ/2M)/9) − δ for
+// δ < 2M, and M otherwise; 0 unless both are positive. Here in core because
+// checkpoint and plan both need the one definition.
+double optimal_interval(double save_cost_s, double mtbf_s);
+// Young's first-order estimate, sqrt(2δM); 0 unless both are positive.
+double young_interval(double save_cost_s, double mtbf_s);
+
 }  // namespace pacer

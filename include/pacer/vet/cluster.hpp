@@ -20,12 +20,6 @@ inline constexpr const char* kClusterReportSchema = "pacer.vet.cluster/1";
 // ExitCode's 0 ok, 1 check failed, 2 usage, 3 runtime.
 inline constexpr int kExitTooFewNodes = 4;
 
-// Chaos targets of the cluster layer, beside the node checks (--inject
-// [NODE:]NAME=ACTION): network.p2p=VALUE makes every link of the node report
-// VALUE GB/s, network.p2p=hang makes the node sit out the network tests,
-// cluster.report=hang makes its leader never send its report (a wedged node).
-bool is_cluster_check(const std::string& name);
-
 struct ClusterOptions {
   VetOptions node;               // the checks each node's leader runs; injections may name nodes
   std::string node_name;         // this rank's node (default: host name); ranks with one name form a node
