@@ -8,24 +8,46 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <random>
 #include <utility>
 
 namespace pacer {
+
+namespace {
+
+// Six random letters and digits for a temporary name, as mkstemp makes them.
+std::string random_suffix() {
+  static constexpr char kChars[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  thread_local std::mt19937_64 gen{std::random_device{}() ^ (static_cast<std::uint64_t>(::getpid()) << 32)};
+  std::string out(6, ' ');
+  for (auto& c : out) c = kChars[gen() % (sizeof(kChars) - 1)];
+  return out;
+}
+
+}  // namespace
 
 Expected<AtomicFileWriter> AtomicFileWriter::create(const std::string& path) {
   namespace fs = std::filesystem;
   const fs::path target(path);
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  std::string tmpl = (dir / ("." + target.filename().string() + ".tmp.XXXXXX")).string();
-  const int fd = mkstemp(tmpl.data());
-  if (fd < 0) return io_error("cannot create temporary file", path, errno);
-  AtomicFileWriter w;
-  w.fd_ = fd;
-  w.path_ = path;
-  w.tmp_ = std::move(tmpl);
-  return w;
+  const std::string stem = (dir / ("." + target.filename().string() + ".tmp.")).string();
+  // Not mkstemp: its 0600 would need an fchmod to the umask's permissions, and
+  // reading the umask means setting it, which races with other threads.
+  for (int attempt = 0;; ++attempt) {
+    std::string tmp = stem + random_suffix();
+    const int fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd >= 0) {
+      AtomicFileWriter w;
+      w.fd_ = fd;
+      w.path_ = path;
+      w.tmp_ = std::move(tmp);
+      return w;
+    }
+    if (errno != EEXIST || attempt >= 100) return io_error("cannot create temporary file", path, errno);
+  }
 }
 
 AtomicFileWriter::AtomicFileWriter(AtomicFileWriter&& o) noexcept
@@ -57,7 +79,7 @@ Status AtomicFileWriter::write(const void* data, std::size_t size) {
   return st;
 }
 
-Status AtomicFileWriter::commit() {
+Status AtomicFileWriter::commit(Durability durability) {
   namespace fs = std::filesystem;
   if (fd_ < 0) return Error{ErrorKind::kUsage, path_ + ": commit after commit or failure"};
   auto fail = [&](std::string_view what) {
@@ -65,11 +87,8 @@ Status AtomicFileWriter::commit() {
     discard();
     return io_error(what, path_, err);
   };
-  // mkstemp creates 0600; give the file the usual permissions.
-  const mode_t mask = ::umask(0);
-  ::umask(mask);
-  ::fchmod(fd_, 0666 & ~mask);
-  if (retry_eintr([&] { return ::fsync(fd_); }) != 0) return fail("fsync failed");
+  const bool durable = durability == Durability::kDurable;
+  if (durable && retry_eintr([&] { return ::fsync(fd_); }) != 0) return fail("fsync failed");
   const int fd = std::exchange(fd_, -1);
   if (::close(fd) != 0) {
     const int err = errno;
@@ -83,15 +102,15 @@ Status AtomicFileWriter::commit() {
   }
   // The rename is durable only once the directory entry is on disk.
   const fs::path target(path_);
-  (void)fsync_dir(target.has_parent_path() ? target.parent_path().string() : ".");
+  if (durable) (void)fsync_dir(target.has_parent_path() ? target.parent_path().string() : ".");
   return {};
 }
 
-Status write_file_atomic(const std::string& path, std::string_view contents) {
+Status write_file_atomic(const std::string& path, std::string_view contents, Durability durability) {
   auto w = AtomicFileWriter::create(path);
   if (!w) return w.error();
   if (Status st = w->write(contents.data(), contents.size()); !st) return st;
-  return w->commit();
+  return w->commit(durability);
 }
 
 Expected<std::string> read_file(const std::string& path) {

@@ -5,12 +5,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <optional>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <functional>
 #include <list>
 #include <mutex>
+#include <thread>
 
 #include "pacer/core/atomic_file.hpp"
 #include "pacer/core/posix_io.hpp"
@@ -209,10 +212,30 @@ Expected<std::shared_ptr<Dataset>> Dataset::open(const std::vector<std::string>&
   ds->impl_ = std::make_unique<Impl>();
   if (shards.size() == 1) ds->name_ = shards.front();
   else if (!shards.empty()) ds->name_ = fmt::format("{} .. {} ({} shards)", shards.front(), shards.back(), shards.size());
-  for (const auto& s : shards) {
-    if (!fs::exists(s)) return Error{ErrorKind::kUsage, fmt::format("{}: no such shard", s)};
-    auto idx = load_or_build_index(s, true);
-    if (!idx) return idx.error();
+  // Index headers (or, on a first open, whole scans) of many shards are read
+  // on several threads: a first open is mostly system calls per small file.
+  std::vector<std::optional<Expected<ShardIndex>>> found(shards.size());
+  auto index_one = [&](std::size_t i) {
+    std::error_code ec;
+    if (!fs::exists(shards[i], ec)) found[i].emplace(Error{ErrorKind::kUsage, fmt::format("{}: no such shard", shards[i])});
+    else found[i].emplace(load_or_build_index(shards[i], true));
+  };
+  const std::size_t threads = shards.size() < 64 ? 1 : std::min<std::size_t>(8, std::max(1u, std::thread::hardware_concurrency()));
+  if (threads == 1) {
+    for (std::size_t i = 0; i < shards.size(); ++i) index_one(i);
+  } else {
+    std::atomic<std::size_t> next{0};
+    std::vector<std::thread> pool;
+    for (std::size_t t = 0; t < threads; ++t)
+      pool.emplace_back([&] {
+        for (std::size_t i; (i = next.fetch_add(1)) < shards.size();) index_one(i);
+      });
+    for (auto& t : pool) t.join();
+  }
+  for (std::size_t i = 0; i < shards.size(); ++i) {
+    const std::string& s = shards[i];
+    auto& idx = *found[i];
+    if (!idx) return idx.error();  // the first bad shard in the given order
     ds->shards_.push_back(s);
     ds->starts_.push_back(ds->total_);
     ds->counts_.push_back(idx->samples);
@@ -259,8 +282,9 @@ Expected<Dataset::Located> Dataset::locate(std::uint64_t i) const {
     loc.entries = sh.entries;
     loc.file = sh.file;
   }
-  {
-    // Close the least recently used shards beyond the bound.
+  if (shards_.size() > impl_->max_open) {
+    // Close the least recently used shards beyond the bound (with fewer
+    // shards than that, every one stays open and readers skip this lock).
     std::lock_guard g(impl_->lru_mu);
     auto& lru = impl_->lru;
     if (sh.in_lru) lru.splice(lru.begin(), lru, sh.lru_pos);

@@ -467,7 +467,10 @@ Status write_index(const ShardIndex& idx) {
   put_at<std::uint64_t>(bin, kAtHeaders, idx.headers_xxh3);
   put_at<std::uint64_t>(bin, kAtEntries, xxh3(bin.data() + kIndexHeader, bin.size() - kIndexHeader));
   put_at<std::uint64_t>(bin, kAtSelf, xxh3(bin.data(), kAtSelf));
-  return write_file_atomic(index_path(idx.shard), bin);
+  // A cache: checksummed and bound to its shard, so one lost or torn in a
+  // crash is found when read and rebuilt; an fsync per index would dominate
+  // the first open of thousands of shards.
+  return write_file_atomic(index_path(idx.shard), bin, Durability::kCache);
 }
 
 // Reads and checks SHARD.pidx. A problem with the index itself or its fit to

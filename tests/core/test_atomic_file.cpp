@@ -7,6 +7,9 @@
 #include <fstream>
 #include <set>
 #include <string>
+#include <thread>
+#include <vector>
+#include <atomic>
 
 #include "test_util.hpp"
 
@@ -72,6 +75,34 @@ TEST_F(AtomicFileTest, UsesUmaskPermissionsNotMkstempDefaults) {
   struct stat sb {};
   ASSERT_EQ(::stat(path("perm.txt").c_str(), &sb), 0);
   EXPECT_EQ(sb.st_mode & 0777, 0644u);
+}
+
+// Writers on many threads (shard indexes are built in parallel) must never
+// touch the process umask: reading it by setting it once left it at 0.
+TEST_F(AtomicFileTest, ParallelWritersLeaveTheUmaskAlone) {
+  const mode_t old = ::umask(027);
+  std::vector<std::thread> ts;
+  std::atomic<int> failed{0};
+  for (int t = 0; t < 8; ++t)
+    ts.emplace_back([&, t] {
+      for (int i = 0; i < 50; ++i)
+        if (!write_file_atomic(path("f" + std::to_string(t) + "-" + std::to_string(i)), "x", Durability::kCache).ok()) ++failed;
+    });
+  for (auto& th : ts) th.join();
+  const mode_t now = ::umask(old);
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_EQ(now, 027u);
+  struct stat sb {};
+  ASSERT_EQ(::stat(path("f7-49").c_str(), &sb), 0);
+  EXPECT_EQ(sb.st_mode & 0777, 0640u);
+  EXPECT_EQ(dir_.entries().size(), 400u);  // no temporary file left behind
+}
+
+TEST_F(AtomicFileTest, CacheDurabilityStillReplacesAtomically) {
+  ASSERT_TRUE(write_file_atomic(path("c.bin"), "old").ok());
+  ASSERT_TRUE(write_file_atomic(path("c.bin"), "new contents", Durability::kCache).ok());
+  EXPECT_EQ(slurp(path("c.bin")), "new contents");
+  EXPECT_EQ(dir_.entries(), (std::set<std::string>{"c.bin"}));
 }
 
 TEST_F(AtomicFileTest, PathWithoutDirectoryWritesToCurrentDirectory) {

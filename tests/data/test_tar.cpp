@@ -838,6 +838,37 @@ TEST(DatasetRead, ConcurrentReadsReturnExactBytes) {
 
 // More shards than the dataset keeps open: descriptors are closed and reopened
 // while other threads read.
+// Opening many shards indexes them on several threads; what comes out must
+// not depend on that: the shards' order, counts, and the first bad shard in
+// the given order named, whatever shard a thread reached first.
+TEST(DatasetOpen, ManyShardsIndexedInParallelKeepOrderAndTheFirstError) {
+  TempDir d("pacer-open-many-");
+  std::vector<std::string> paths;
+  std::uint64_t total = 0;
+  for (int s = 0; s < 200; ++s) {
+    RawTar raw;
+    for (int i = 0; i <= s % 3; ++i, ++total) raw.add(fmt::format("s{:03d}k{}.txt", s, i), fmt::format("{} {}", s, i));
+    paths.push_back(d.file(fmt::format("p-{:03d}.tar", s), raw.finish()));
+  }
+  auto ds = Dataset::open(paths);
+  ASSERT_TRUE(ds) << ds.error().message;
+  EXPECT_EQ((*ds)->size(), total);
+  EXPECT_EQ((*ds)->shards(), paths);
+  for (int s = 0; s < 200; ++s) EXPECT_EQ((*ds)->shard_samples()[static_cast<std::size_t>(s)], static_cast<std::uint64_t>(s % 3 + 1));
+  auto last = (*ds)->read(total - 1);
+  ASSERT_TRUE(last) << last.error().message;
+  EXPECT_EQ(last->key, "s199k1");  // 199 % 3 + 1 = 2 samples
+
+  // Two bad shards, late ones first in any thread's path: the error names the earlier one.
+  std::vector<std::string> bad = paths;
+  bad[150] = d.file("bad-150.tar", std::string(3000, 'q'));
+  bad[90] = d.file("bad-090.tar", std::string(3000, 'z'));
+  bad[170] = d.path() + "/missing-170.tar";
+  auto got = Dataset::open(bad);
+  ASSERT_FALSE(got);
+  EXPECT_TRUE(contains(got.error().message, "bad-090.tar")) << got.error().message;
+}
+
 TEST(DatasetRead, ManyShardsWithConcurrentReaders) {
   TempDir d("pacer-many-");
   std::vector<std::string> paths;

@@ -8,11 +8,20 @@
 
 namespace pacer {
 
+// How far a replacement must reach before it returns.
+enum class Durability {
+  kDurable,  // fsync of the file and of its directory: the new file survives a power loss
+  // Atomic (a reader sees the old or the new file) but not synced: for caches
+  // that are checked when read and rebuilt when lost or torn (shard indexes),
+  // where an fsync per file dominates building thousands of them.
+  kCache,
+};
+
 // Writes `contents` to a temporary file beside `path`, fsyncs it, renames it
-// over `path` and fsyncs the directory. On any failure the old file is left
-// untouched and the temporary file removed. Not safe against two writers of
-// the same path at once (the last rename wins).
-Status write_file_atomic(const std::string& path, std::string_view contents);
+// over `path` and fsyncs the directory (kCache: no fsyncs). On any failure
+// the old file is left untouched and the temporary file removed. Not safe
+// against two writers of the same path at once (the last rename wins).
+Status write_file_atomic(const std::string& path, std::string_view contents, Durability durability = Durability::kDurable);
 
 // The same, for a file too large to hold in memory: written in pieces into
 // the temporary file, which becomes `path` only at commit(). Destroyed
@@ -27,8 +36,8 @@ class AtomicFileWriter {
   ~AtomicFileWriter();
 
   Status write(const void* data, std::size_t size);
-  // fsync, rename over the path, fsync of the directory.
-  Status commit();
+  // fsync, rename over the path, fsync of the directory (kCache: the rename only).
+  Status commit(Durability durability = Durability::kDurable);
   const std::string& path() const { return path_; }
 
  private:
