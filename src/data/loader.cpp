@@ -203,7 +203,6 @@ class TokenSource : public Loader::Source {
     b.positions_offset = b.buffer->append(rows * cols * sizeof(std::int32_t));
     auto* tokens = reinterpret_cast<std::int64_t*>(b.buffer->data() + b.tokens_offset);
     auto* positions = reinterpret_cast<std::int32_t*>(b.buffer->data() + b.positions_offset);
-    std::fill(tokens, tokens + rows * cols, o_.pad_id);
     b.cu_seqlens.assign(1, 0);
     for (std::uint64_t r = 0; r < rows; ++r) {
       std::int64_t* row = tokens + r * cols;
@@ -232,6 +231,8 @@ class TokenSource : public Loader::Source {
       }
       b.lengths.push_back(static_cast<std::int64_t>(at));
       if (at < cols) {
+        // Only the tail is padded: the tokens before it were just written.
+        std::fill(row + at, row + cols, o_.pad_id);
         b.padding += cols - at;
         segment(-1, cols - at);
       }

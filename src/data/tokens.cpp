@@ -59,6 +59,31 @@ std::int64_t element(const void* base, std::size_t i, int code) {
   }
 }
 
+template <class T>
+void widen_as(const unsigned char* p, std::size_t n, std::int64_t* out) {
+  for (std::size_t i = 0; i < n; ++i) {
+    T v;
+    std::memcpy(&v, p + i * sizeof(T), sizeof(T));
+    out[i] = static_cast<std::int64_t>(v);
+  }
+}
+
+// element() over n items, with the dtype decided once rather than per token
+// (the loader widens every token it delivers).
+void widen_into(const void* base, std::size_t n, int code, std::int64_t* out) {
+  const auto* p = static_cast<const unsigned char*>(base);
+  switch (code) {
+    case 1: return widen_as<std::uint8_t>(p, n, out);
+    case 2: return widen_as<std::int8_t>(p, n, out);
+    case 3: return widen_as<std::int16_t>(p, n, out);
+    case 4: return widen_as<std::int32_t>(p, n, out);
+    case 5: return widen_as<std::int64_t>(p, n, out);
+    case 8: return widen_as<std::uint16_t>(p, n, out);
+    default:
+      for (std::size_t i = 0; i < n; ++i) out[i] = element(p, i, code);
+  }
+}
+
 }  // namespace
 
 TokenDataset::~TokenDataset() {
@@ -147,7 +172,7 @@ Status TokenDataset::widen(std::uint64_t seq, std::uint64_t first, std::uint64_t
   for (std::uint64_t done = 0; done < n;) {
     const std::uint64_t k = std::min(per, n - done);
     if (Status st = read_bin(base + done * itemsize_, static_cast<std::size_t>(k * itemsize_), buf, seq); !st) return st;
-    for (std::uint64_t i = 0; i < k; ++i) out[done + i] = element(buf, static_cast<std::size_t>(i), dt->code);
+    widen_into(buf, static_cast<std::size_t>(k), dt->code, out + done);
     done += k;
   }
   return {};
