@@ -181,6 +181,13 @@ class Loader:
 
     len(loader) is the number of batches per epoch. With skip_bad, samples
     that cannot be read are skipped and counted in stats()["skipped"].
+
+    Over an SFT dataset (write_sft, write_chat) token batches also hold
+    "labels" int64 and "loss_mask" uint8 [rows, cols]: the next token where it
+    is trained and in the same segment, else -100. Over a blend
+    (pacer.data.blend) batches say which dataset each sample or row came from:
+    "__dataset__" (tar samples) or "datasets" (token rows), and the blend's
+    seed orders it.
     """
 
     def __init__(self, dataset, batch_size=32, seed=0, rank=0, world_size=1, shuffle=True, drop_last=False, threads=2,
@@ -321,6 +328,7 @@ class Loader:
         """Continues from a state_dict(): exactly where it was taken, also with another world size.
 
         A state for another dataset size or order (seed, shuffle, seq_len, packing, ...) raises pacer.Error.
+        A blend's state loaded with other weights continues every dataset where it stopped, with the new weights.
         """
         self._impl.load_state(json.dumps(state))
         self._finished = False

@@ -295,7 +295,11 @@ class BlendSource : public Loader::Source {
         ++hi;
       }
       Part part;
-      part.batch.buffer = std::make_shared<BatchBuffer>();
+      // Scratch buffers of this reader thread, reused so their pages stay mapped.
+      thread_local std::vector<std::shared_ptr<BatchBuffer>> scratch;
+      if (scratch.size() <= parts.size()) scratch.push_back(std::make_shared<BatchBuffer>());
+      part.batch.buffer = scratch[parts.size()];
+      part.batch.buffer->clear();
       if (Status st = c.src->fill(c.seed, e, lo, hi, part.batch, ignored, ignored); !st) return st;
       std::size_t seg = 0;
       for (std::uint64_t r = 0; r < part.batch.rows; ++r) {
