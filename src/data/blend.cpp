@@ -150,7 +150,9 @@ class BlendSource : public Loader::Source {
     if (items.size() != kids_.size() || consumed.size() != kids_.size() || scheduled.size() != kids_.size())
       return Error{ErrorKind::kConfig, fmt::format("blend.items, blend.consumed and blend.scheduled must have {} entries", kids_.size())};
     std::uint64_t drawn = 0;
+    u128 total = 0;
     for (std::size_t i = 0; i < kids_.size(); ++i) {
+      total += consumed[i];
       if (names[i] != kids_[i].name)
         return Error{ErrorKind::kConfig, fmt::format("state's blend dataset {} is {}, this blend's is {}", i, names[i], kids_[i].name)};
       if (items[i] != kids_[i].src->items())
@@ -162,6 +164,10 @@ class BlendSource : public Loader::Source {
     }
     const u128 n = static_cast<u128>(epoch) * per_epoch_ + position;
     if (n >> 63) return Error{ErrorKind::kConfig, fmt::format("epoch {} is out of range", epoch)};
+    // Every position before the state's drew one item.
+    if (total != n)
+      return Error{ErrorKind::kConfig, fmt::format("blend.consumed sums to {} items, but {} positions come before the state", static_cast<std::uint64_t>(total),
+                                                   static_cast<std::uint64_t>(n))};
     if (drawn > static_cast<std::uint64_t>(n))
       return Error{ErrorKind::kConfig, fmt::format("blend.scheduled counts {} draws, more than the {} positions before the state", drawn,
                                                    static_cast<std::uint64_t>(n))};
@@ -200,6 +206,7 @@ class BlendSource : public Loader::Source {
   };
   static constexpr std::uint64_t kSnapshotEvery = 4096;
   static constexpr std::size_t kSnapshots = 256;
+  static constexpr std::uint64_t kMaxChildEpochs = 65536;
 
   std::uint64_t absolute(std::uint64_t epoch, std::uint64_t position) const { return epoch * per_epoch_ + position; }
 
@@ -244,6 +251,10 @@ class BlendSource : public Loader::Source {
     std::lock_guard g(mu_);
     while (c.starts.back() <= count) {
       const std::uint64_t e = c.starts.size() - 1;
+      // Packed epochs differ in rows, so finding one walks them all: bounded, so a crafted state cannot make it endless.
+      if (e >= kMaxChildEpochs)
+        return Error{ErrorKind::kUsage, fmt::format("blend dataset {}: item {} lies past its first {} epochs, more than a packed blend dataset reads",
+                                                    c.name, count, kMaxChildEpochs)};
       const std::uint64_t n = c.src->epoch_size(c.seed, e);
       if (n == 0) return Error{ErrorKind::kConfig, fmt::format("blend dataset {} has no items in its epoch {}", c.name, e)};
       c.starts.push_back(c.starts.back() + n);

@@ -116,8 +116,7 @@ LoaderOptions blend_opts(std::uint64_t batch, int rank, int world) {
   o.seed = 11;
   o.rank = rank;
   o.world_size = world;
-  o.threads = 2;
-  o.prefetch_batches = 3;
+  o.prefetch_batches = 3;  // two reader threads, the default
   return o;
 }
 
@@ -292,6 +291,17 @@ TEST(BlendLoader, StatesOfAnotherBlendAreRefusedNamingWhatDiffers) {
   st = l->load_state(bad);
   ASSERT_FALSE(st);
   EXPECT_TRUE(contains(st.error().message, "scheduled")) << st.error().message;
+  bad = state;
+  bad["blend"]["consumed"][0] = bad["blend"]["consumed"][0].get<std::uint64_t>() + 1;
+  st = l->load_state(bad);
+  ASSERT_FALSE(st);
+  EXPECT_TRUE(contains(st.error().message, "consumed")) << st.error().message;
+  bad = state;
+  bad["blend"]["datasets"] = "a";
+  st = l->load_state(bad);
+  ASSERT_FALSE(st);
+  EXPECT_TRUE(contains(st.error().message, "malformed")) << st.error().message;
+  ASSERT_TRUE(l->load_state(state));
 }
 
 TEST(BlendLoader, BadBlendsAreErrorsNamingTheDataset) {
