@@ -87,6 +87,10 @@ py::dict token_batch(data::Batch& b) {
   py::dict d;
   d["tokens"] = py::array_t<std::int64_t>({rows, cols}, b.tokens(), owner);
   d["position_ids"] = py::array_t<std::int32_t>({rows, cols}, b.position_ids(), owner);
+  if (b.has_labels) {
+    d["labels"] = py::array_t<std::int64_t>({rows, cols}, b.labels(), owner);
+    d["loss_mask"] = py::array_t<std::uint8_t>({rows, cols}, b.loss_mask(), owner);
+  }
   d["cu_seqlens"] = vector_array(std::move(b.cu_seqlens));
   d["documents"] = vector_array(std::move(b.documents));
   d["lengths"] = vector_array(std::move(b.lengths));
@@ -136,6 +140,11 @@ class PyLoader {
   PyLoader(std::shared_ptr<TokenDataset> ds, const py::dict& options) : tokens_(true) {
     impl_ = unwrap(data::Loader::open(std::move(ds), loader_options(options)));
   }
+  PyLoader(const data::Blend& blend, const py::dict& options, bool copy) : copy_(copy), tokens_(!blend.token_datasets.empty()), blend_(true) {
+    const auto o = loader_options(options);
+    py::gil_scoped_release nogil;  // may plan every dataset's first packed epoch
+    impl_ = unwrap(data::Loader::open(blend, o));
+  }
 
   // Reader threads may be inside a read: join them without holding the GIL.
   ~PyLoader() {
@@ -157,7 +166,11 @@ class PyLoader {
     if (!batch) return py::none();
     const bool pinned = batch->buffer && batch->buffer->pinned();
     // By the loader's kind, not the batch's rows: an empty last batch of a token loader still has "tokens".
+    // Blends say which of their datasets each sample or row came from.
+    py::object from;
+    if (blend_) from = vector_array(std::vector<std::int32_t>(batch->datasets));
     py::dict d = tokens_ ? token_batch(*batch) : sample_batch(*batch, copy_);
+    if (blend_) d[tokens_ ? "datasets" : "__dataset__"] = from;
     return py::make_tuple(d, pinned);
   }
 
@@ -202,7 +215,19 @@ class PyLoader {
   std::unique_ptr<data::Loader> impl_;
   bool copy_ = false;
   bool tokens_ = false;
+  bool blend_ = false;
 };
+
+data::Blend make_blend(const py::list& datasets, const std::vector<double>& weights, std::uint64_t samples_per_epoch) {
+  data::Blend b;
+  for (auto d : datasets) {
+    if (py::isinstance<Dataset>(d)) b.datasets.push_back(py::cast<std::shared_ptr<Dataset>>(d));
+    else b.token_datasets.push_back(py::cast<std::shared_ptr<TokenDataset>>(d));
+  }
+  b.weights = weights;
+  b.samples_per_epoch = samples_per_epoch;
+  return b;
+}
 
 }  // namespace
 
@@ -210,6 +235,7 @@ void register_data(py::module_& m) {
   py::class_<Dataset, std::shared_ptr<Dataset>>(m, "_Dataset", "Opened tar shards; samples numbered across shards")
       .def("__len__", [](const Dataset& d) { return d.size(); })
       .def_property_readonly("shards", &Dataset::shards, "The shard paths, in order")
+      .def_property_readonly("name", &Dataset::name, "What it was opened from (the spec, or its shards), as messages name it")
       .def_property_readonly("shard_samples", &Dataset::shard_samples, "The number of samples in each shard")
       .def("read", [](const Dataset& d, std::uint64_t i) {
         std::optional<Expected<Dataset::Sample>> r;
@@ -225,8 +251,11 @@ void register_data(py::module_& m) {
       .def(py::init([](const std::string& prefix) { return unwrap(TokenDataset::open(prefix)); }), py::arg("prefix"),
            "Opens PREFIX.bin and PREFIX.idx (the .bin is read with pread, never mapped)")
       .def_property_readonly("dtype", &TokenDataset::dtype, "The token dtype, a numpy name")
+      .def_property_readonly("prefix", &TokenDataset::prefix, "PREFIX of PREFIX.bin and PREFIX.idx")
       .def_property_readonly("documents", &TokenDataset::documents, "Documents in the dataset")
       .def_property_readonly("tokens", &TokenDataset::tokens, "Tokens over all sequences")
+      .def_property_readonly("has_loss_mask", [](const TokenDataset& d) { return d.loss_mask() != nullptr; },
+                             "An SFT dataset: PREFIX.mask.bin/.idx holds its loss mask")
       .def("__len__", &TokenDataset::sequences)
       .def("document", &TokenDataset::document, py::arg("d"), "(first, end): document d is sequences first..end-1")
       // A copy read with pread: a view into a mapping would SIGBUS once the .bin is truncated.
@@ -242,6 +271,12 @@ void register_data(py::module_& m) {
   m.def("_write_token_dataset", [](const std::string& prefix, const std::string& dtype,
                                    const std::vector<std::vector<std::int64_t>>& docs) { unwrap(write_token_dataset(prefix, dtype, docs)); },
         py::arg("prefix"), py::arg("dtype"), py::arg("documents"));
+  m.def("_blend_weights", [](const std::vector<double>& weights, const std::vector<std::string>& names) {
+    return unwrap(data::BlendSchedule::make(weights, names)).weights();
+  }, py::arg("weights"), py::arg("names"), "The weights as the schedule rounds them; bad weights raise pacer.Error naming the dataset");
+  m.def("_write_sft_dataset", [](const std::string& prefix, const std::string& dtype, const std::vector<std::vector<std::int64_t>>& docs,
+                                 const std::vector<std::vector<std::uint8_t>>& masks) { unwrap(data::write_sft_dataset(prefix, dtype, docs, masks)); },
+        py::arg("prefix"), py::arg("dtype"), py::arg("documents"), py::arg("masks"));
   m.def("_open_dataset", &open_spec, py::arg("spec"));
   m.def("_open_dataset", &open_list, py::arg("shards"));
 
@@ -257,6 +292,10 @@ void register_data(py::module_& m) {
            "Over tar shards; options: the dict pacer.data.Loader builds; copy: values as bytes, not memoryviews")
       .def(py::init<std::shared_ptr<TokenDataset>, const py::dict&>(), py::arg("dataset"), py::arg("options"),
            "Over a token dataset; options: the dict pacer.data.Loader builds")
+      .def(py::init([](const py::list& datasets, const std::vector<double>& weights, std::uint64_t samples_per_epoch, const py::dict& options,
+                       bool copy) { return std::make_unique<PyLoader>(make_blend(datasets, weights, samples_per_epoch), options, copy); }),
+           py::arg("datasets"), py::arg("weights"), py::arg("samples_per_epoch"), py::arg("options"), py::arg("copy"),
+           "Over a blend: datasets of one kind (_Dataset or _TokenDataset), their weights, positions per epoch (0: their items together)")
       .def("next", &PyLoader::next, "(batch, pinned) of this rank, or None at the end of the epoch; waits without the GIL")
       .def("state", &PyLoader::state, "The state as JSON text (schema pacer.loader/1): where the next batch starts")
       .def("load_state", &PyLoader::load_state, py::arg("state"), "Continues from a state() text; a mismatch raises pacer.Error")

@@ -187,9 +187,13 @@ class TokenDataset {
   // Copies tokens [offset, offset + count) of document d, widened to int64,
   // to `out`. Float datasets and ranges past the document are refused.
   Status copy_tokens(std::uint64_t d, std::uint64_t offset, std::uint64_t count, std::int64_t* out) const;
+  // The loss mask of an SFT dataset (sft_mask_prefix(prefix) exists beside
+  // it), else null: a uint8 dataset of the same shape, 1 for trained tokens.
+  const TokenDataset* loss_mask() const { return mask_.get(); }
 
  private:
   TokenDataset() = default;
+  std::shared_ptr<TokenDataset> mask_;
   std::string prefix_;
   std::string dtype_;
   std::size_t itemsize_ = 0;
@@ -421,6 +425,15 @@ struct Batch {
   std::vector<std::int64_t> lengths;  // real tokens per row
   std::uint64_t padding = 0;          // pad tokens in the batch
   std::uint64_t truncated = 0;        // tokens cut from documents longer than seq_len (unpacked)
+  // SFT data (a token dataset with a loss mask, see sft_mask_prefix): int64
+  // labels and uint8 loss_mask [rows, cols] in the buffer. labels[j] is the
+  // token at j+1 when j+1 is a trained token of the same segment, else
+  // kIgnoreLabel; loss_mask[j] is 1 exactly where labels[j] is a token.
+  bool has_labels = false;
+  std::size_t labels_offset = 0;
+  std::size_t loss_mask_offset = 0;
+  // Blends: the blend's dataset (its index) of each sample or row.
+  std::vector<std::int32_t> datasets;
 
   // Samples (tar) or rows (tokens).
   std::size_t size() const { return rows ? rows : keys.size(); }
@@ -431,6 +444,8 @@ struct Batch {
   Dataset::Sample sample(std::size_t i) const;
   const std::int64_t* tokens() const { return reinterpret_cast<const std::int64_t*>(buffer->data() + tokens_offset); }
   const std::int32_t* position_ids() const { return reinterpret_cast<const std::int32_t*>(buffer->data() + positions_offset); }
+  const std::int64_t* labels() const { return reinterpret_cast<const std::int64_t*>(buffer->data() + labels_offset); }
+  const std::uint8_t* loss_mask() const { return buffer->data() + loss_mask_offset; }
 };
 
 struct LoaderStats {
@@ -462,6 +477,8 @@ class Loader {
  public:
   static Expected<std::unique_ptr<Loader>> open(std::shared_ptr<Dataset> ds, LoaderOptions options);
   static Expected<std::unique_ptr<Loader>> open(std::shared_ptr<TokenDataset> ds, LoaderOptions options);
+  // A weighted blend (struct Blend, below): options.seed seeds every dataset's order.
+  static Expected<std::unique_ptr<Loader>> open(const struct Blend& blend, LoaderOptions options);
   ~Loader();
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;
@@ -621,5 +638,68 @@ struct VerifyReport {
 Expected<VerifyReport> verify_shards(const std::string& spec, const std::function<void(const ShardStep&)>& on_shard = {});
 // Schema pacer.shard.verify/1.
 nlohmann::json to_json(const VerifyReport& report);
+
+// ---------------------------------------------------------------------------
+// Blends (src/data/blend.cpp, docs/data.md "Blends")
+
+// A weighted mixture of datasets of one kind, read as one stream by a Loader.
+// Which dataset each blend position draws from is the quota schedule below;
+// each dataset is read in its own seeded per-epoch order (the loader's seed
+// mixed with the dataset's place in the list), and a dataset that runs out
+// starts its next epoch. The blend's epoch is samples_per_epoch positions.
+struct Blend {
+  std::vector<std::shared_ptr<Dataset>> datasets;             // tar shards, or
+  std::vector<std::shared_ptr<TokenDataset>> token_datasets;  // token datasets; not both
+  std::vector<double> weights;                                // one per dataset: >= 0, finite, sum > 0
+  std::uint64_t samples_per_epoch = 0;                        // 0: the datasets' items together
+};
+
+// Balinski and Young's quota method, one draw at a time: the next draw goes
+// to the dataset with the largest w_i / (c_i + 1) among those whose count c_i
+// is still below w_i * (n + 1). After n draws every dataset has been drawn
+// floor(w_i n) or ceil(w_i n) times, for every n. Weights are normalized and
+// rounded to integers q_i summing to about 2^32, and the arithmetic is exact
+// on those (w_i n moves by less than one draw through the rounding until n
+// passes 2^32). The counts are the whole state: a schedule continued from
+// saved counts draws what the uninterrupted one would have.
+class BlendSchedule {
+ public:
+  // `names` name the datasets in errors (a negative, NaN or infinite weight;
+  // weights whose sum is not positive).
+  static Expected<BlendSchedule> make(const std::vector<double>& weights, const std::vector<std::string>& names);
+  // The next draw's dataset; its count goes up.
+  std::size_t next();
+  // Continues from these counts (one per dataset).
+  void set_counts(std::vector<std::uint64_t> counts);
+  const std::vector<std::uint64_t>& counts() const { return counts_; }
+  std::uint64_t draws() const { return draws_; }
+  // The weights as rounded (q_i / sum q).
+  std::vector<double> weights() const;
+  bool same_weights(const BlendSchedule& other) const { return q_ == other.q_; }
+
+ private:
+  std::vector<std::uint64_t> q_;
+  std::uint64_t total_ = 0;
+  std::vector<std::uint64_t> counts_;
+  std::uint64_t draws_ = 0;
+};
+
+// ---------------------------------------------------------------------------
+// SFT data (src/data/sft.cpp, docs/data.md "SFT data")
+
+// Label of a position that trains nothing (PyTorch's cross_entropy ignore_index default).
+constexpr std::int64_t kIgnoreLabel = -100;
+
+// The prefix of the loss mask beside token dataset PREFIX: PREFIX.mask
+// (PREFIX.mask.bin + PREFIX.mask.idx, uint8, one element per token).
+std::string sft_mask_prefix(const std::string& prefix);
+
+// Writes an SFT dataset: the tokens of each sample as a token dataset in
+// `dtype`, and their mask (1: a trained token, 0: prompt) as the uint8
+// dataset sft_mask_prefix(prefix). masks[d] must be as long as documents[d].
+// The mask is written first, so a reader never sees new tokens with an old mask
+// of another shape (the shapes are checked when the pair is opened).
+Status write_sft_dataset(const std::string& prefix, const std::string& dtype, const std::vector<std::vector<std::int64_t>>& documents,
+                         const std::vector<std::vector<std::uint8_t>>& masks);
 
 }  // namespace pacer::data

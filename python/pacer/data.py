@@ -22,6 +22,7 @@ The order depends only on (seed, epoch): a seeded permutation of all samples,
 split between ranks by global batch, so the ranks together read every sample
 exactly once per epoch.
 """
+import builtins
 import io
 import json
 import operator
@@ -30,7 +31,7 @@ import os
 from . import _pacer
 from ._pacer import Error, _Dataset, _Loader, _open_dataset
 
-__all__ = ["Dataset", "Error", "Loader", "open"]
+__all__ = ["Blend", "Dataset", "Error", "Loader", "TokenDataset", "blend", "open", "write_chat", "write_sft", "write_tokens"]
 
 
 def _is_npy(ext):
@@ -119,6 +120,11 @@ class TokenDataset:
         """Tokens over all sequences."""
         return self._impl.tokens
 
+    @property
+    def has_loss_mask(self):
+        """An SFT dataset (write_sft): PREFIX.mask.bin/.idx holds its loss mask, and loader batches carry labels."""
+        return self._impl.has_loss_mask
+
     def document(self, d):
         """(first, end): document d is sequences first..end-1."""
         return self._impl.document(d)
@@ -175,6 +181,13 @@ class Loader:
 
     len(loader) is the number of batches per epoch. With skip_bad, samples
     that cannot be read are skipped and counted in stats()["skipped"].
+
+    Over an SFT dataset (write_sft, write_chat) token batches also hold
+    "labels" int64 and "loss_mask" uint8 [rows, cols]: the next token where it
+    is trained and in the same segment, else -100. Over a blend
+    (pacer.data.blend) batches say which dataset each sample or row came from:
+    "__dataset__" (tar samples) or "datasets" (token rows), and the blend's
+    seed orders it.
     """
 
     def __init__(self, dataset, batch_size=32, seed=0, rank=0, world_size=1, shuffle=True, drop_last=False, threads=2,
@@ -208,14 +221,25 @@ class Loader:
         Raises pacer.Error for a bad option, a rank outside the world or a
         dataset with fewer items than ranks, naming what is wrong.
         """
-        if not isinstance(dataset, (Dataset, TokenDataset)):
+        if not isinstance(dataset, (Dataset, TokenDataset, Blend)):
             dataset = open(dataset)
         self.dataset = dataset
         self.decode = decode
         options = dict(batch_size=batch_size, seed=seed, rank=rank, world_size=world_size, shuffle=shuffle,
                        drop_last=drop_last, threads=threads, prefetch=prefetch, max_bytes=max_bytes, skip_bad=skip_bad,
                        pin_memory=bool(pin_memory or device is not None))
-        if isinstance(dataset, TokenDataset):
+        if isinstance(dataset, Blend):
+            if seed not in (0, dataset.seed):
+                raise ValueError(f"the blend's seed ({dataset.seed}) orders it; pass seed= to pacer.data.blend, not {seed} here")
+            options["seed"] = dataset.seed
+            if dataset.tokens:
+                options.update(seq_len=seq_len or 0, pack=pack, pack_window=pack_window, bucket_window=bucket_window,
+                               pad_id=pad_id)
+            elif pack or seq_len or bucket_window or device is not None:
+                raise ValueError("seq_len, pack, bucket_window and device are for blends of token datasets")
+            self._impl = _Loader([d._impl for d, _ in dataset.parts], [w for _, w in dataset.parts],
+                                 dataset.samples_per_epoch or 0, options, bool(copy))
+        elif isinstance(dataset, TokenDataset):
             options.update(seq_len=seq_len or 0, pack=pack, pack_window=pack_window, bucket_window=bucket_window,
                            pad_id=pad_id)
             self._impl = _Loader(dataset._impl, options)
@@ -304,6 +328,7 @@ class Loader:
         """Continues from a state_dict(): exactly where it was taken, also with another world size.
 
         A state for another dataset size or order (seed, shuffle, seq_len, packing, ...) raises pacer.Error.
+        A blend's state loaded with other weights continues every dataset where it stopped, with the new weights.
         """
         self._impl.load_state(json.dumps(state))
         self._finished = False
@@ -315,3 +340,138 @@ class Loader:
 
     def __repr__(self):
         return f"<pacer.data.Loader: {len(self)} batches per epoch over {len(self.dataset)} items>"
+
+
+class Blend:
+    """A weighted mixture of datasets of one kind, read by pacer.data.Loader as one stream (pacer.data.blend makes one).
+
+    Position n of the blend draws from the dataset the quota schedule names: after n draws (from the start, or
+    from the last change of weights) dataset i has given floor(w_i*n) or ceil(w_i*n) items. Each dataset is read in
+    its own seeded order per epoch of it, and one that runs out starts its next epoch. An epoch of the blend is
+    samples_per_epoch positions (default: the datasets' items together).
+    """
+
+    def __init__(self, parts, seed=0, samples_per_epoch=None):
+        """parts: [(dataset, weight), ...]; use pacer.data.blend."""
+        parts = [(d if isinstance(d, (Dataset, TokenDataset)) else open(d), float(w)) for d, w in parts]
+        if not parts:
+            raise ValueError("a blend needs at least one (dataset, weight)")
+        kinds = {isinstance(d, TokenDataset) for d, _ in parts}
+        if len(kinds) > 1:
+            raise ValueError("a blend holds tar-shard datasets or token datasets, not both")
+        self.tokens = kinds == {True}
+        names = [_name(d) for d, _ in parts]
+        # The C++ schedule checks the weights, naming the dataset (pacer.Error).
+        self.weights = _pacer._blend_weights([w for _, w in parts], names)
+        for (d, _), name in zip(parts, names):
+            if (d.documents if self.tokens else len(d)) == 0:
+                raise Error(f"blend dataset {name} is empty")
+        self.parts = parts
+        self.seed = int(seed)
+        self.samples_per_epoch = None if samples_per_epoch is None else int(samples_per_epoch)
+
+    @property
+    def datasets(self):
+        """The datasets, in order."""
+        return [d for d, _ in self.parts]
+
+    def __len__(self):
+        """Positions per epoch of the blend."""
+        if self.samples_per_epoch:
+            return self.samples_per_epoch
+        return sum(d.documents if self.tokens else len(d) for d in self.datasets)
+
+    def __repr__(self):
+        inner = ", ".join(f"({_name(d)}, {w:g})" for d, w in self.parts)
+        return f"pacer.data.blend([{inner}], seed={self.seed})"
+
+
+def _name(ds):
+    return ds._impl.prefix if isinstance(ds, TokenDataset) else ds._impl.name
+
+
+def blend(parts, seed=0, samples_per_epoch=None):
+    """A weighted blend: pacer.data.blend([(ds_a, 0.7), (ds_b, 0.3)], seed=0), for pacer.data.Loader.
+
+    Datasets are all tar-shard datasets or all token datasets (or what pacer.data.open takes). Weights are
+    normalized; a negative, NaN or infinite weight, weights that do not sum to a positive number, or an empty
+    dataset raise pacer.Error naming the dataset. The loader's state_dict() records how many items each dataset
+    has given; loading it into a loader over the same blend with other weights continues each dataset where it
+    stopped, with the new weights from there on (docs/data.md "Blends").
+    """
+    return Blend(parts, seed=seed, samples_per_epoch=samples_per_epoch)
+
+
+def _segments(out, where):
+    """(tokens, mask) from a template's result: (prompt_ids, response_ids) or [(ids, trained), ...]."""
+    if isinstance(out, tuple) and len(out) == 2 and not isinstance(out[1], bool):
+        out = [(out[0], False), (out[1], True)]
+    tokens, mask = [], []
+    try:
+        for ids, trained in out:
+            if not isinstance(trained, bool):
+                raise TypeError(f"a segment's trained flag is {type(trained).__name__}, not bool")
+            ids = [int(t) for t in ids]
+            tokens += ids
+            mask += [1 if trained else 0] * len(ids)
+    except (TypeError, ValueError) as e:
+        raise Error(f"{where}: the template must return (prompt_ids, response_ids) or a list of (ids, trained) "
+                    f"segments ({e})") from None
+    return tokens, mask
+
+
+def write_sft(prefix, samples, dtype="int32"):
+    """Writes SFT samples: PREFIX.bin/.idx (tokens) and PREFIX.mask.bin/.idx (uint8 loss mask, 1 = trained).
+
+    Each sample is (prompt_ids, response_ids), or a list of (ids, trained) segments for multi-turn data.
+    pacer.data.open(PREFIX) then finds the mask, and loader batches carry "labels" and "loss_mask".
+    """
+    docs, masks = [], []
+    for k, sample in enumerate(samples):
+        tokens, mask = _segments(sample, f"sample {k}")
+        docs.append(tokens)
+        masks.append(mask)
+    _pacer._write_sft_dataset(os.fsdecode(prefix), dtype, docs, masks)
+    return len(docs)
+
+
+def _chat_lines(path):
+    with builtins.open(path, "rb") as f:
+        for line_no, raw in enumerate(f, 1):
+            where = f"{path}:{line_no}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise Error(f"{where}: not UTF-8 ({e.reason} at byte {e.start})") from None
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError as e:
+                raise Error(f"{where}: not JSON ({e})") from None
+            messages = obj.get("messages") if isinstance(obj, dict) else None
+            if not isinstance(messages, list):
+                raise Error(f'{where}: not a JSON object with a "messages" list')
+            for i, m in enumerate(messages):
+                if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+                    raise Error(f'{where}: message {i} is not an object with string "role" and "content"')
+            yield where, messages
+
+
+def write_chat(prefix, paths, template, dtype="int32"):
+    """Chat JSON lines ({"messages": [{"role": ..., "content": ...}, ...]} per line) to an SFT dataset.
+
+    template(messages) returns (prompt_ids, response_ids) or a list of (ids, trained) segments; it holds the
+    tokenizer and the chat format. A line that is not JSON, not UTF-8 or not a messages list raises pacer.Error
+    naming the file and line. Returns the number of samples written (write_sft gives the layout).
+    """
+    if isinstance(paths, (str, bytes, os.PathLike)):
+        paths = [paths]
+    samples = []
+    for path in paths:
+        for where, messages in _chat_lines(os.fsdecode(path)):
+            samples.append(_segments(template(messages), where))
+    docs = [t for t, _ in samples]
+    masks = [m for _, m in samples]
+    _pacer._write_sft_dataset(os.fsdecode(prefix), dtype, docs, masks)
+    return len(docs)

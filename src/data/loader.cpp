@@ -14,6 +14,7 @@
 #include "pacer/core/host_buffer.hpp"
 #include "pacer/data.hpp"
 #include "pacer/hw/cuda_host.hpp"
+#include "loader_internal.hpp"
 
 namespace pacer::data {
 
@@ -91,27 +92,6 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
 };
 
 }  // namespace
-
-// What a loader reads: an epoch is a sequence of positions, each an item
-// (a sample, a document or a packed row) that `fill` reads into a batch.
-struct Loader::Source {
-  virtual ~Source() = default;
-  // The dataset, for messages.
-  virtual std::string name() const = 0;
-  // Items the dataset holds (what a saved state is checked against).
-  virtual std::uint64_t items() const = 0;
-  // How positions map to items: part of the state, checked on load.
-  virtual std::string order() const = 0;
-  // The order string states saved before it named everything it depends on
-  // (the global batch); such a state applies when its global_batch matches.
-  virtual std::string legacy_order() const { return ""; }
-  // Positions in epoch `epoch`.
-  virtual std::uint64_t epoch_size(std::uint64_t seed, std::uint64_t epoch) = 0;
-  // Reads positions [lo, hi) of the epoch into b (its buffer already set);
-  // `bytes` gets the payload, `skipped` what skip_bad dropped.
-  virtual Status fill(std::uint64_t seed, std::uint64_t epoch, std::uint64_t lo, std::uint64_t hi, Batch& b, std::uint64_t& bytes,
-                      std::uint64_t& skipped) = 0;
-};
 
 namespace {
 
@@ -197,12 +177,19 @@ class TokenSource : public Loader::Source {
       for (std::uint64_t pos = lo; pos < hi; ++pos) longest = std::max(longest, ds_->document_tokens(p->docs[pos]));
       cols = o_.seq_len ? std::min(o_.seq_len, longest) : longest;
     }
-    b.rows = rows;
-    b.cols = cols;
-    b.tokens_offset = b.buffer->append(rows * cols * sizeof(std::int64_t));
-    b.positions_offset = b.buffer->append(rows * cols * sizeof(std::int32_t));
+    const TokenDataset* mask = ds_->loss_mask();
+    allocate_token_rows(b, rows, cols, mask != nullptr);
     auto* tokens = reinterpret_cast<std::int64_t*>(b.buffer->data() + b.tokens_offset);
     auto* positions = reinterpret_cast<std::int32_t*>(b.buffer->data() + b.positions_offset);
+    std::int64_t* labels = nullptr;
+    std::uint8_t* loss = nullptr;
+    if (mask) {
+      labels = reinterpret_cast<std::int64_t*>(b.buffer->data() + b.labels_offset);
+      loss = b.buffer->data() + b.loss_mask_offset;
+      std::fill(labels, labels + rows * cols, kIgnoreLabel);
+      std::fill(loss, loss + rows * cols, std::uint8_t{0});
+    }
+    std::vector<std::int64_t> trained;
     b.cu_seqlens.assign(1, 0);
     for (std::uint64_t r = 0; r < rows; ++r) {
       std::int64_t* row = tokens + r * cols;
@@ -214,11 +201,25 @@ class TokenSource : public Loader::Source {
         b.cu_seqlens.push_back(static_cast<std::int32_t>(r * cols + at));
         b.documents.push_back(doc);
       };
+      // Token j's label is token j+1 when that one is trained and in the
+      // same segment: nothing is learnt across a document boundary.
+      auto label = [&](std::uint64_t d, std::uint64_t offset, std::uint64_t n) -> Status {
+        if (!mask || n == 0) return {};
+        trained.resize(n);
+        if (Status st = mask->copy_tokens(d, offset, n, trained.data()); !st) return st;
+        for (std::uint64_t i = 0; i + 1 < n; ++i)
+          if (trained[i + 1]) {
+            labels[r * cols + at + i] = row[at + i + 1];
+            loss[r * cols + at + i] = 1;
+          }
+        return {};
+      };
       if (o_.pack) {
         const PackPlan& pp = p->packing;
         for (std::uint64_t k = pp.first_piece[lo + r]; k < pp.first_piece[lo + r + 1]; ++k) {
           const PackPiece& piece = pp.pieces[k];
           if (Status st = ds_->copy_tokens(piece.document, piece.offset, piece.length, row + at); !st) return st;
+          if (Status st = label(piece.document, piece.offset, piece.length); !st) return st;
           segment(static_cast<std::int64_t>(piece.document), piece.length);
         }
       } else {
@@ -226,6 +227,7 @@ class TokenSource : public Loader::Source {
         const std::uint64_t n = ds_->document_tokens(d);
         const std::uint64_t keep = std::min(n, cols);
         if (Status st = ds_->copy_tokens(d, 0, keep, row); !st) return st;
+        if (Status st = label(d, 0, keep); !st) return st;
         b.truncated += n - keep;
         segment(static_cast<std::int64_t>(d), keep);
       }
@@ -444,9 +446,7 @@ Loader::~Loader() {
   for (auto& t : impl_->readers) t.join();
 }
 
-namespace {
-
-Status check_options(const LoaderOptions& o, std::uint64_t items, const char* what, const std::string& name) {
+Status check_loader_options(const LoaderOptions& o, std::uint64_t items, const char* what, const std::string& name) {
   if (o.batch_size == 0) return Error{ErrorKind::kUsage, "batch_size must be positive"};
   if (o.world_size < 1 || o.rank < 0 || o.rank >= o.world_size)
     return Error{ErrorKind::kUsage, fmt::format("rank {} is not in a world of {}", o.rank, o.world_size)};
@@ -454,8 +454,6 @@ Status check_options(const LoaderOptions& o, std::uint64_t items, const char* wh
     return Error{ErrorKind::kUsage, fmt::format("{}: the dataset has {} {}, fewer than the {} ranks that share it", name, items, what, o.world_size)};
   return {};
 }
-
-}  // namespace
 
 Expected<std::unique_ptr<Loader>> Loader::start(std::unique_ptr<Source> src, LoaderOptions o) {
   if (o.threads < 1) o.threads = 1;
@@ -474,22 +472,37 @@ Expected<std::unique_ptr<Loader>> Loader::start(std::unique_ptr<Source> src, Loa
   return std::unique_ptr<Loader>(new Loader(std::move(impl)));
 }
 
-Expected<std::unique_ptr<Loader>> Loader::open(std::shared_ptr<Dataset> ds, LoaderOptions o) {
+Expected<std::unique_ptr<Loader::Source>> make_sample_source(std::shared_ptr<Dataset> ds, const LoaderOptions& o) {
   if (!ds) return Error{ErrorKind::kUsage, "no dataset"};
-  if (Status st = check_options(o, ds->size(), "samples", ds->name()); !st) return st.error();
-  return start(std::make_unique<SampleSource>(std::move(ds), o), o);
+  return std::unique_ptr<Loader::Source>(std::make_unique<SampleSource>(std::move(ds), o));
 }
 
-Expected<std::unique_ptr<Loader>> Loader::open(std::shared_ptr<TokenDataset> ds, LoaderOptions o) {
+Expected<std::unique_ptr<Loader::Source>> make_token_source(std::shared_ptr<TokenDataset> ds, LoaderOptions o) {
   if (!ds) return Error{ErrorKind::kUsage, "no dataset"};
-  if (Status st = check_options(o, ds->documents(), "documents", ds->prefix()); !st) return st.error();
   if (ds->dtype() == "float32" || ds->dtype() == "float64")
     return Error{ErrorKind::kUsage, fmt::format("{}: dtype {} holds no token ids", ds->prefix(), ds->dtype())};
   if (o.pack && o.seq_len == 0) return Error{ErrorKind::kUsage, "pack needs seq_len, the length of a packed row"};
   if (o.seq_len > static_cast<std::uint64_t>(std::numeric_limits<std::int32_t>::max())) return Error{ErrorKind::kUsage, "seq_len too large"};
   if (o.pack && o.bucket_window) return Error{ErrorKind::kUsage, "bucket_window is for unpacked rows; packed rows are all seq_len long"};
   if (o.pack && o.pack_window == 0) o.pack_window = 1;
-  return start(std::make_unique<TokenSource>(std::move(ds), o), o);
+  return std::unique_ptr<Loader::Source>(std::make_unique<TokenSource>(std::move(ds), o));
+}
+
+Expected<std::unique_ptr<Loader>> Loader::open(std::shared_ptr<Dataset> ds, LoaderOptions o) {
+  if (!ds) return Error{ErrorKind::kUsage, "no dataset"};
+  if (Status st = check_loader_options(o, ds->size(), "samples", ds->name()); !st) return st.error();
+  auto src = make_sample_source(std::move(ds), o);
+  if (!src) return src.error();
+  return start(std::move(*src), o);
+}
+
+Expected<std::unique_ptr<Loader>> Loader::open(std::shared_ptr<TokenDataset> ds, LoaderOptions o) {
+  if (!ds) return Error{ErrorKind::kUsage, "no dataset"};
+  if (Status st = check_loader_options(o, ds->documents(), "documents", ds->prefix()); !st) return st.error();
+  if (o.pack && o.pack_window == 0) o.pack_window = 1;
+  auto src = make_token_source(std::move(ds), o);
+  if (!src) return src.error();
+  return start(std::move(*src), o);
 }
 
 Expected<std::optional<Batch>> Loader::next() {
@@ -534,13 +547,15 @@ Expected<std::optional<Batch>> Loader::next() {
 
 json Loader::state() const {
   std::lock_guard g(impl_->mu);
-  return {{"schema", "pacer.loader/1"},
-          {"seed", impl_->opt.seed},
-          {"epoch", impl_->epoch},
-          {"position", impl_->position},
-          {"global_batch", impl_->opt.batch_size * static_cast<std::uint64_t>(impl_->opt.world_size)},
-          {"samples", impl_->src->items()},
-          {"order", impl_->src->order()}};
+  json s = {{"schema", "pacer.loader/1"},
+            {"seed", impl_->opt.seed},
+            {"epoch", impl_->epoch},
+            {"position", impl_->position},
+            {"global_batch", impl_->opt.batch_size * static_cast<std::uint64_t>(impl_->opt.world_size)},
+            {"samples", impl_->src->items()},
+            {"order", impl_->src->order()}};
+  impl_->src->save_state(s, impl_->epoch, impl_->position);
+  return s;
 }
 
 Status Loader::load_state(const json& s) {
@@ -550,6 +565,7 @@ Status Loader::load_state(const json& s) {
     const auto epoch = s.at("epoch").get<std::uint64_t>();
     const auto position = s.at("position").get<std::uint64_t>();
     const auto samples = s.at("samples").get<std::uint64_t>();
+    if (Status st = impl_->src->check_state(s, seed, epoch, position); !st) return st;
     if (samples != impl_->src->items())
       return Error{ErrorKind::kConfig, fmt::format("state is for a dataset of {} items, this one has {}", samples, impl_->src->items())};
     // States saved before "order" existed are sample-order states.
@@ -569,6 +585,7 @@ Status Loader::load_state(const json& s) {
       std::lock_guard g(impl_->mu);  // readers and state() read it
       impl_->opt.seed = seed;
     }
+    impl_->src->apply_state(s, epoch, position);
     impl_->seek(epoch, position);
     return {};
   } catch (const json::exception& e) {

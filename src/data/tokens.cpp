@@ -13,6 +13,7 @@
 #include "pacer/core/atomic_file.hpp"
 #include "pacer/core/posix_io.hpp"
 #include "pacer/data.hpp"
+#include "loader_internal.hpp"
 
 namespace pacer::data {
 
@@ -147,6 +148,7 @@ Expected<std::shared_ptr<TokenDataset>> TokenDataset::open(const std::string& pr
     if (v < 0 || static_cast<std::uint64_t>(v) > seqs || (d > 0 && v < ds->doc_index_[d - 1]))
       return bad(fmt::format("document index {} is {}: not a sequence boundary in order", d, v));
   }
+  if (Status st = attach_loss_mask(*ds, ds->mask_); !st) return st.error();
   return ds;
 }
 
