@@ -6,6 +6,7 @@
 #include "pacer/comm/communicator.hpp"
 
 namespace py = pybind11;
+using namespace pybind11::literals;
 
 namespace pacer::python {
 namespace {
@@ -112,15 +113,13 @@ class PyCheckpointer {
     o.staging_bytes = staging_bytes;
     o.chunk_bytes = chunk_bytes;
     o.comm = comm_.get();
-    py::gil_scoped_release nogil;  // opening may already be collective
-    impl_ = unwrap(ckpt::Checkpointer::open(std::move(o)));
+    impl_ = call_nogil([&] { return ckpt::Checkpointer::open(std::move(o)); });  // opening may already be collective
   }
 
   // Background threads may still be finishing a save: let them run without
   // the GIL while this waits for them.
   ~PyCheckpointer() {
-    py::gil_scoped_release nogil;
-    impl_.reset();
+    call_nogil([&] { impl_.reset(); });
   }
   PyCheckpointer(const PyCheckpointer&) = delete;
   PyCheckpointer& operator=(const PyCheckpointer&) = delete;
@@ -163,39 +162,29 @@ class PyCheckpointer {
     if (meta.is_discarded()) throw Exception(Error{ErrorKind::kUsage, "meta is not valid JSON"});
     ckpt::SaveOptions so;
     so.cuda_stream = cuda_stream;
-    py::gil_scoped_release nogil;
-    return unwrap(impl_->save(step, views, meta, so));
+    return call_nogil([&] { return impl_->save(step, views, meta, so); });
   }
 
   std::optional<std::uint64_t> latest() {
-    py::gil_scoped_release nogil;
-    return impl_->latest();
+    return call_nogil([&] { return impl_->latest(); });
   }
 
   ckpt::Reader open_reader(std::optional<std::uint64_t> step) {
-    py::gil_scoped_release nogil;
-    return unwrap(impl_->open_reader(step));
+    return call_nogil([&] { return impl_->open_reader(step); });
   }
 
   std::vector<ckpt::Reader> candidates(std::optional<std::uint64_t> step) {
-    py::gil_scoped_release nogil;
-    return impl_->candidates(step);
+    return call_nogil([&] { return impl_->candidates(step); });
   }
 
   void flush() {
-    py::gil_scoped_release nogil;
-    unwrap(impl_->flush());
+    call_nogil([&] { return impl_->flush(); });
   }
 
   py::dict stats() const {
     const auto s = impl_->stats();
-    py::dict d;
-    d["saves"] = s.saves;
-    d["bytes_staged"] = s.bytes_staged;
-    d["staging_bytes"] = s.staging_bytes;
-    d["pinned_bytes"] = s.pinned_bytes;
-    d["blocked_s"] = s.blocked_s;
-    return d;
+    return py::dict("saves"_a = s.saves, "bytes_staged"_a = s.bytes_staged, "staging_bytes"_a = s.staging_bytes,
+                    "pinned_bytes"_a = s.pinned_bytes, "blocked_s"_a = s.blocked_s);
   }
 
  private:
@@ -209,14 +198,10 @@ void register_checkpoint(py::module_& m) {
   py::class_<ckpt::SaveHandle>(m, "SaveHandle", "The state of one asynchronous save")
       .def_property_readonly("step", &ckpt::SaveHandle::step)
       .def("done", &ckpt::SaveHandle::done)
-      .def("wait", [](ckpt::SaveHandle& h) {
-        py::gil_scoped_release nogil;
-        unwrap(h.wait());
-      }, "Block until the checkpoint is durable and committed")
-      .def("wait_persistent", [](ckpt::SaveHandle& h) {
-        py::gil_scoped_release nogil;
-        unwrap(h.wait_persistent());
-      }, "Also wait for the copy to the persistent tier");
+      .def("wait", [](ckpt::SaveHandle& h) { call_nogil([&] { return h.wait(); }); },
+           "Block until the checkpoint is durable and committed")
+      .def("wait_persistent", [](ckpt::SaveHandle& h) { call_nogil([&] { return h.wait_persistent(); }); },
+           "Also wait for the copy to the persistent tier");
 
   py::class_<ckpt::Reader>(m, "Reader", "One committed checkpoint; every read is checksummed")
       .def_property_readonly("step", [](const ckpt::Reader& r) { return r.manifest().step; })
@@ -232,14 +217,10 @@ void register_checkpoint(py::module_& m) {
       .def("read_into", [](ckpt::Reader& r, const std::string& name, py::buffer dst, std::uint64_t offset) {
         py::buffer_info info = dst.request(true);
         const auto size = static_cast<std::uint64_t>(info.size * info.itemsize);
-        py::gil_scoped_release nogil;
-        unwrap(r.read(name, info.ptr, size, offset));
+        call_nogil([&] { return r.read(name, info.ptr, size, offset); });
       }, py::arg("name"), py::arg("dst"), py::arg("offset") = 0,
          "Fill dst with the bytes of blob `name` from byte `offset`, checking each against its checksum")
-      .def("verify", [](ckpt::Reader& r) {
-        py::gil_scoped_release nogil;
-        unwrap(r.verify_all());
-      });
+      .def("verify", [](ckpt::Reader& r) { call_nogil([&] { return r.verify_all(); }); });
 
   py::class_<PyCheckpointer>(m, "_Checkpointer")
       .def(py::init<const std::string&, std::optional<std::string>, int, int, std::uint64_t, std::uint64_t, py::object>(),
@@ -261,39 +242,20 @@ void register_checkpoint(py::module_& m) {
     o.keep_every = keep_every;
     o.remove_damaged = remove_damaged;
     o.dry_run = dry_run;
-    ckpt::PruneResult r;
-    {
-      py::gil_scoped_release nogil;
-      r = unwrap(ckpt::prune(root, o));
-    }
+    const ckpt::PruneResult r = call_nogil([&] { return ckpt::prune(root, o); });
     py::list damaged;
     for (const auto& e : r.damaged) damaged.append(py::make_tuple(e.path, e.problem));
-    py::dict d;
-    d["newest_valid"] = r.newest_valid ? py::cast(*r.newest_valid) : py::none();
-    d["removed"] = r.removed;
-    d["kept"] = r.kept;
-    d["damaged"] = damaged;
-    d["removed_damaged"] = r.removed_damaged;
-    d["busy"] = r.busy;
-    return d;
+    return py::dict("newest_valid"_a = r.newest_valid ? py::cast(*r.newest_valid) : py::none(), "removed"_a = r.removed,
+                    "kept"_a = r.kept, "damaged"_a = damaged, "removed_damaged"_a = r.removed_damaged, "busy"_a = r.busy);
   }, py::arg("root"), py::arg("keep_last"), py::arg("keep_every"), py::arg("remove_damaged"), py::arg("dry_run"));
   m.def("_export_safetensors", [](const std::string& root, std::optional<std::uint64_t> step, const std::string& out_dir,
                                   const std::string& prefix, std::uint64_t max_shard_bytes) {
     ckpt::ExportOptions o;
     o.prefix = prefix;
     o.max_shard_bytes = max_shard_bytes;
-    ckpt::ExportResult r;
-    {
-      py::gil_scoped_release nogil;
-      r = unwrap(ckpt::export_safetensors(root, step, out_dir, o));
-    }
-    py::dict d;
-    d["step"] = r.step;
-    d["files"] = r.files;
-    d["tensors"] = r.tensors;
-    d["bytes"] = r.bytes;
-    d["skipped"] = r.skipped;
-    return d;
+    const ckpt::ExportResult r = call_nogil([&] { return ckpt::export_safetensors(root, step, out_dir, o); });
+    return py::dict("step"_a = r.step, "files"_a = r.files, "tensors"_a = r.tensors, "bytes"_a = r.bytes,
+                    "skipped"_a = r.skipped);
   }, py::arg("root"), py::arg("step"), py::arg("out_dir"), py::arg("prefix"), py::arg("max_shard_bytes"));
   m.def("optimal_interval", &ckpt::optimal_interval, py::arg("save_cost_s"), py::arg("mtbf_s"),
         "Daly's optimal checkpoint interval in seconds");

@@ -10,6 +10,7 @@
 #include "pacer/data.hpp"
 
 namespace py = pybind11;
+using namespace pybind11::literals;
 
 namespace pacer::python {
 namespace {
@@ -98,13 +99,11 @@ py::dict token_batch(data::Batch& b) {
 }
 
 std::shared_ptr<Dataset> open_spec(const std::string& spec) {
-  py::gil_scoped_release nogil;  // may scan shards that have no index yet
-  return unwrap(Dataset::open(spec));
+  return call_nogil([&] { return Dataset::open(spec); });  // may scan shards that have no index yet
 }
 
 std::shared_ptr<Dataset> open_list(const std::vector<std::string>& shards) {
-  py::gil_scoped_release nogil;
-  return unwrap(Dataset::open(shards));
+  return call_nogil([&] { return Dataset::open(shards); });
 }
 
 data::LoaderOptions loader_options(const py::dict& kw) {
@@ -148,21 +147,14 @@ class PyLoader {
 
   // Reader threads may be inside a read: join them without holding the GIL.
   ~PyLoader() {
-    py::gil_scoped_release nogil;
-    impl_.reset();
+    call_nogil([&] { impl_.reset(); });
   }
   PyLoader(const PyLoader&) = delete;
   PyLoader& operator=(const PyLoader&) = delete;
 
   // (batch dict, pinned) or None at the end of the epoch.
   py::object next() {
-    std::optional<Expected<std::optional<data::Batch>>> r;
-    {
-      py::gil_scoped_release nogil;
-      r.emplace(impl_->next());
-    }
-    if (!*r) throw Exception(r->error());
-    auto& batch = **r;
+    std::optional<data::Batch> batch = call_nogil([&] { return impl_->next(); });
     if (!batch) return py::none();
     const bool pinned = batch->buffer && batch->buffer->pinned();
     // By the loader's kind, not the batch's rows: an empty last batch of a token loader still has "tokens".
@@ -179,36 +171,23 @@ class PyLoader {
   void load_state(const std::string& s) {
     const auto j = nlohmann::json::parse(s, nullptr, false);
     if (j.is_discarded() || !j.is_object()) throw Exception(Error{ErrorKind::kUsage, "loader state is not a JSON object"});
-    py::gil_scoped_release nogil;
-    unwrap(impl_->load_state(j));
+    call_nogil([&] { return impl_->load_state(j); });
   }
 
   void set_epoch(std::uint64_t epoch) {
-    py::gil_scoped_release nogil;
-    impl_->set_epoch(epoch);
+    call_nogil([&] { impl_->set_epoch(epoch); });
   }
 
   py::dict stats() const {
     const auto s = impl_->stats();
-    py::dict d;
-    d["wait_s"] = s.wait_s;
-    d["last_wait_s"] = s.last_wait_s;
-    d["batches"] = s.batches;
-    d["samples"] = s.samples;
-    d["bytes"] = s.bytes;
-    d["skipped"] = s.skipped;
-    d["queue_depth"] = s.queue_depth;
-    d["elapsed_s"] = s.elapsed_s;
-    d["tokens"] = s.tokens;
-    d["padding"] = s.padding;
-    d["truncated"] = s.truncated;
-    d["padding_fraction"] = s.padding_fraction();
-    return d;
+    return py::dict("wait_s"_a = s.wait_s, "last_wait_s"_a = s.last_wait_s, "batches"_a = s.batches,
+                    "samples"_a = s.samples, "bytes"_a = s.bytes, "skipped"_a = s.skipped, "queue_depth"_a = s.queue_depth,
+                    "elapsed_s"_a = s.elapsed_s, "tokens"_a = s.tokens, "padding"_a = s.padding,
+                    "truncated"_a = s.truncated, "padding_fraction"_a = s.padding_fraction());
   }
 
   std::uint64_t batches_per_epoch() const {
-    py::gil_scoped_release nogil;  // a packed epoch's plan may be computed here
-    return impl_->batches_per_epoch();
+    return call_nogil([&] { return impl_->batches_per_epoch(); });  // a packed epoch's plan may be computed here
   }
 
  private:
@@ -238,13 +217,7 @@ void register_data(py::module_& m) {
       .def_property_readonly("name", &Dataset::name, "What it was opened from (the spec, or its shards), as messages name it")
       .def_property_readonly("shard_samples", &Dataset::shard_samples, "The number of samples in each shard")
       .def("read", [](const Dataset& d, std::uint64_t i) {
-        std::optional<Expected<Dataset::Sample>> r;
-        {
-          py::gil_scoped_release nogil;
-          r.emplace(d.read(i));
-        }
-        if (!*r) throw Exception(r->error());
-        return sample_dict(**r);
+        return sample_dict(call_nogil([&] { return d.read(i); }));
       }, py::arg("i"), "{'__key__': key, ext: bytes, ...} of sample i (0 <= i < len)");
 
   py::class_<TokenDataset, std::shared_ptr<TokenDataset>>(m, "_TokenDataset", "A Megatron-Core indexed dataset (PREFIX.bin + PREFIX.idx)")
@@ -260,13 +233,7 @@ void register_data(py::module_& m) {
       .def("document", &TokenDataset::document, py::arg("d"), "(first, end): document d is sequences first..end-1")
       // A copy read with pread: a view into a mapping would SIGBUS once the .bin is truncated.
       .def("sequence_bytes", [](const TokenDataset& ds, std::uint64_t i) {
-        std::optional<Expected<std::string>> r;
-        {
-          py::gil_scoped_release nogil;
-          r.emplace(ds.bytes(i));
-        }
-        if (!*r) throw Exception(r->error());
-        return py::bytes(**r);
+        return py::bytes(call_nogil([&] { return ds.bytes(i); }));
       }, py::arg("i"), "Sequence i's bytes (a copy)");
   m.def("_write_token_dataset", [](const std::string& prefix, const std::string& dtype,
                                    const std::vector<std::vector<std::int64_t>>& docs) { unwrap(write_token_dataset(prefix, dtype, docs)); },

@@ -44,18 +44,8 @@ void register_telemetry(py::module_& m) {
           py::arg("step"), py::arg("loss"), py::arg("tokens"), py::arg("data_wait_s"), py::arg("comm_s"),
           py::arg("step_time_s"), py::arg("t"), py::arg("extra_json"))
       .def("event", &Recorder::event, py::arg("kind"), py::arg("detail"))
-      .def("flush", [](Recorder& r) {
-        Status s;
-        {
-          py::gil_scoped_release nogil;
-          s = r.flush();
-        }
-        unwrap(s);
-      })
-      .def("close", [](Recorder& r) {
-        py::gil_scoped_release nogil;
-        r.close();
-      })
+      .def("flush", [](Recorder& r) { call_nogil([&] { return r.flush(); }); })
+      .def("close", [](Recorder& r) { call_nogil([&] { r.close(); }); })
       .def_property_readonly("written", &Recorder::written)
       .def_property_readonly("dropped", &Recorder::dropped)
       .def_property_readonly("run_id", &Recorder::run_id)

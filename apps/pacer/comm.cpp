@@ -13,6 +13,7 @@
 #include "pacer/comm.hpp"
 #include "pacer/core/atomic_file.hpp"
 #include "pacer/core/progress.hpp"
+#include "pacer/core/stats.hpp"
 #include "pacer/core/table.hpp"
 #include "pacer/core/units.hpp"
 
@@ -49,8 +50,8 @@ comm::BenchOptions bench_options(const CommArgs& a) {
   comm::BenchOptions o;
   if (!a.collectives.empty()) o.collectives = split_commas(a.collectives);
   for (const auto& c : o.collectives)
-    if (!comm::busbw_factor(c, 2)) usage_error(fmt::format("--collectives: unknown collective '{}' (expected {})", c,
-                                                           fmt::join(comm::bench_collectives(), ", ")));
+    if (!busbw_factor(c, 2)) usage_error(fmt::format("--collectives: unknown collective '{}' (expected {})", c,
+                                                     fmt::join(comm::bench_collectives(), ", ")));
   auto lo = parse_size(a.min_size), hi = parse_size(a.max_size);
   if (!lo || *lo == 0) usage_error(fmt::format("--min-size '{}': expected a positive size such as 8 or 1KiB", a.min_size));
   if (!hi || *hi < *lo) usage_error(fmt::format("--max-size '{}': expected a size of at least --min-size", a.max_size));

@@ -1157,21 +1157,16 @@ Checkpointer::Stats Checkpointer::stats() const {
   return s;
 }
 
-Expected<SaveHandle> Checkpointer::save_impl(std::uint64_t step, const std::vector<BlobView>& blobs, const json& meta,
-                                             const SaveOptions& save_options) {
-  Impl& im = *impl_;
-  // Collectives stay in order: the previous step commits before this one starts.
-  if (im.pending_collective) {
-    SaveHandle prev(im.pending_collective);
-    (void)prev.wait();
-  }
-  const std::string tier = im.first_tier();
-  std::vector<std::string> tiers = {im.opt.root};
-  if (im.opt.fast_tier) tiers.push_back(*im.opt.fast_tier);
-  Status valid = validate_save(step, blobs, meta, tiers);
-  const bool several = im.comm->size() > 1;
-  if (!valid && !several) return valid.error();
+namespace {
 
+// What this rank writes of one blob: bytes [begin, end) of blobs[view].
+struct Write {
+  std::size_t view = 0;
+  std::uint64_t begin = 0, end = 0;
+};
+
+// A new save of `step`: its handle's state and the manifest's header.
+std::shared_ptr<Job> new_job(Checkpointer::Impl& im, std::uint64_t step, const json& meta, const std::string& tier) {
   auto job = std::make_shared<Job>();
   job->state = std::make_shared<SaveHandle::State>();
   job->state->step = step;
@@ -1183,67 +1178,66 @@ Expected<SaveHandle> Checkpointer::save_impl(std::uint64_t step, const std::vect
   m.world_size = im.comm->size();
   m.chunk_bytes = im.opt.chunk_bytes;
   m.meta = meta;
+  return job;
+}
 
+// The step's temporary directory and this rank's data file in it. Collective
+// with several ranks (rank 0 names the directory, and no rank opens its file
+// before the directory exists), so every rank takes part even when its save
+// is already invalid; `valid` keeps the first error.
+void open_step_files(Checkpointer::Impl& im, Job& job, std::uint64_t step, bool several, Status& valid) {
   std::string tmp_name = temp_dir_name(step, im.host, ::getpid());
   if (several) tmp_name = im.comm->broadcast(tmp_name, 0);
-  job->tmp_dir = (fs::path(tier) / tmp_name).string();
+  job.tmp_dir = (fs::path(job.tier_root) / tmp_name).string();
   std::error_code ec;
   // With a fast tier every node has its own directory: each rank makes it.
-  if (!several || im.comm->rank() == 0 || im.opt.fast_tier) fs::create_directory(job->tmp_dir, ec);
+  if (!several || im.comm->rank() == 0 || im.opt.fast_tier) fs::create_directory(job.tmp_dir, ec);
   if (several) im.comm->barrier();
-  if (valid && ec) valid = Error{ErrorKind::kIo, fmt::format("{}: cannot create: {}", job->tmp_dir, ec.message())};
-  job->data_path = fmt::format("{}/rank-{:05d}.bin", job->tmp_dir, job->rank);
-  if (valid) {
-    // O_DIRECT skips the page cache: large checkpoints are written at the
-    // disk's speed instead of the dirty-page throttle's, and do not evict the
-    // job's working set. tmpfs and some filesystems refuse it.
-    job->fd = ::open(job->data_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0644);
-    job->direct = job->fd >= 0;
-    if (job->fd < 0 && errno == EINVAL) job->fd = ::open(job->data_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (job->fd < 0) valid = io_error("cannot create", job->data_path, errno);
-  }
-  if (!valid) {
-    if (!several) {
-      fs::remove_all(job->tmp_dir, ec);
-      return valid.error();
-    }
-    // The other ranks are already in this save's collectives: take part in
-    // them as a failed rank, so that nobody waits for us and nothing commits.
-    job->state->collective_pending = true;
-    im.finish_local(job->state, valid.error(), false);
-    (void)im.collective_commit(job->state, job->tmp_dir);
-    return valid.error();
-  }
+  if (valid && ec) valid = Error{ErrorKind::kIo, fmt::format("{}: cannot create: {}", job.tmp_dir, ec.message())};
+  job.data_path = fmt::format("{}/rank-{:05d}.bin", job.tmp_dir, job.rank);
+  if (!valid) return;
+  // O_DIRECT skips the page cache: large checkpoints are written at the
+  // disk's speed instead of the dirty-page throttle's, and do not evict the
+  // job's working set. tmpfs and some filesystems refuse it.
+  job.fd = ::open(job.data_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0644);
+  job.direct = job.fd >= 0;
+  if (job.fd < 0 && errno == EINVAL) job.fd = ::open(job.data_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (job.fd < 0) valid = io_error("cannot create", job.data_path, errno);
+}
 
-  // What this rank writes: its own blobs whole and, with several ranks, its
-  // share of the replicated ones (a byte range each, recorded as a shard of
-  // the blob unless it is the whole blob).
-  struct Write {
-    std::size_t view = 0;
-    std::uint64_t begin = 0, end = 0;
-  };
+// What this rank writes: its own blobs whole and, with several ranks, its
+// share of the replicated ones (a byte range each, recorded as a shard of
+// the blob unless it is the whole blob). With several ranks the job also
+// records the replicated list, for the commit to check that every rank split
+// the same one.
+std::vector<Write> plan_writes(Checkpointer::Impl& im, Job& job, const std::vector<BlobView>& blobs, bool several) {
   std::vector<Write> writes;
   std::vector<std::vector<Write>> shares(blobs.size());
   if (several) {
-    job->replicated_list = replicated_list(blobs);
-    job->replicated_xxh3 = fmt::format("{:016x}", XXH3_64bits(job->replicated_list.data(), job->replicated_list.size()));
-    job->state->replicated_xxh3 = job->replicated_xxh3;
+    job.replicated_list = replicated_list(blobs);
+    job.replicated_xxh3 = fmt::format("{:016x}", XXH3_64bits(job.replicated_list.data(), job.replicated_list.size()));
+    job.state->replicated_xxh3 = job.replicated_xxh3;
     for (const auto& p : split_replicated(blobs, im.comm->size()))
-      if (p.rank == job->rank) shares[p.blob].push_back({p.blob, p.begin, p.end});
+      if (p.rank == job.rank) shares[p.blob].push_back({p.blob, p.begin, p.end});
   }
   for (std::size_t i = 0; i < blobs.size(); ++i) {
     if (several && blobs[i].layout == Layout::kReplicated) writes.insert(writes.end(), shares[i].begin(), shares[i].end());
     else writes.push_back({i, 0, blobs[i].size});
   }
+  return writes;
+}
 
-  // Lay the writes out in one file per rank, each at a 4 KiB boundary.
+// The manifest's entries for the writes, laid out in one file per rank, each
+// at a 4 KiB boundary (O_DIRECT writes whole aligned blocks).
+void lay_out(Job& job, const std::vector<BlobView>& blobs, const std::vector<Write>& writes) {
+  Manifest& m = job.manifest;
   std::uint64_t offset = 0;
   for (const auto& w : writes) {
     const BlobView& b = blobs[w.view];
     BlobInfo info;
     info.name = b.name;
-    info.rank = job->rank;
-    info.file = fs::path(job->data_path).filename().string();
+    info.rank = job.rank;
+    info.file = fs::path(job.data_path).filename().string();
     info.offset = offset;
     info.size = w.end - w.begin;
     info.dtype = b.dtype;
@@ -1265,105 +1259,167 @@ Expected<SaveHandle> Checkpointer::save_impl(std::uint64_t step, const std::vect
     m.blobs.push_back(std::move(info));
     offset = align_up(offset + w.end - w.begin, kAlign);
   }
+}
 
-  // Copy into staging buffers: large blobs fill whole buffers, small ones are
-  // packed together so that many small tensors do not each take a buffer.
-  // Device blobs are queued on the side streams into as many buffers as are
-  // free; only when the pool runs dry do the copies so far have to land (and
-  // go to the writer) before more buffers come back.
-  const std::uint64_t cap = im.pool->buffer_bytes();
-  Task cur;
-  std::uint64_t used = 0;
-  bool queued = false;          // device copies queued since the last landing
-  std::vector<Task> landing;    // full buffers not yet handed to the writer
-  std::set<int> ordered;        // devices whose side stream waits for the producer stream
-  std::uint64_t staged = 0;
-  auto close_cur = [&] {
-    if (cur.buf && !cur.pieces.empty()) {
+// Copies a save's writes into staging buffers: large blobs fill whole
+// buffers, small ones are packed together so that many small tensors do not
+// each take a buffer. Device blobs are queued on the side streams into as
+// many buffers as are free; only when the pool runs dry do the copies so far
+// have to land (and go to the writer) before more buffers come back.
+class Stager {
+ public:
+  Stager(Checkpointer::Impl& im, std::shared_ptr<Job> job, std::uint64_t step, bool several)
+      : im_(im), job_(std::move(job)), step_(step), several_(several), cap_(im.pool->buffer_bytes()) {}
+
+  // Stages every write; returns once every copy has landed, so that the
+  // caller may overwrite its tensors (the next optimizer step) at once. On
+  // failure, abort() must follow.
+  Status stage(const std::vector<BlobView>& blobs, const std::vector<Write>& writes, std::uintptr_t cuda_stream) {
+    const std::uint64_t chunk_bytes = job_->manifest.chunk_bytes;
+    for (std::size_t i = 0; i < writes.size(); ++i) {
+      const BlobView& b = blobs[writes[i].view];
+      const auto* src = static_cast<const unsigned char*>(b.data) + writes[i].begin;
+      const std::uint64_t size = writes[i].end - writes[i].begin;
+      if (b.device >= 0 && size > 0 && ordered_.insert(b.device).second) {
+        if (!im_.d2h) im_.d2h = std::make_unique<hw::DeviceToHost>();
+        if (Status st = im_.d2h->order_after(b.device, cuda_stream); !st) return blob_error(b, st);
+      }
+      for (std::uint64_t c = 0, off = 0; off < size; ++c, off += chunk_bytes) {
+        const std::uint64_t len = std::min(chunk_bytes, size - off);
+        // Packed without gaps: what does not fit in this buffer continues in
+        // the next, so blobs of any mix of sizes fill the budget they are given.
+        for (std::uint64_t done = 0; done < len;) {
+          if (cur_.buf && used_ >= cap_) close_current();
+          if (!cur_.buf) {
+            cur_.kind = Task::Kind::kChunk;
+            cur_.job = job_;
+            cur_.buf = im_.pool->try_acquire(b.device);
+            if (!cur_.buf) {
+              if (Status st = land(); !st) return st;
+              cur_.buf = im_.pool->acquire(b.device);
+            }
+          }
+          const std::uint64_t take = std::min(len - done, cap_ - used_);
+          if (b.device >= 0) {
+            if (Status st = im_.d2h->copy(b.device, cur_.buf + used_, src + off + done, take); !st) return blob_error(b, st);
+            queued_ = true;
+          } else {
+            std::memcpy(cur_.buf + used_, src + off + done, take);
+          }
+          cur_.pieces.push_back({i, c, used_, take, done, done + take == len});
+          used_ = align_up(used_ + take, kAlign);  // O_DIRECT needs 4 KiB-aligned sources
+          done += take;
+          staged_ += take;
+        }
+      }
+    }
+    close_current();
+    return land();
+  }
+
+  // A failure while staging: no copy may land in a buffer after it is handed
+  // back, and the writer drops what it already has of this save. With several
+  // ranks this rank still takes part in the commit, as a failed rank; alone,
+  // the caller waits for the writer to finish with the save.
+  void abort(const Error& err) {
+    if (im_.d2h) (void)im_.d2h->synchronize();
+    for (auto& t : landing_) im_.pool->release(t.buf);
+    if (cur_.buf) im_.pool->release(cur_.buf);
+    Task end;
+    end.kind = Task::Kind::kEnd;
+    end.job = job_;
+    end.abort = err;
+    im_.push(std::move(end));
+    if (several_) {
+      job_->state->collective_pending = true;
+      (void)im_.collective_commit(job_->state, job_->tmp_dir);
+    }
+  }
+
+  std::uint64_t staged() const { return staged_; }
+
+ private:
+  Error blob_error(const BlobView& b, const Status& st) const {
+    return Error{st.error().kind, fmt::format("step {}: blob '{}': {}", step_, b.name, st.error().message)};
+  }
+  void close_current() {
+    if (cur_.buf && !cur_.pieces.empty()) {
       // Buffers reach the writer once staging ends or the pool runs dry, in
       // order (a chunk split across two is checksummed piece by piece): a
       // writer hashing and writing while the caller copies takes the memory
       // bandwidth and the core that save() is blocking on.
-      landing.push_back(std::move(cur));
-    } else if (cur.buf) {
-      im.pool->release(cur.buf);
+      landing_.push_back(std::move(cur_));
+    } else if (cur_.buf) {
+      im_.pool->release(cur_.buf);
     }
-    cur = Task{};
-    used = 0;
-  };
-  auto land = [&]() -> Status {
-    if (queued) {
-      queued = false;
-      if (Status st = im.d2h->synchronize(); !st)
-        return Error{st.error().kind, fmt::format("step {}: copying device blobs to the host: {}", step, st.error().message)};
-    }
-    for (auto& t : landing) im.push(std::move(t));
-    landing.clear();
-    return {};
-  };
-  // A failure while staging: no copy may land in a buffer after it is handed
-  // back, and the writer drops what it already has of this save.
-  auto abort_save = [&](Error err) -> Expected<SaveHandle> {
-    if (im.d2h) (void)im.d2h->synchronize();
-    for (auto& t : landing) im.pool->release(t.buf);
-    if (cur.buf) im.pool->release(cur.buf);
-    Task end;
-    end.kind = Task::Kind::kEnd;
-    end.job = job;
-    end.abort = err;
-    im.push(std::move(end));
-    if (several) {
-      job->state->collective_pending = true;
-      (void)im.collective_commit(job->state, job->tmp_dir);
-    } else {
-      (void)SaveHandle(job->state).wait();
-    }
-    return err;
-  };
-  for (std::size_t i = 0; i < writes.size(); ++i) {
-    const BlobView& b = blobs[writes[i].view];
-    const auto* src = static_cast<const unsigned char*>(b.data) + writes[i].begin;
-    const std::uint64_t size = writes[i].end - writes[i].begin;
-    if (b.device >= 0 && size > 0 && ordered.insert(b.device).second) {
-      if (!im.d2h) im.d2h = std::make_unique<hw::DeviceToHost>();
-      if (Status st = im.d2h->order_after(b.device, save_options.cuda_stream); !st)
-        return abort_save(Error{st.error().kind, fmt::format("step {}: blob '{}': {}", step, b.name, st.error().message)});
-    }
-    for (std::uint64_t c = 0, off = 0; off < size; ++c, off += m.chunk_bytes) {
-      const std::uint64_t len = std::min(m.chunk_bytes, size - off);
-      // Packed without gaps: what does not fit in this buffer continues in
-      // the next, so blobs of any mix of sizes fill the budget they are given.
-      for (std::uint64_t done = 0; done < len;) {
-        if (cur.buf && used >= cap) close_cur();
-        if (!cur.buf) {
-          cur.kind = Task::Kind::kChunk;
-          cur.job = job;
-          cur.buf = im.pool->try_acquire(b.device);
-          if (!cur.buf) {
-            if (Status st = land(); !st) return abort_save(st.error());
-            cur.buf = im.pool->acquire(b.device);
-          }
-        }
-        const std::uint64_t take = std::min(len - done, cap - used);
-        if (b.device >= 0) {
-          if (Status st = im.d2h->copy(b.device, cur.buf + used, src + off + done, take); !st)
-            return abort_save(Error{st.error().kind, fmt::format("step {}: blob '{}': {}", step, b.name, st.error().message)});
-          queued = true;
-        } else {
-          std::memcpy(cur.buf + used, src + off + done, take);
-        }
-        cur.pieces.push_back({i, c, used, take, done, done + take == len});
-        used = align_up(used + take, kAlign);  // O_DIRECT needs 4 KiB-aligned sources
-        done += take;
-        staged += take;
-      }
-    }
+    cur_ = Task{};
+    used_ = 0;
   }
-  close_cur();
-  // save() returns once every copy has landed: the caller may overwrite its
-  // tensors (the next optimizer step) at once.
-  if (Status st = land(); !st) return abort_save(st.error());
-  im.counters.bytes_staged += staged;
+  Status land() {
+    if (queued_) {
+      queued_ = false;
+      if (Status st = im_.d2h->synchronize(); !st)
+        return Error{st.error().kind, fmt::format("step {}: copying device blobs to the host: {}", step_, st.error().message)};
+    }
+    for (auto& t : landing_) im_.push(std::move(t));
+    landing_.clear();
+    return {};
+  }
+
+  Checkpointer::Impl& im_;
+  std::shared_ptr<Job> job_;
+  std::uint64_t step_;
+  bool several_;
+  const std::uint64_t cap_;
+  Task cur_;
+  std::uint64_t used_ = 0;
+  bool queued_ = false;         // device copies queued since the last landing
+  std::vector<Task> landing_;   // full buffers not yet handed to the writer
+  std::set<int> ordered_;       // devices whose side stream waits for the producer stream
+  std::uint64_t staged_ = 0;
+};
+
+}  // namespace
+
+Expected<SaveHandle> Checkpointer::save_impl(std::uint64_t step, const std::vector<BlobView>& blobs, const json& meta,
+                                             const SaveOptions& save_options) {
+  Impl& im = *impl_;
+  // Collectives stay in order: the previous step commits before this one starts.
+  if (im.pending_collective) {
+    SaveHandle prev(im.pending_collective);
+    (void)prev.wait();
+  }
+  std::vector<std::string> tiers = {im.opt.root};
+  if (im.opt.fast_tier) tiers.push_back(*im.opt.fast_tier);
+  Status valid = validate_save(step, blobs, meta, tiers);
+  const bool several = im.comm->size() > 1;
+  if (!valid && !several) return valid.error();
+
+  auto job = new_job(im, step, meta, im.first_tier());
+  open_step_files(im, *job, step, several, valid);
+  if (!valid) {
+    if (!several) {
+      std::error_code ec;
+      fs::remove_all(job->tmp_dir, ec);
+      return valid.error();
+    }
+    // The other ranks are already in this save's collectives: take part in
+    // them as a failed rank, so that nobody waits for us and nothing commits.
+    job->state->collective_pending = true;
+    im.finish_local(job->state, valid.error(), false);
+    (void)im.collective_commit(job->state, job->tmp_dir);
+    return valid.error();
+  }
+
+  const std::vector<Write> writes = plan_writes(im, *job, blobs, several);
+  lay_out(*job, blobs, writes);
+  Stager stager(im, job, step, several);
+  if (Status st = stager.stage(blobs, writes, save_options.cuda_stream); !st) {
+    stager.abort(st.error());
+    if (!several) (void)SaveHandle(job->state).wait();
+    return st.error();
+  }
+  im.counters.bytes_staged += stager.staged();
   {
     std::lock_guard g(im.mu);
     im.outstanding.push_back(job->state);

@@ -156,13 +156,16 @@ Status check_unchanged(const Plan& plan, const std::string& src) {
   return {};
 }
 
-// Reads exactly len bytes at offset, or says why not.
-std::string read_chunk(int fd, char* buf, std::size_t len, std::uint64_t offset, std::size_t& got) {
+// Reads exactly len bytes at offset of `path` (open as fd); `got` counts what
+// arrived even on failure, so the bytes-read statistic stays true. The error
+// names the path and the byte where the read stopped.
+Status read_chunk(int fd, const std::string& path, char* buf, std::size_t len, std::uint64_t offset, std::size_t& got) {
   got = 0;
-  auto r = pread_full(fd, buf, len, offset, "read");
-  if (!r) return r.error().message;
+  auto r = pread_full(fd, buf, len, offset, path);
+  if (!r) return r.error();
   got = *r;
-  return got < len ? "short read (file changed?)" : "";
+  if (got < len) return Error{ErrorKind::kIo, fmt::format("{}: short read (file changed?) at byte {}", path, offset + got)};
+  return {};
 }
 
 // Receives each verified chunk in order: file index, offset, bytes.
@@ -209,11 +212,12 @@ Status stream(Communicator& c, const Plan& plan, const std::string& src, const S
       }
     }
     std::size_t got = 0;
-    if (why.empty()) why = read_chunk(fd, buf.data(), p.len, p.offset, got);
     if (!why.empty()) {
-      flag = 1;
-      why = fmt::format("{}: {} at byte {}", path.string(), why, p.offset + got);
+      why = fmt::format("{}: {} at byte {}", path.string(), why, p.offset);
+    } else if (Status s = read_chunk(fd, path.string(), buf.data(), p.len, p.offset, got); !s) {
+      why = s.error().message;
     }
+    if (!why.empty()) flag = 1;
     const std::uint64_t h = XXH3_64bits(buf.data(), p.len);
     std::memcpy(buf.data() + p.len, &h, 8);
     std::memcpy(buf.data() + p.len + 8, &flag, 8);
@@ -333,7 +337,8 @@ class Writer {
     if (same_) {
       cmp_.resize(len);
       std::size_t got = 0;
-      if (read_chunk(old_[file], cmp_.data(), len, offset, got).empty() && std::memcmp(cmp_.data(), data, len) == 0)
+      if (read_chunk(old_[file], dst_path(file).string(), cmp_.data(), len, offset, got).ok() &&
+          std::memcmp(cmp_.data(), data, len) == 0)
         return {};
       if (Status s = start(file, offset); !s) return s;
     }
@@ -415,8 +420,7 @@ class Writer {
       for (std::uint64_t at = 0; at < end;) {
         const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(buf.size(), end - at));
         std::size_t got = 0;
-        if (const std::string why = read_chunk(old_[i], buf.data(), n, at, got); !why.empty())
-          return Error{ErrorKind::kIo, fmt::format("{}: {} at byte {}", dst_path(i).string(), why, at + got)};
+        if (Status s = read_chunk(old_[i], dst_path(i).string(), buf.data(), n, at, got); !s) return s;
         if (Status s = put(i, at, buf.data(), n); !s) return s;
         at += n;
       }

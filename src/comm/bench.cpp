@@ -16,14 +16,6 @@ const std::vector<std::string>& bench_collectives() {
   return names;
 }
 
-Expected<double> busbw_factor(const std::string& c, int n) {
-  const double nd = n;
-  if (c == "all_reduce") return 2.0 * (nd - 1) / nd;
-  if (c == "reduce_scatter" || c == "all_gather" || c == "all_to_all") return (nd - 1) / nd;
-  if (c == "broadcast") return 1.0;
-  return Error{ErrorKind::kUsage, "unknown collective '" + c + "' (expected one of all_reduce, reduce_scatter, all_gather, broadcast, all_to_all)"};
-}
-
 Expected<AlphaBeta> fit_alpha_beta(const std::vector<double>& x, const std::vector<double>& y) {
   if (x.size() != y.size() || x.size() < 2)
     return Error{ErrorKind::kUsage, "an alpha-beta fit needs two or more (size, time) points"};

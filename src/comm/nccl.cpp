@@ -2,12 +2,12 @@
 
 #ifdef PACER_HAVE_NCCL
 #include <cuda_runtime_api.h>
-#include <dlfcn.h>
 #include <nccl.h>
 
 #include <cstdlib>
 #include <cstring>
 
+#include "pacer/hw/cuda_host.hpp"
 #include "pacer/hw/libraries.hpp"
 #endif
 
@@ -16,11 +16,11 @@ namespace pacer::comm {
 #ifdef PACER_HAVE_NCCL
 namespace {
 
-// libnccl and libcudart are loaded at run time, so a pacer built on a CUDA
-// machine still starts (and runs the MPI backend) where they are missing.
+// libnccl and libcudart are loaded at run time (by hw, which vet shares), so
+// a pacer built on a CUDA machine still starts (and runs the MPI backend)
+// where they are missing.
 struct Api {
   void* nccl = nullptr;
-  void* cudart = nullptr;
 #define PACER_FN(name) decltype(&::name) name = nullptr
   PACER_FN(ncclGetUniqueId);
   PACER_FN(ncclCommInitRank);
@@ -56,30 +56,25 @@ struct Api {
 const Api& api() {
   static const Api a = [] {
     Api a;
-    std::string tried;
-    a.nccl = hw::open_nccl_library(&tried);
-    if (!a.nccl) {
-      a.error = "cannot load NCCL (tried " + tried + "; set PACER_NCCL_LIBRARY to libnccl.so.2)";
+    const auto& lib = hw::nccl_library();
+    if (!lib.handle) {
+      a.error = lib.error;
       return a;
     }
-    for (const char* name : {"libcudart.so.13", "libcudart.so.12", "libcudart.so"})
-      if (!a.cudart) a.cudart = dlopen(name, RTLD_NOW | RTLD_LOCAL);
-    if (!a.cudart) {
-      // Read at once: a later successful dlopen would clear it.
-      const char* why = dlerror();
-      a.error = std::string("cannot load libcudart.so: ") + (why ? why : "not found");
+    a.nccl = lib.handle;
+    // The CUDA runtime hw uses for everything else (PyTorch's when it is
+    // loaded), so device pointers and streams agree with the caller's.
+    if (Status s = hw::cuda_runtime_loaded(); !s) {
+      a.error = s.error().message;
       return a;
     }
-    bool ok = true;
-    auto sym = [&](void* lib, const char* name, auto& fn) {
-      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
-      if (!fn && ok) {
-        ok = false;
-        a.error = std::string("symbol ") + name + " missing from the loaded NCCL/CUDA runtime";
-      }
+    hw::SymbolBinder nccl(a.nccl, "the loaded NCCL");
+    auto cuda = [&](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(hw::cuda_runtime_symbol(name));
+      if (!fn && a.error.empty()) a.error = std::string("the CUDA runtime lacks ") + name + " (too old?)";
     };
-#define PACER_NCCL(name) sym(a.nccl, #name, a.name)
-#define PACER_CUDA(name) sym(a.cudart, #name, a.name)
+#define PACER_NCCL(name) nccl(a.name, #name)
+#define PACER_CUDA(name) cuda(a.name, #name)
     PACER_NCCL(ncclGetUniqueId); PACER_NCCL(ncclCommInitRank); PACER_NCCL(ncclCommDestroy);
     PACER_NCCL(ncclCommAbort); PACER_NCCL(ncclCommGetAsyncError); PACER_NCCL(ncclGetErrorString);
     PACER_NCCL(ncclAllReduce); PACER_NCCL(ncclReduceScatter); PACER_NCCL(ncclAllGather);
@@ -91,6 +86,7 @@ const Api& api() {
     PACER_CUDA(cudaMemcpy); PACER_CUDA(cudaGetErrorString);
 #undef PACER_NCCL
 #undef PACER_CUDA
+    if (!nccl.ok()) a.error = nccl.error();
     return a;
   }();
   return a;

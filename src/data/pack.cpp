@@ -42,7 +42,6 @@ constexpr std::size_t kIoChunk = 4u << 20;
 constexpr const char* kManifestSchema = "pacer.shards/1";
 
 Error usage_error(std::string message) { return Error{ErrorKind::kUsage, std::move(message)}; }
-Error io_error(std::string message) { return Error{ErrorKind::kIo, std::move(message)}; }
 
 std::string hex64(std::uint64_t v) { return fmt::format("{:016x}", v); }
 
@@ -53,7 +52,7 @@ std::string version_of(const std::string& concatenated_sums) {
 
 Expected<std::uint64_t> hash_file(const std::string& path) {
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd) return io_error(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
+  if (!fd) return io_error("cannot open", path, errno);
   ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
   std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> st(XXH3_createState(), XXH3_freeState);
   XXH3_64bits_reset(st.get());
@@ -113,7 +112,7 @@ Status scan_directory(Source& src, const std::optional<fs::path>& skip) {
   fs::recursive_directory_iterator it(src.path, fs::directory_options::none, ec), end;
   if (ec) return usage_error(fmt::format("{}: {}", src.path, ec.message()));
   for (; it != end; it.increment(ec)) {
-    if (ec) return io_error(fmt::format("{}: {}", src.path, ec.message()));
+    if (ec) return Error{ErrorKind::kIo, fmt::format("{}: {}", src.path, ec.message())};
     const fs::path& p = it->path();
     const std::string base = p.filename().string();
     // Hidden files and directories (.git, editor droppings, our own temporaries) are not samples.
@@ -127,7 +126,7 @@ Status scan_directory(Source& src, const std::optional<fs::path>& skip) {
     }
     if (!it->is_regular_file(ec)) continue;
     struct stat st {};
-    if (::stat(p.c_str(), &st) != 0) return io_error(fmt::format("{}: cannot stat: {}", p.string(), std::strerror(errno)));
+    if (::stat(p.c_str(), &st) != 0) return io_error("cannot stat", p.string(), errno);
     Member m;
     m.name = p.lexically_relative(src.path).generic_string();
     if (escapes_root(m.name)) return usage_error(fmt::format("{}: member name '{}' is absolute or contains '..'", src.path, m.name));
@@ -175,7 +174,7 @@ Status scan_lines(Source& src) {
   };
   for (;;) {
     const ssize_t n = retry_eintr([&] { return ::read(fd.get(), buf.data(), buf.size()); });
-    if (n < 0) return io_error(fmt::format("{}: read failed: {}", src.path, std::strerror(errno)));
+    if (n < 0) return io_error("read failed", src.path, errno);
     if (n == 0) break;
     std::size_t pos = 0;
     while (pos < static_cast<std::size_t>(n)) {
@@ -283,7 +282,7 @@ Status write_shard(const Source& src, ShardPlan& sh, const fs::path& out, std::a
   const std::string tmp = (out / temp_name(sh.name)).string();
   const std::string final_path = (out / sh.name).string();
   Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (!fd) return io_error(fmt::format("{}: cannot create: {}", tmp, std::strerror(errno)));
+  if (!fd) return io_error("cannot create", tmp, errno);
   auto fail = [&](Error e) {
     ::unlink(tmp.c_str());
     return e;
@@ -305,7 +304,7 @@ Status write_shard(const Source& src, ShardPlan& sh, const fs::path& out, std::a
   Fd line_src;  // the source file, in line mode
   if (!src.is_dir) {
     line_src = Fd(::open(src.path.c_str(), O_RDONLY | O_CLOEXEC));
-    if (!line_src) return io_error(fmt::format("{}: cannot open: {}", src.path, std::strerror(errno)));
+    if (!line_src) return io_error("cannot open", src.path, errno);
   }
   for (std::size_t i = sh.first_member; i < sh.end_member; ++i) {
     if (cancel) {
@@ -319,7 +318,7 @@ Status write_shard(const Source& src, ShardPlan& sh, const fs::path& out, std::a
     const std::string from = src.source_of(m);
     if (src.is_dir) {
       own = Fd(::open(from.c_str(), O_RDONLY | O_CLOEXEC));
-      if (!own) return io_error(fmt::format("{}: cannot open: {}", from, std::strerror(errno)));
+      if (!own) return io_error("cannot open", from, errno);
       in = own.get();
     }
     std::uint64_t left = m.size, at = m.src_offset;
@@ -331,7 +330,7 @@ Status write_shard(const Source& src, ShardPlan& sh, const fs::path& out, std::a
       buf.resize(old + want);
       auto n = pread_full(in, buf.data() + old, want, at, from);
       if (!n) return fail(n.error());
-      if (*n != want) return fail(io_error(fmt::format("{}: changed size while packing (planned {} bytes)", from, m.size)));
+      if (*n != want) return fail(Error{ErrorKind::kIo, fmt::format("{}: changed size while packing (planned {} bytes)", from, m.size)});
       left -= want;
       at += want;
     }
@@ -339,7 +338,7 @@ Status write_shard(const Source& src, ShardPlan& sh, const fs::path& out, std::a
       // A file that grew since planning would be cut silently: refuse it.
       struct stat st {};
       if (::fstat(in, &st) == 0 && static_cast<std::uint64_t>(st.st_size) != m.size)
-        return fail(io_error(fmt::format("{}: changed size while packing ({} bytes planned, {} now)", from, m.size, st.st_size)));
+        return fail(Error{ErrorKind::kIo, fmt::format("{}: changed size while packing ({} bytes planned, {} now)", from, m.size, st.st_size)});
     }
     buf.append(tar_padded(m.size) - m.size, '\0');
   }
@@ -348,7 +347,7 @@ Status write_shard(const Source& src, ShardPlan& sh, const fs::path& out, std::a
   if (written != sh.bytes) return fail(Error{ErrorKind::kRuntime, fmt::format("{}: wrote {} bytes, planned {}", tmp, written, sh.bytes)});
   if (Status f = fsync_fd(fd.get(), tmp); !f) return fail(f.error());
   if (Status c = fd.close(tmp); !c) return fail(c.error());
-  if (::rename(tmp.c_str(), final_path.c_str()) != 0) return fail(io_error(fmt::format("{}: rename failed: {}", final_path, std::strerror(errno))));
+  if (::rename(tmp.c_str(), final_path.c_str()) != 0) return fail(io_error("rename failed", final_path, errno));
   sh.xxh3 = XXH3_64bits_digest(hs.get());
   sh.written = true;
   return {};
@@ -502,9 +501,9 @@ Expected<PackReport> pack_shards(const PackOptions& o, const std::function<void(
 
   const fs::path out(o.out);
   fs::create_directories(out, ec);
-  if (ec) return io_error(fmt::format("{}: cannot create: {}", o.out, ec.message()));
+  if (ec) return Error{ErrorKind::kIo, fmt::format("{}: cannot create: {}", o.out, ec.message())};
   Fd lock(::open(out.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!lock || ::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) return io_error(fmt::format("{}: another pacer shard pack is writing here", o.out));
+  if (!lock || ::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) return Error{ErrorKind::kIo, fmt::format("{}: another pacer shard pack is writing here", o.out)};
 
   PackReport r;
   r.src = o.src;
@@ -727,7 +726,7 @@ Expected<InspectReport> inspect_shards(const std::string& spec, const std::funct
     sh.samples = entries->size();
     std::error_code ec;
     sh.bytes = fs::file_size(s, ec);
-    if (ec) return io_error(fmt::format("{}: {}", s, ec.message()));
+    if (ec) return Error{ErrorKind::kIo, fmt::format("{}: {}", s, ec.message())};
     if (!entries->empty()) {
       sh.first_key = entries->front().key;
       sh.last_key = entries->back().key;

@@ -155,9 +155,14 @@ void unpin_host_memory(void* ptr) {
   if (rt.host_unregister) rt.host_unregister(ptr);
 }
 
+Status cuda_runtime_loaded() {
+  if (!runtime().handle) return Error{ErrorKind::kIo, fmt::format("no CUDA runtime could be loaded (tried {})", runtime().tried)};
+  return {};
+}
+
 Status cuda_device_usable(int device) {
   const auto& rt = runtime();
-  if (!rt.handle) return Error{ErrorKind::kIo, fmt::format("no CUDA runtime could be loaded (tried {})", rt.tried)};
+  if (Status s = cuda_runtime_loaded(); !s) return s;
   if (!rt.copies) return Error{ErrorKind::kIo, "the CUDA runtime lacks the stream and copy functions (too old?)"};
   if (device < 0) return Error{ErrorKind::kUsage, fmt::format("CUDA device {} is not a device ordinal", device)};
   int count = 0;

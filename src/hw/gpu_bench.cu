@@ -4,7 +4,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
-#include <dlfcn.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -18,6 +17,7 @@
 #include "cuda_library.hpp"
 #include "pacer/hw/gpu_bench.hpp"
 #include "pacer/hw/libraries.hpp"
+#include "pacer/core/stats.hpp"
 
 namespace pacer::hw::gpu {
 namespace {
@@ -164,11 +164,7 @@ const Lt& lt() {
       api.error = fmt::format("cuBLASLt not found (tried {})", tried);
       return;
     }
-    bool ok = true;
-    auto sym = [&](auto& fn, const char* name) {
-      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(::dlsym(h, name));
-      ok = ok && fn;
-    };
+    SymbolBinder sym(h, "cuBLASLt");
     sym(api.create, "cublasLtCreate");
     sym(api.destroy, "cublasLtDestroy");
     sym(api.desc_create, "cublasLtMatmulDescCreate");
@@ -181,9 +177,9 @@ const Lt& lt() {
     sym(api.pref_set, "cublasLtMatmulPreferenceSetAttribute");
     sym(api.heuristic, "cublasLtMatmulAlgoGetHeuristic");
     sym(api.matmul, "cublasLtMatmul");
-    if (!ok) {
+    if (!sym.ok()) {
       api = Lt{};
-      api.error = "cuBLASLt lacks an expected symbol";
+      api.error = sym.error();
     }
   });
   return api;
@@ -461,17 +457,12 @@ const Nccl& nccl() {
   static Nccl api;
   static std::once_flag once;
   std::call_once(once, [] {
-    std::string tried;
-    void* h = open_nccl_library(&tried);
-    if (!h) {
-      api.error = fmt::format("NCCL not found (tried {}; set PACER_NCCL_LIBRARY to libnccl.so.2)", tried);
+    const auto& lib = nccl_library();
+    if (!lib.handle) {
+      api.error = lib.error;
       return;
     }
-    bool ok = true;
-    auto sym = [&](auto& fn, const char* name) {
-      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(::dlsym(h, name));
-      ok = ok && fn;
-    };
+    SymbolBinder sym(lib.handle, "the loaded NCCL");
     sym(api.get_version, "ncclGetVersion");
     sym(api.comm_init_all, "ncclCommInitAll");
     sym(api.get_unique_id, "ncclGetUniqueId");
@@ -481,9 +472,9 @@ const Nccl& nccl() {
     sym(api.group_end, "ncclGroupEnd");
     sym(api.comm_destroy, "ncclCommDestroy");
     sym(api.error_string, "ncclGetErrorString");
-    if (!ok) {
+    if (!sym.ok()) {
       api = Nccl{};
-      api.error = "NCCL lacks an expected symbol";
+      api.error = sym.error();
     }
   });
   return api;
@@ -820,7 +811,7 @@ Expected<AllReduceResult> nccl_all_reduce(std::uint64_t bytes, int passes, const
   }
   r.seconds = median(t);
   r.algbw = double(r.bytes) / r.seconds / 1e9;
-  r.busbw = r.algbw * 2.0 * (ranks - 1) / ranks;
+  r.busbw = r.algbw * *busbw_factor("all_reduce", ranks);
   return r;
 }
 

@@ -22,16 +22,29 @@ void* open_first(std::initializer_list<const char*> names) {
 
 }  // namespace
 
-void* open_nccl_library(std::string* tried) {
-  if (const char* p = std::getenv("PACER_NCCL_LIBRARY"); p && *p) {
-    if (void* h = ::dlopen(p, RTLD_NOW | RTLD_LOCAL)) return h;
-    if (tried) {
-      const char* why = ::dlerror();
-      *tried = fmt::format("{} (PACER_NCCL_LIBRARY): {}", p, why ? why : "does not load");
+const NcclLibrary& nccl_library() {
+  static const NcclLibrary lib = [] {
+    NcclLibrary l;
+    std::string tried;
+    if (const char* p = std::getenv("PACER_NCCL_LIBRARY"); p && *p) {
+      l.handle = ::dlopen(p, RTLD_NOW | RTLD_LOCAL);
+      if (!l.handle) {
+        const char* why = ::dlerror();
+        tried = fmt::format("{} (PACER_NCCL_LIBRARY): {}", p, why ? why : "does not load");
+      }
+    } else {
+      l.handle = open_cuda_library({"libnccl.so.2", "libnccl.so"}, &tried);
     }
-    return nullptr;
-  }
-  return open_cuda_library({"libnccl.so.2", "libnccl.so"}, tried);
+    if (!l.handle) l.error = fmt::format("cannot load NCCL (tried {}; set PACER_NCCL_LIBRARY to libnccl.so.2)", tried);
+    return l;
+  }();
+  return lib;
+}
+
+void* SymbolBinder::lookup(const char* name) const { return library_ ? ::dlsym(library_, name) : nullptr; }
+
+std::string SymbolBinder::error() const {
+  return missing_.empty() ? "" : fmt::format("{} lacks {} (too old?)", what_, missing_);
 }
 
 std::string nccl_version_text(int code) {
@@ -41,16 +54,12 @@ std::string nccl_version_text(int code) {
 }
 
 std::string nccl_version() {
-  void* h = open_nccl_library();
-  if (!h) return "";
-  std::string out;
-  using Fn = int (*)(int*);
-  if (auto fn = reinterpret_cast<Fn>(::dlsym(h, "ncclGetVersion"))) {
-    int v = 0;
-    if (fn(&v) == 0 && v > 0) out = nccl_version_text(v);
-  }
-  ::dlclose(h);
-  return out;
+  int (*get_version)(int*) = nullptr;
+  SymbolBinder bind(nccl_library().handle, "NCCL");
+  bind(get_version, "ncclGetVersion");
+  int v = 0;
+  if (!get_version || get_version(&v) != 0 || v <= 0) return "";
+  return nccl_version_text(v);
 }
 
 std::string mpi_library_version() {

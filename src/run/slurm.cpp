@@ -67,10 +67,9 @@ Expected<Captured> capture(const std::vector<std::string>& argv, double timeout_
   SpawnOptions so;
   so.signal_mask = child_mask;
   so.stdout_fd = so.stderr_fd = out[1];
-  int exec_errno = 0;
-  auto pid = spawn_process(argv, so, &exec_errno);
-  if (!pid && exec_errno)
-    return Error{ErrorKind::kIo, fmt::format("{}: {}", argv[0], exec_errno == ENOENT ? "not found" : std::strerror(exec_errno))};
+  // core/process's wording ("X: cannot run: not found"), so a missing
+  // scontrol reads the same as any other program pacer cannot start.
+  auto pid = spawn_process(argv, so);
   if (!pid) return Error{ErrorKind::kIo, pid.error().message};
   out_write.reset();
   Captured c;

@@ -54,25 +54,26 @@ struct GpuKey {
   double nvlink_capacity = 0;
 };
 
-}  // namespace
+// The run to score (--run, else the newest): its id and catalog status.
+Status find_run(Catalog& cat, const ScoreOptions& o, RunFacts& f) {
+  const std::string where = o.run_id ? fmt::format("WHERE run_id = {}", *o.run_id) : "";
+  auto r = cat.query(fmt::format("SELECT run_id, catalog_status FROM runs {} ORDER BY started DESC, run_id DESC LIMIT 1", where));
+  if (!r) return r.error();
+  if (r->rows.empty())
+    return Error{ErrorKind::kUsage, o.run_id ? fmt::format("{}: no run {} in the catalog", cat.path(), *o.run_id)
+                                                 : fmt::format("{}: the catalog holds no run", cat.path())};
+  f.run_id = static_cast<std::int64_t>(num(r->rows[0][0]));
+  if (!null(r->rows[0][1])) f.catalog_status = str(r->rows[0][1]);
+  return {};
+}
 
-Expected<RunFacts> collect_facts(Catalog& cat, const ScoreOptions& o) {
-  auto q = [&](const std::string& sql) { return cat.query(sql); };
-  RunFacts f;
-  f.nic_capacity_bytes_per_s = o.nic_capacity_bytes_per_s;
-  {
-    const std::string where = o.run_id ? fmt::format("WHERE run_id = {}", *o.run_id) : "";
-    auto r = q(fmt::format("SELECT run_id, catalog_status FROM runs {} ORDER BY started DESC, run_id DESC LIMIT 1", where));
-    if (!r) return r.error();
-    if (r->rows.empty())
-      return Error{ErrorKind::kUsage, o.run_id ? fmt::format("{}: no run {} in the catalog", cat.path(), *o.run_id)
-                                                   : fmt::format("{}: the catalog holds no run", cat.path())};
-    f.run_id = static_cast<std::int64_t>(num(r->rows[0][0]));
-    if (!null(r->rows[0][1])) f.catalog_status = str(r->rows[0][1]);
-  }
+// The step facts (time, data wait, comm, ranks, the rank that waits most).
+// Returns the SQL condition that limits samples to the steps' window ("" with
+// no steps: every sample of the run counts), so that idle time before the
+// first step and after the last does not dilute the scores.
+Expected<std::string> collect_step_facts(Catalog& cat, RunFacts& f) {
   const std::int64_t run = f.run_id;
-
-  auto steps = q(fmt::format(
+  auto steps = cat.query(fmt::format(
       "SELECT count(*), min(t - step_time_s), max(t), sum(step_time_s), sum(data_wait_s), "
       "sum(CASE WHEN data_wait_s IS NOT NULL THEN step_time_s END), sum(comm_s), "
       "sum(CASE WHEN comm_s IS NOT NULL THEN step_time_s END), count(DISTINCT rank) "
@@ -80,62 +81,83 @@ Expected<RunFacts> collect_facts(Catalog& cat, const ScoreOptions& o) {
   if (!steps) return steps.error();
   const auto& s = steps->rows.at(0);
   f.steps = static_cast<std::int64_t>(num(s[0]));
-  std::string window;
-  if (f.steps > 0) {
-    f.window_from_steps = true;
-    f.window_start = num(s[1]);
-    f.window_end = num(s[2]);
-    f.step_time_s = num(s[3]);
-    f.data_wait_s = opt(s[4]);
-    f.data_wait_step_time_s = null(s[5]) ? 0 : num(s[5]);
-    f.comm_s = opt(s[6]);
-    f.comm_step_time_s = null(s[7]) ? 0 : num(s[7]);
-    f.ranks = static_cast<int>(num(s[8]));
-    // Rates and GPM figures describe the interval that ends at the sample.
-    window = fmt::format(" AND s.t > {:.17g} AND s.t <= {:.17g} + coalesce((SELECT interval_s FROM runs WHERE run_id = {}), 1)",
-                         f.window_start, f.window_end, run);
-    if (f.data_wait_s) {
-      auto w = q(fmt::format("SELECT rank, sum(data_wait_s) / sum(step_time_s) AS share FROM steps WHERE run_id = {} "
-                             "AND step_time_s > 0 AND data_wait_s IS NOT NULL GROUP BY rank ORDER BY share DESC LIMIT 1", run));
-      if (!w) return w.error();
-      if (!w->rows.empty()) {
-        f.worst_rank = static_cast<int>(num(w->rows[0][0]));
-        f.worst_rank_data_wait_share = opt(w->rows[0][1]);
-      }
+  if (f.steps == 0) return std::string();
+  f.window_from_steps = true;
+  f.window_start = num(s[1]);
+  f.window_end = num(s[2]);
+  f.step_time_s = num(s[3]);
+  f.data_wait_s = opt(s[4]);
+  f.data_wait_step_time_s = null(s[5]) ? 0 : num(s[5]);
+  f.comm_s = opt(s[6]);
+  f.comm_step_time_s = null(s[7]) ? 0 : num(s[7]);
+  f.ranks = static_cast<int>(num(s[8]));
+  if (f.data_wait_s) {
+    auto w = cat.query(fmt::format("SELECT rank, sum(data_wait_s) / sum(step_time_s) AS share FROM steps WHERE run_id = {} "
+                                   "AND step_time_s > 0 AND data_wait_s IS NOT NULL GROUP BY rank ORDER BY share DESC LIMIT 1", run));
+    if (!w) return w.error();
+    if (!w->rows.empty()) {
+      f.worst_rank = static_cast<int>(num(w->rows[0][0]));
+      f.worst_rank_data_wait_share = opt(w->rows[0][1]);
     }
   }
+  // Rates and GPM figures describe the interval that ends at the sample.
+  return fmt::format(" AND s.t > {:.17g} AND s.t <= {:.17g} + coalesce((SELECT interval_s FROM runs WHERE run_id = {}), 1)",
+                     f.window_start, f.window_end, run);
+}
 
+// The catalog's GPUs and nodes, by id: labels for the evidence and the
+// capacities that utilisation is judged against.
+struct Inventory {
   std::map<std::int64_t, GpuKey> gpus;
-  {
-    auto r = q("SELECT g.gpu_id, n.hostname, g.gpu_index, g.name FROM gpus g JOIN nodes n USING(node_id)");
-    if (!r) return r.error();
-    for (const auto& row : r->rows)
-      gpus[static_cast<std::int64_t>(num(row[0]))] = {fmt::format("{}:{}", str(row[1]), str(row[2])), nvlink_capacity(str(row[3]))};
-  }
   std::map<std::int64_t, std::string> hosts;
   std::map<std::int64_t, double> cpus;
-  {
-    auto r = q("SELECT node_id, hostname, cpus FROM nodes");
-    if (!r) return r.error();
-    for (const auto& row : r->rows) {
-      hosts[static_cast<std::int64_t>(num(row[0]))] = str(row[1]);
-      cpus[static_cast<std::int64_t>(num(row[0]))] = null(row[2]) ? 0 : num(row[2]);
+};
+
+Expected<Inventory> read_inventory(Catalog& cat) {
+  Inventory inv;
+  auto g = cat.query("SELECT g.gpu_id, n.hostname, g.gpu_index, g.name FROM gpus g JOIN nodes n USING(node_id)");
+  if (!g) return g.error();
+  for (const auto& row : g->rows)
+    inv.gpus[static_cast<std::int64_t>(num(row[0]))] = {fmt::format("{}:{}", str(row[1]), str(row[2])), nvlink_capacity(str(row[3]))};
+  auto n = cat.query("SELECT node_id, hostname, cpus FROM nodes");
+  if (!n) return n.error();
+  for (const auto& row : n->rows) {
+    inv.hosts[static_cast<std::int64_t>(num(row[0]))] = str(row[1]);
+    inv.cpus[static_cast<std::int64_t>(num(row[0]))] = null(row[2]) ? 0 : num(row[2]);
+  }
+  return inv;
+}
+
+// Per-GPU means by metric: metric name -> gpu id -> (mean, samples).
+using PerGpu = std::map<std::string, std::map<std::int64_t, std::pair<double, std::int64_t>>>;
+
+// The GPU metric `name` reduced over GPUs: the mean, and the lowest GPU
+// (the one that holds the others back).
+std::optional<RunFacts::GpuMetric> reduce_gpus(const PerGpu& per_gpu, const std::string& name, const Inventory& inv) {
+  auto it = per_gpu.find(name);
+  if (it == per_gpu.end() || it->second.empty()) return std::nullopt;
+  RunFacts::GpuMetric m;
+  m.min = INFINITY;
+  double sum = 0;
+  for (const auto& [gpu, v] : it->second) {
+    sum += v.first;
+    m.samples += v.second;
+    if (v.first < m.min) {
+      m.min = v.first;
+      auto g = inv.gpus.find(gpu);
+      m.min_gpu = g == inv.gpus.end() ? "" : g->second.label;
     }
   }
+  m.gpus = static_cast<int>(it->second.size());
+  m.mean = sum / m.gpus;
+  return m;
+}
 
-  std::string names;
-  for (const char* n : kMetricNames) names += fmt::format("{}'{}'", names.empty() ? "" : ", ", n);
-  auto r = q(fmt::format(
-      "SELECT m.name, s.node_id, s.gpu_id, s.device, avg(s.value), count(*) FROM samples s "
-      "JOIN metrics m ON m.metric_id = s.metric_id WHERE s.run_id = {} AND m.name IN ({}){} "
-      "GROUP BY s.metric_id, s.node_id, s.gpu_id, s.device", run, names, window));
-  if (!r) return r.error();
-
-  // Per-GPU means by metric, then reduced over GPUs.
-  std::map<std::string, std::map<std::int64_t, std::pair<double, std::int64_t>>> per_gpu;
+// The node metrics (CPU, disk, network) into the facts; GPU rows into `per_gpu`.
+void fold_samples(const QueryResult& r, const Inventory& inv, RunFacts& f, PerGpu& per_gpu) {
   std::map<std::int64_t, double> node_cpu_busy, node_proc, node_rx, node_tx;
   std::map<std::int64_t, bool> nodes_seen;
-  for (const auto& row : r->rows) {
+  for (const auto& row : r.rows) {
     const std::string name = str(row[0]);
     const auto node = static_cast<std::int64_t>(num(row[1]));
     const std::string device = str(row[3]);
@@ -155,7 +177,8 @@ Expected<RunFacts> collect_facts(Catalog& cat, const ScoreOptions& o) {
     } else if (name == "disk.io_seconds") {
       if (!f.disk_busy || mean > *f.disk_busy) {
         f.disk_busy = mean;
-        f.disk_busy_device = hosts[node] + ":" + device;
+        auto h = inv.hosts.find(node);
+        f.disk_busy_device = (h == inv.hosts.end() ? "" : h->second) + ":" + device;
       }
     } else if (name == "net.rx_bytes" || name == "ib.rx_bytes") {
       node_rx[node] += mean;
@@ -164,7 +187,8 @@ Expected<RunFacts> collect_facts(Catalog& cat, const ScoreOptions& o) {
     }
   }
   f.nodes = static_cast<int>(nodes_seen.size());
-  for (const auto& [node, seen] : nodes_seen) f.cpus += cpus[node];
+  for (const auto& [node, seen] : nodes_seen)
+    if (auto c = inv.cpus.find(node); c != inv.cpus.end()) f.cpus += c->second;
   if (!node_cpu_busy.empty()) {
     double sum = 0;
     for (const auto& [node, v] : node_cpu_busy) sum += v;
@@ -177,43 +201,52 @@ Expected<RunFacts> collect_facts(Catalog& cat, const ScoreOptions& o) {
   }
   for (const auto& [node, rx] : node_rx) f.net_bytes_per_s = std::max(f.net_bytes_per_s.value_or(0), std::max(rx, node_tx[node]));
   for (const auto& [node, tx] : node_tx) f.net_bytes_per_s = std::max(f.net_bytes_per_s.value_or(0), tx);
+}
 
-  auto reduce = [&](const std::string& name) -> std::optional<RunFacts::GpuMetric> {
-    auto it = per_gpu.find(name);
-    if (it == per_gpu.end() || it->second.empty()) return std::nullopt;
-    RunFacts::GpuMetric m;
-    m.min = INFINITY;
-    double sum = 0;
-    for (const auto& [gpu, v] : it->second) {
-      sum += v.first;
-      m.samples += v.second;
-      if (v.first < m.min) {
-        m.min = v.first;
-        m.min_gpu = gpus[gpu].label;
-      }
-    }
-    m.gpus = static_cast<int>(it->second.size());
-    m.mean = sum / m.gpus;
-    return m;
-  };
-  f.sm_util = reduce("gpm.sm_util");
-  f.tensor_util = reduce("gpm.tensor_util");
-  f.dram_bw_util = reduce("gpm.dram_bw_util");
-  f.fp16_util = reduce("gpm.fp16_util");
-  f.fp32_util = reduce("gpm.fp32_util");
-  f.fp64_util = reduce("gpm.fp64_util");
-  f.gpu_util = reduce("gpu.util");
-  f.gpu_mem_util = reduce("gpu.mem_util");
+// The GPU facts, each metric reduced over GPUs.
+void reduce_gpu_facts(PerGpu& per_gpu, const Inventory& inv, RunFacts& f) {
+  f.sm_util = reduce_gpus(per_gpu, "gpm.sm_util", inv);
+  f.tensor_util = reduce_gpus(per_gpu, "gpm.tensor_util", inv);
+  f.dram_bw_util = reduce_gpus(per_gpu, "gpm.dram_bw_util", inv);
+  f.fp16_util = reduce_gpus(per_gpu, "gpm.fp16_util", inv);
+  f.fp32_util = reduce_gpus(per_gpu, "gpm.fp32_util", inv);
+  f.fp64_util = reduce_gpus(per_gpu, "gpm.fp64_util", inv);
+  f.gpu_util = reduce_gpus(per_gpu, "gpu.util", inv);
+  f.gpu_mem_util = reduce_gpus(per_gpu, "gpu.mem_util", inv);
   // NVLink: the mean of both directions per GPU, against one direction's capacity.
   for (const auto& [gpu, tx] : per_gpu["gpm.nvlink_tx_bytes_per_s"]) {
     const double rx = per_gpu["gpm.nvlink_rx_bytes_per_s"].contains(gpu) ? per_gpu["gpm.nvlink_rx_bytes_per_s"][gpu].first : tx.first;
     per_gpu["nvlink"][gpu] = {(tx.first + rx) / 2, tx.second};
-    if (gpus[gpu].nvlink_capacity > 0)
-      f.nvlink_capacity_bytes_per_s = f.nvlink_capacity_bytes_per_s == 0 ? gpus[gpu].nvlink_capacity
-                                                                         : std::min(f.nvlink_capacity_bytes_per_s, gpus[gpu].nvlink_capacity);
+    auto g = inv.gpus.find(gpu);
+    const double capacity = g == inv.gpus.end() ? 0 : g->second.nvlink_capacity;
+    if (capacity > 0)
+      f.nvlink_capacity_bytes_per_s = f.nvlink_capacity_bytes_per_s == 0 ? capacity : std::min(f.nvlink_capacity_bytes_per_s, capacity);
   }
-  f.nvlink_bytes_per_s = reduce("nvlink");
+  f.nvlink_bytes_per_s = reduce_gpus(per_gpu, "nvlink", inv);
   for (const auto& [name, m] : per_gpu) f.gpus = std::max(f.gpus, static_cast<int>(m.size()));
+}
+
+}  // namespace
+
+Expected<RunFacts> collect_facts(Catalog& cat, const ScoreOptions& o) {
+  RunFacts f;
+  f.nic_capacity_bytes_per_s = o.nic_capacity_bytes_per_s;
+  if (Status s = find_run(cat, o, f); !s) return s.error();
+  auto window = collect_step_facts(cat, f);
+  if (!window) return window.error();
+  auto inv = read_inventory(cat);
+  if (!inv) return inv.error();
+
+  std::string names;
+  for (const char* n : kMetricNames) names += fmt::format("{}'{}'", names.empty() ? "" : ", ", n);
+  auto r = cat.query(fmt::format(
+      "SELECT m.name, s.node_id, s.gpu_id, s.device, avg(s.value), count(*) FROM samples s "
+      "JOIN metrics m ON m.metric_id = s.metric_id WHERE s.run_id = {} AND m.name IN ({}){} "
+      "GROUP BY s.metric_id, s.node_id, s.gpu_id, s.device", f.run_id, names, *window));
+  if (!r) return r.error();
+  PerGpu per_gpu;
+  fold_samples(*r, *inv, f, per_gpu);
+  reduce_gpu_facts(per_gpu, *inv, f);
   return f;
 }
 
@@ -228,33 +261,30 @@ Evidence gpu_evidence(const std::string& what, const RunFacts::GpuMetric& m, con
 
 double clamp01(double v) { return std::clamp(v, 0.0, 1.0); }
 
-}  // namespace
-
-ScoreReport judge(const RunFacts& f) {
-  ScoreReport rep;
-  rep.facts = f;
-
-  // compute: the busiest arithmetic pipe (GPM), else NVML utilization.
+// compute: the busiest arithmetic pipe (GPM), else NVML utilization.
+Score score_compute(const RunFacts& f) {
   Score compute{"compute", {}, {}, {}};
-  {
-    const std::pair<const char*, const std::optional<RunFacts::GpuMetric>*> pipes[] = {
-        {"gpm.tensor_util", &f.tensor_util}, {"gpm.fp16_util", &f.fp16_util},
-        {"gpm.fp32_util", &f.fp32_util},     {"gpm.fp64_util", &f.fp64_util}};
-    for (const auto& [name, m] : pipes)
-      if (*m) {
-        compute.value = std::max(compute.value.value_or(0), (*m)->mean);
-        compute.evidence.push_back(gpu_evidence(std::string(name + 4) + " pipe activity", **m, name));
-      }
-    if (f.sm_util) compute.evidence.push_back(gpu_evidence("SM activity", *f.sm_util, "gpm.sm_util"));
-    if (!compute.value && f.gpu_util) {
-      compute.value = f.gpu_util->mean;
-      compute.evidence.push_back(gpu_evidence("NVML utilization (time a kernel ran, not how much of the GPU it used)",
-                                              *f.gpu_util, "gpu.util"));
+  const std::pair<const char*, const std::optional<RunFacts::GpuMetric>*> pipes[] = {
+      {"gpm.tensor_util", &f.tensor_util}, {"gpm.fp16_util", &f.fp16_util},
+      {"gpm.fp32_util", &f.fp32_util},     {"gpm.fp64_util", &f.fp64_util}};
+  for (const auto& [name, m] : pipes)
+    if (*m) {
+      compute.value = std::max(compute.value.value_or(0), (*m)->mean);
+      compute.evidence.push_back(gpu_evidence(std::string(name + 4) + " pipe activity", **m, name));
     }
-    if (!compute.value)
-      compute.why_not = f.gpus ? "no GPM pipe activity and no NVML utilization samples" : "no GPU samples (see host_cpu)";
+  if (f.sm_util) compute.evidence.push_back(gpu_evidence("SM activity", *f.sm_util, "gpm.sm_util"));
+  if (!compute.value && f.gpu_util) {
+    compute.value = f.gpu_util->mean;
+    compute.evidence.push_back(gpu_evidence("NVML utilization (time a kernel ran, not how much of the GPU it used)",
+                                            *f.gpu_util, "gpu.util"));
   }
-  // memory: DRAM bandwidth (GPM), else NVML's memory-controller busy time.
+  if (!compute.value)
+    compute.why_not = f.gpus ? "no GPM pipe activity and no NVML utilization samples" : "no GPU samples (see host_cpu)";
+  return compute;
+}
+
+// memory: DRAM bandwidth (GPM), else NVML's memory-controller busy time.
+Score score_memory(const RunFacts& f) {
   Score memory{"memory", {}, {}, {}};
   if (f.dram_bw_util) {
     memory.value = f.dram_bw_util->mean;
@@ -265,42 +295,50 @@ ScoreReport judge(const RunFacts& f) {
   } else {
     memory.why_not = f.gpus ? "no GPM DRAM activity (needs Hopper or newer) and no NVML memory utilization" : "no GPU samples";
   }
-  // communication: the larger of the comm-time share and link utilisation.
+  return memory;
+}
+
+// communication: the larger of the comm-time share and link utilisation. A
+// score judged on part of its evidence says which part is missing, in
+// `not_judged`.
+Score score_communication(const RunFacts& f, std::vector<std::string>& not_judged) {
   Score comm{"communication", {}, {}, {}};
-  {
-    std::vector<std::string> missing;
-    if (f.comm_s && f.comm_step_time_s > 0) {
-      const double share = *f.comm_s / f.comm_step_time_s;
-      comm.value = clamp01(share);
-      comm.evidence.push_back({"comm_s share of step time", share, "ratio", fmt::format("steps: sum(comm_s) / sum(step_time_s), {} steps", f.steps)});
-    } else {
-      missing.push_back("no comm_s in the steps");
-    }
-    if (f.nvlink_bytes_per_s) {
-      comm.evidence.push_back({"NVLink bytes/s per GPU (mean of tx and rx)", f.nvlink_bytes_per_s->mean, "B/s",
-                               fmt::format("gpm.nvlink_tx/rx_bytes_per_s, {} GPU(s)", f.nvlink_bytes_per_s->gpus)});
-      if (f.nvlink_capacity_bytes_per_s > 0) {
-        const double u = f.nvlink_bytes_per_s->mean / f.nvlink_capacity_bytes_per_s;
-        comm.value = std::max(comm.value.value_or(0), clamp01(u));
-        comm.evidence.push_back({"NVLink utilization", u, "ratio", fmt::format("against {:.0f} GB/s per direction (GPU model)", f.nvlink_capacity_bytes_per_s / 1e9)});
-      } else {
-        missing.push_back("NVLink capacity unknown for this GPU model");
-      }
-    }
-    if (f.net_bytes_per_s) {
-      comm.evidence.push_back({"network bytes/s, busiest node and direction", *f.net_bytes_per_s, "B/s", "net.* + ib.* rx/tx"});
-      if (f.nic_capacity_bytes_per_s > 0) {
-        const double u = *f.net_bytes_per_s / f.nic_capacity_bytes_per_s;
-        comm.value = std::max(comm.value.value_or(0), clamp01(u));
-        comm.evidence.push_back({"network utilization", u, "ratio", fmt::format("against --nic-gbps ({:.0f} Gb/s)", f.nic_capacity_bytes_per_s * 8 / 1e9)});
-      } else {
-        missing.push_back("network capacity not given (--nic-gbps)");
-      }
-    }
-    if (!comm.value) comm.why_not = missing.empty() ? "no comm_s, NVLink or network figures" : fmt::format("{}", fmt::join(missing, "; "));
-    else if (!missing.empty()) rep.not_judged.push_back("communication (partly): " + fmt::format("{}", fmt::join(missing, "; ")));
+  std::vector<std::string> missing;
+  if (f.comm_s && f.comm_step_time_s > 0) {
+    const double share = *f.comm_s / f.comm_step_time_s;
+    comm.value = clamp01(share);
+    comm.evidence.push_back({"comm_s share of step time", share, "ratio", fmt::format("steps: sum(comm_s) / sum(step_time_s), {} steps", f.steps)});
+  } else {
+    missing.push_back("no comm_s in the steps");
   }
-  // input: the share of step time spent waiting for data.
+  if (f.nvlink_bytes_per_s) {
+    comm.evidence.push_back({"NVLink bytes/s per GPU (mean of tx and rx)", f.nvlink_bytes_per_s->mean, "B/s",
+                             fmt::format("gpm.nvlink_tx/rx_bytes_per_s, {} GPU(s)", f.nvlink_bytes_per_s->gpus)});
+    if (f.nvlink_capacity_bytes_per_s > 0) {
+      const double u = f.nvlink_bytes_per_s->mean / f.nvlink_capacity_bytes_per_s;
+      comm.value = std::max(comm.value.value_or(0), clamp01(u));
+      comm.evidence.push_back({"NVLink utilization", u, "ratio", fmt::format("against {:.0f} GB/s per direction (GPU model)", f.nvlink_capacity_bytes_per_s / 1e9)});
+    } else {
+      missing.push_back("NVLink capacity unknown for this GPU model");
+    }
+  }
+  if (f.net_bytes_per_s) {
+    comm.evidence.push_back({"network bytes/s, busiest node and direction", *f.net_bytes_per_s, "B/s", "net.* + ib.* rx/tx"});
+    if (f.nic_capacity_bytes_per_s > 0) {
+      const double u = *f.net_bytes_per_s / f.nic_capacity_bytes_per_s;
+      comm.value = std::max(comm.value.value_or(0), clamp01(u));
+      comm.evidence.push_back({"network utilization", u, "ratio", fmt::format("against --nic-gbps ({:.0f} Gb/s)", f.nic_capacity_bytes_per_s * 8 / 1e9)});
+    } else {
+      missing.push_back("network capacity not given (--nic-gbps)");
+    }
+  }
+  if (!comm.value) comm.why_not = missing.empty() ? "no comm_s, NVLink or network figures" : fmt::format("{}", fmt::join(missing, "; "));
+  else if (!missing.empty()) not_judged.push_back("communication (partly): " + fmt::format("{}", fmt::join(missing, "; ")));
+  return comm;
+}
+
+// input: the share of step time spent waiting for data.
+Score score_input(const RunFacts& f) {
   Score input{"input", {}, {}, {}};
   if (f.data_wait_s && f.data_wait_step_time_s > 0) {
     const double share = *f.data_wait_s / f.data_wait_step_time_s;
@@ -312,7 +350,11 @@ ScoreReport judge(const RunFacts& f) {
   } else {
     input.why_not = f.steps ? "the steps carry no data_wait_s" : "no training steps in the catalog";
   }
-  // host CPU: the command's process tree against the node's CPUs.
+  return input;
+}
+
+// host CPU: the command's process tree against the node's CPUs.
+Score score_host_cpu(const RunFacts& f) {
   Score host{"host_cpu", {}, {}, {}};
   if (f.process_cores && f.cpus > 0) {
     host.value = clamp01(*f.process_cores / f.cpus);
@@ -331,7 +373,11 @@ ScoreReport judge(const RunFacts& f) {
   if (f.cpu_busy) host.evidence.push_back({"all CPUs busy (every process on the node)", *f.cpu_busy, "ratio", "cpu.busy, mean over nodes"});
   if (f.busiest_core) host.evidence.push_back({"busiest core", *f.busiest_core, "ratio", "cpu.busy per core"});
   if (!host.value) host.why_not = "no CPU samples (no sampler ran)";
-  // I/O: the busiest block device.
+  return host;
+}
+
+// I/O: the busiest block device.
+Score score_io(const RunFacts& f) {
   Score io{"io", {}, {}, {}};
   if (f.disk_busy) {
     io.value = clamp01(*f.disk_busy);
@@ -339,12 +385,15 @@ ScoreReport judge(const RunFacts& f) {
   } else {
     io.why_not = f.samples ? "no disk activity recorded" : "no samples (no sampler ran)";
   }
-  rep.scores = {compute, memory, comm, input, host, io};
-  for (const auto& s : rep.scores)
-    if (!s.value) rep.not_judged.push_back(s.name + ": " + s.why_not);
-  if (f.catalog_status != "ok") rep.not_judged.push_back("after the catalog stopped writing: " + f.catalog_status);
+  return io;
+}
 
-  // The verdict: the first rule that holds (docs/score.md).
+// The verdict: the first rule that holds (docs/score.md), over the scores in
+// the order score_* made them (compute, memory, communication, input,
+// host_cpu, io).
+Verdict decide(const RunFacts& f, const std::vector<Score>& scores) {
+  const Score &compute = scores[0], &memory = scores[1], &comm = scores[2], &input = scores[3], &host = scores[4],
+              &io = scores[5];
   const auto v = [&](const Score& s) { return s.value.value_or(-1); };
   // GPUs are busy when SMs are active or, by NVML, a kernel runs most of the
   // time: memory-bound kernels can hold few SMs yet keep the GPU occupied.
@@ -352,7 +401,7 @@ ScoreReport judge(const RunFacts& f) {
   const double busy = std::max(sm, util);
   const std::string busy_what = sm >= util ? "SMs active" : "a kernel running";
   const double comm_share = f.comm_s && f.comm_step_time_s > 0 ? *f.comm_s / f.comm_step_time_s : 0;
-  Verdict& d = rep.verdict;
+  Verdict d;
   if (v(input) >= kInputBoundShare && v(input) >= comm_share) {
     d.kind = "input-bound";
     d.sentence = fmt::format("input-bound: {} {} of step time while waiting for data; see data-wait by rank (pacer query DB data-wait{})",
@@ -381,7 +430,7 @@ ScoreReport judge(const RunFacts& f) {
   } else {
     double top = -1;
     std::string top_name;
-    for (const auto& s : rep.scores)
+    for (const auto& s : scores)
       if (v(s) > top) top = v(s), top_name = s.name;
     if (top < 0 && busy < 0) {
       d.kind = "unknown";
@@ -396,6 +445,22 @@ ScoreReport judge(const RunFacts& f) {
                                busy >= 0 ? fmt::format(", {} {}", busy_what, pct(busy)) : "");
     }
   }
+  return d;
+}
+
+}  // namespace
+
+ScoreReport judge(const RunFacts& f) {
+  ScoreReport rep;
+  rep.facts = f;
+  // Communication is scored first: a score judged on part of its evidence
+  // is named in not_judged ahead of the scores that have none.
+  Score comm = score_communication(f, rep.not_judged);
+  rep.scores = {score_compute(f), score_memory(f), std::move(comm), score_input(f), score_host_cpu(f), score_io(f)};
+  for (const auto& s : rep.scores)
+    if (!s.value) rep.not_judged.push_back(s.name + ": " + s.why_not);
+  if (f.catalog_status != "ok") rep.not_judged.push_back("after the catalog stopped writing: " + f.catalog_status);
+  rep.verdict = decide(f, rep.scores);
   return rep;
 }
 

@@ -119,14 +119,173 @@ class Exporter {
   std::thread thread_;
 };
 
-}  // namespace
-
-Expected<MonitorResult> run_monitor(const MonitorOptions& o) {
+Status check_options(const MonitorOptions& o) {
   if (o.command.empty() == (o.pid <= 0))
     return Error{ErrorKind::kUsage, "give either a command (after --) or --pid, not both"};
   if (!(o.interval_s > 0)) return Error{ErrorKind::kUsage, "--interval must be positive"};
   if (o.pid > 0 && ::kill(o.pid, 0) != 0 && errno == ESRCH)
     return Error{ErrorKind::kUsage, fmt::format("--pid {}: no such process", o.pid)};
+  return {};
+}
+
+// This node (and its GPUs) and a new run in the catalog; the run's id.
+Expected<std::int64_t> begin_run(Catalog& catalog, const Sampler& sampler, const MonitorOptions& o, std::int64_t& node_id) {
+  auto node = catalog.node_id(sampler.node());
+  if (!node) return node.error();
+  node_id = *node;
+  if (auto s = catalog.add_gpus(node_id, sampler.gpus()); !s) return s.error();
+  RunInfo run;
+  if (const char* job = std::getenv("SLURM_JOB_ID")) run.job_id = job;
+  run.command = o.pid > 0 ? fmt::format("--pid {}", o.pid) : join_command(o.command);
+  run.hostname = sampler.node().hostname;
+  run.started = unix_now();
+  run.interval_s = o.interval_s;
+  return catalog.begin_run(run);
+}
+
+// The monitor's signal set-up for as long as it watches: SIGCHLD blocked (it
+// is taken with sigtimedwait), and kForwarded passed on to the command.
+// Constructed before any thread (the HTTP server's) exists, so that every
+// thread inherits the mask; restore() (or the destructor) puts the caller's
+// handlers and mask back.
+class SignalForwarding {
+ public:
+  SignalForwarding() {
+    sigemptyset(&chld_);
+    sigaddset(&chld_, SIGCHLD);
+    ::pthread_sigmask(SIG_BLOCK, &chld_, &old_mask_);
+    struct sigaction sa {};
+    sa.sa_sigaction = on_signal;
+    sa.sa_flags = SA_SIGINFO | SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    g_child = 0;
+    g_stop = 0;
+    for (std::size_t i = 0; i < std::size(kForwarded); ++i) ::sigaction(kForwarded[i], &sa, &old_sa_[i]);
+  }
+  ~SignalForwarding() { restore(); }
+  SignalForwarding(const SignalForwarding&) = delete;
+  SignalForwarding& operator=(const SignalForwarding&) = delete;
+
+  void restore() {
+    if (restored_) return;
+    restored_ = true;
+    g_child = 0;
+    for (std::size_t i = 0; i < std::size(kForwarded); ++i) ::sigaction(kForwarded[i], &old_sa_[i], nullptr);
+    ::pthread_sigmask(SIG_SETMASK, &old_mask_, nullptr);
+  }
+  // Sleeps for `left`, or less when a SIGCHLD arrives.
+  void wait_for_child(std::chrono::steady_clock::duration left) const {
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+    timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+    ::sigtimedwait(&chld_, nullptr, &ts);
+  }
+
+ private:
+  sigset_t chld_;
+  sigset_t old_mask_;
+  struct sigaction old_sa_[std::size(kForwarded)];
+  bool restored_ = false;
+};
+
+// One sampling pass and what it writes: the sample to the catalog and the
+// exporter, and the step lines that arrived since the last pass. Only the
+// first failed write is warned about: a full disk would otherwise warn once
+// per interval.
+class Recording {
+ public:
+  Recording(const MonitorOptions& o, Catalog& catalog, Sampler& sampler, Exporter* exporter, std::int64_t node_id,
+            MonitorResult& res)
+      : o_(o), catalog_(catalog), sampler_(sampler), exporter_(exporter), node_id_(node_id), res_(res) {
+    if (!o.steps_file.empty()) steps_ = std::make_unique<StepFileReader>(o.steps_file);
+  }
+
+  void pass(bool final) {
+    Sample smp = sampler_.sample(unix_now(), hw::process_cpu_seconds());
+    ++res_.samples;
+    const std::uint64_t dropped_before = catalog_.dropped_records();
+    const std::uint64_t nonfinite_before = catalog_.nonfinite_values();
+    check(catalog_.write_sample(res_.run_id, node_id_, smp));
+    // Values written: none of a dropped batch, and not the non-finite ones.
+    if (catalog_.dropped_records() == dropped_before)
+      res_.readings += smp.readings.size() - std::min<std::uint64_t>(catalog_.nonfinite_values() - nonfinite_before,
+                                                                     smp.readings.size());
+    if (exporter_) exporter_->update(render_prometheus(smp, sampler_.node().hostname));
+    if (steps_) {
+      auto recs = steps_->poll(final);
+      // A line without "t" ended when it was read (at worst one interval late);
+      // one without "rank" comes from a single process.
+      for (auto& r : recs) {
+        if (r.t <= 0) r.t = smp.t;
+        if (r.rank < 0) r.rank = 0;
+      }
+      if (!recs.empty()) {
+        res_.steps += recs.size();
+        check(catalog_.write_steps(res_.run_id, recs));
+      }
+    }
+  }
+
+  // The steps file's malformed lines, counted in the result and recorded as
+  // one event (not one per line: a wrong file would flood the catalog).
+  void note_malformed_steps() {
+    if (!steps_) return;
+    res_.malformed_lines = steps_->malformed();
+    res_.malformed_examples = steps_->errors();
+    if (steps_->malformed() == 0) return;
+    EventRecord e{unix_now(), "steps.malformed",
+                  fmt::format("{} malformed line(s) of {} in {}; first: {}", steps_->malformed(), steps_->lines(),
+                              steps_->path(), steps_->errors().empty() ? "" : steps_->errors().front()),
+                  -1, -1};
+    check(catalog_.write_event(res_.run_id, node_id_, e));
+  }
+
+  void check(const Status& s) {
+    if (!s && !warned_write_) {
+      if (o_.warn) o_.warn(s.error().message);
+      warned_write_ = true;
+    }
+  }
+
+ private:
+  const MonitorOptions& o_;
+  Catalog& catalog_;
+  Sampler& sampler_;
+  Exporter* exporter_;
+  std::int64_t node_id_;
+  MonitorResult& res_;
+  std::unique_ptr<StepFileReader> steps_;
+  bool warned_write_ = false;
+};
+
+// Samples every interval until the command (or --pid) ends, or the monitor
+// is told to stop; the command's wait status in `status`.
+void sample_until_exit(const MonitorOptions& o, pid_t child, Sampler& sampler, Recording& rec,
+                       const SignalForwarding& signals, int& status) {
+  const auto period = std::chrono::duration<double>(o.interval_s);
+  auto next = std::chrono::steady_clock::now();
+  for (;;) {
+    rec.pass(false);
+    next += std::chrono::duration_cast<std::chrono::steady_clock::duration>(period);
+    const auto now = std::chrono::steady_clock::now();
+    if (next < now) next = now;  // a slow pass skips ticks rather than bursting
+    // Sleep until the next tick, waking early when the command exits.
+    for (;;) {
+      if (child > 0) {
+        if (::waitpid(child, &status, WNOHANG) == child) return;
+      } else if (g_stop || !sampler.process_alive() || (::kill(o.pid, 0) != 0 && errno == ESRCH)) {
+        return;
+      }
+      const auto left = next - std::chrono::steady_clock::now();
+      if (left <= std::chrono::steady_clock::duration::zero()) break;
+      signals.wait_for_child(left);
+    }
+  }
+}
+
+}  // namespace
+
+Expected<MonitorResult> run_monitor(const MonitorOptions& o) {
+  if (Status s = check_options(o); !s) return s.error();
   const auto warn = [&](const std::string& w) {
     if (o.warn) o.warn(w);
   };
@@ -151,44 +310,14 @@ Expected<MonitorResult> run_monitor(const MonitorOptions& o) {
   sopt.gpus = o.gpus;
   sopt.per_core = o.per_core;
   Sampler sampler(sopt);
-  auto node_id = catalog.node_id(sampler.node());
-  if (!node_id) return node_id.error();
-  if (auto s = catalog.add_gpus(*node_id, sampler.gpus()); !s) return s.error();
-  RunInfo run;
-  if (const char* job = std::getenv("SLURM_JOB_ID")) run.job_id = job;
-  run.command = o.pid > 0 ? fmt::format("--pid {}", o.pid) : join_command(o.command);
-  run.hostname = sampler.node().hostname;
-  run.started = unix_now();
-  run.interval_s = o.interval_s;
-  auto run_id = catalog.begin_run(run);
+  std::int64_t node_id = 0;
+  auto run_id = begin_run(catalog, sampler, o, node_id);
   if (!run_id) return run_id.error();
   res.run_id = *run_id;
 
-  // SIGCHLD is taken with sigtimedwait, so it is blocked before any thread
-  // (the HTTP server's) exists and inherits the mask.
-  sigset_t chld;
-  sigemptyset(&chld);
-  sigaddset(&chld, SIGCHLD);
-  sigset_t old_mask;
-  ::pthread_sigmask(SIG_BLOCK, &chld, &old_mask);
-  struct sigaction sa {}, old_sa[std::size(kForwarded)];
-  sa.sa_sigaction = on_signal;
-  sa.sa_flags = SA_SIGINFO | SA_RESTART;
-  sigemptyset(&sa.sa_mask);
-  g_child = 0;
-  g_stop = 0;
-  for (std::size_t i = 0; i < std::size(kForwarded); ++i) ::sigaction(kForwarded[i], &sa, &old_sa[i]);
-  const auto restore = [&] {
-    g_child = 0;
-    for (std::size_t i = 0; i < std::size(kForwarded); ++i) ::sigaction(kForwarded[i], &old_sa[i], nullptr);
-    ::pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
-  };
-
+  SignalForwarding signals;
   if (exporter) {
-    if (auto s = exporter->start(*parse_listen_address(o.prometheus)); !s) {
-      restore();
-      return s.error();
-    }
+    if (auto s = exporter->start(*parse_listen_address(o.prometheus)); !s) return s.error();
     res.prometheus_url = exporter->url();
     warn("prometheus metrics at " + res.prometheus_url);
   }
@@ -199,83 +328,22 @@ Expected<MonitorResult> run_monitor(const MonitorOptions& o) {
     so.env = {{"PACER_TELEMETRY_DB", res.db}, {"PACER_RUN_ID", std::to_string(res.run_id)}};
     auto pid = spawn_process(o.command, so);
     if (!pid) {
-      restore();
+      signals.restore();
       (void)catalog.end_run(res.run_id, unix_now(), std::nullopt, hw::process_cpu_seconds());
       return pid.error();
     }
     child = *pid;
     g_child = child;
+    sampler.follow(child);
   }
-  if (child > 0) sampler.follow(child);
 
   const double cpu_at_start = hw::process_cpu_seconds();
   const auto wall_start = std::chrono::steady_clock::now();
-  std::unique_ptr<StepFileReader> steps;
-  if (!o.steps_file.empty()) steps = std::make_unique<StepFileReader>(o.steps_file);
-  bool warned_write = false;
-  const auto check = [&](const Status& s) {
-    if (!s && !warned_write) {
-      warn(s.error().message);
-      warned_write = true;
-    }
-  };
-  const auto pass = [&](bool final) {
-    Sample smp = sampler.sample(unix_now(), hw::process_cpu_seconds());
-    ++res.samples;
-    const std::uint64_t dropped_before = catalog.dropped_records();
-    const std::uint64_t nonfinite_before = catalog.nonfinite_values();
-    check(catalog.write_sample(res.run_id, *node_id, smp));
-    // Values written: none of a dropped batch, and not the non-finite ones.
-    if (catalog.dropped_records() == dropped_before)
-      res.readings += smp.readings.size() - std::min<std::uint64_t>(catalog.nonfinite_values() - nonfinite_before,
-                                                                    smp.readings.size());
-    if (exporter) exporter->update(render_prometheus(smp, sampler.node().hostname));
-    if (steps) {
-      auto recs = steps->poll(final);
-      // A line without "t" ended when it was read (at worst one interval late);
-      // one without "rank" comes from a single process.
-      for (auto& r : recs) {
-        if (r.t <= 0) r.t = smp.t;
-        if (r.rank < 0) r.rank = 0;
-      }
-      if (!recs.empty()) {
-        res.steps += recs.size();
-        check(catalog.write_steps(res.run_id, recs));
-      }
-    }
-  };
-
+  Recording rec(o, catalog, sampler, exporter.get(), node_id, res);
   int status = 0;
-  bool exited = false;
-  const auto period = std::chrono::duration<double>(o.interval_s);
-  auto next = std::chrono::steady_clock::now();
-  for (;;) {
-    pass(false);
-    next += std::chrono::duration_cast<std::chrono::steady_clock::duration>(period);
-    const auto now = std::chrono::steady_clock::now();
-    if (next < now) next = now;  // a slow pass skips ticks rather than bursting
-    // Sleep until the next tick, waking early when the command exits.
-    for (;;) {
-      if (child > 0) {
-        const pid_t w = ::waitpid(child, &status, WNOHANG);
-        if (w == child) {
-          exited = true;
-          break;
-        }
-      } else if (g_stop || !sampler.process_alive() || (::kill(o.pid, 0) != 0 && errno == ESRCH)) {
-        exited = true;
-        break;
-      }
-      const auto left = next - std::chrono::steady_clock::now();
-      if (left <= std::chrono::steady_clock::duration::zero()) break;
-      const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
-      timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
-      ::sigtimedwait(&chld, nullptr, &ts);
-    }
-    if (exited) break;
-  }
-  restore();
-  pass(true);  // the last interval, and step lines written just before the exit
+  sample_until_exit(o, child, sampler, rec, signals, status);
+  signals.restore();
+  rec.pass(true);  // the last interval, and step lines written just before the exit
 
   if (child > 0) {
     if (WIFEXITED(status)) res.exit_code = WEXITSTATUS(status);
@@ -285,19 +353,9 @@ Expected<MonitorResult> run_monitor(const MonitorOptions& o) {
   }
   res.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
   res.sampler_cpu_s = hw::process_cpu_seconds() - cpu_at_start;
-  if (steps) {
-    res.malformed_lines = steps->malformed();
-    res.malformed_examples = steps->errors();
-    if (steps->malformed() > 0) {
-      EventRecord e{unix_now(), "steps.malformed",
-                    fmt::format("{} malformed line(s) of {} in {}; first: {}", steps->malformed(), steps->lines(),
-                                steps->path(), steps->errors().empty() ? "" : steps->errors().front()),
-                    -1, -1};
-      check(catalog.write_event(res.run_id, *node_id, e));
-    }
-  }
-  check(catalog.end_run(res.run_id, unix_now(), o.pid > 0 ? std::optional<int>{} : std::optional<int>{res.exit_code},
-                        res.sampler_cpu_s));
+  rec.note_malformed_steps();
+  rec.check(catalog.end_run(res.run_id, unix_now(), o.pid > 0 ? std::optional<int>{} : std::optional<int>{res.exit_code},
+                            res.sampler_cpu_s));
   // Steps from every source (the file above and pacer.telemetry in the command).
   if (auto n = catalog.query(fmt::format("SELECT count(*) FROM steps WHERE run_id={}", res.run_id));
       n && !n->rows.empty() && std::holds_alternative<std::int64_t>(n->rows[0][0]))

@@ -251,7 +251,7 @@ AllReduceResult measure_allreduce(comm::TimedComm& leaders, const ClusterOptions
   }
   const double t = median(times);
   r.algbw_gbps = static_cast<double>(r.bytes) / t / 1e9;
-  r.busbw_gbps = *r.algbw_gbps * 2.0 * (n - 1) / n;
+  r.busbw_gbps = *r.algbw_gbps * *busbw_factor("all_reduce", static_cast<int>(leaders.size()));
   r.status = CheckStatus::kPass;
   r.reason = fmt::format("MPI_Iallreduce of {} float32 over {} nodes, median of {}", format_bytes(static_cast<double>(r.bytes)),
                          leaders.size(), reps);
@@ -278,177 +278,183 @@ std::vector<std::vector<std::pair<int, int>>> rounds_of(const std::vector<std::p
   return rounds;
 }
 
-}  // namespace
-
-Expected<std::optional<ClusterReport>> run_cluster_vet(comm::TimedComm& world, const ClusterOptions& o) {
-  const std::optional<ClusterReport> kNotRoot;
-  const auto t0 = Clock::now();
-  const std::string started_at = utc_iso_now();
-  auto profile = load_profile(o.node.profile);
-  if (!profile) return profile.error();
-  const Schedule when(t0, o.bound_s, o.node.quick);
-  const std::string name = o.node_name.empty() ? hw::hostname() : o.node_name;
-  const int me = world.rank();
-
-  // Hello: every rank tells rank 0 its node; rank 0 groups ranks into nodes
-  // (in order of their lowest rank, whose rank leads the node) and answers
-  // with each rank's role.
+// What rank 0 learns in the hello: which ranks are on which node, and the
+// ranks that never said hello.
+struct Roster {
   Role role;
   std::vector<int> missing_ranks;
   std::map<std::string, std::vector<int>> ranks_of;
   std::map<std::string, std::string> host_of;
-  if (me == 0) {
-    std::vector<std::pair<std::string, std::string>> hello(world.size());
-    hello[0] = {name, hw::hostname()};
-    for (int r = 1; r < world.size(); ++r) {
-      auto j = recv_json(world, r, kHello, when.hello);
-      if (!j) missing_ranks.push_back(r);
-      else hello[r] = {j->value("node", ""), j->value("host", "")};
-    }
-    for (int r = 0; r < world.size(); ++r) {
-      if (hello[r].first.empty()) continue;
-      auto& ranks = ranks_of[hello[r].first];
-      if (ranks.empty()) {
-        role.names.push_back(hello[r].first);
-        role.leaders.push_back(r);
-        host_of[hello[r].first] = hello[r].second;
-      }
-      ranks.push_back(r);
-    }
-    for (int r = 1; r < world.size(); ++r) {
-      if (hello[r].first.empty()) continue;
-      const int node = static_cast<int>(std::find(role.names.begin(), role.names.end(), hello[r].first) - role.names.begin());
-      send_json(world, r, kRole, {{"leader", role.leaders[node] == r}, {"node", node}, {"names", role.names}, {"leaders", role.leaders}},
-                when.role);
-    }
-    role.leader = true;
-    role.node = 0;
-  } else {
-    if (!send_json(world, 0, kHello, {{"node", name}, {"host", hw::hostname()}}, when.hello)) return kNotRoot;
+};
+
+// Hello: every rank tells rank 0 its node; rank 0 groups ranks into nodes
+// (in order of their lowest rank, whose rank leads the node) and answers
+// with each rank's role. nullopt on a rank that lost contact with rank 0:
+// it has no part in the rest.
+std::optional<Roster> greet(comm::TimedComm& world, const std::string& name, const Schedule& when) {
+  Roster out;
+  Role& role = out.role;
+  if (world.rank() != 0) {
+    if (!send_json(world, 0, kHello, {{"node", name}, {"host", hw::hostname()}}, when.hello)) return std::nullopt;
     auto j = recv_json(world, 0, kRole, when.role);
-    if (!j) return kNotRoot;
+    if (!j) return std::nullopt;
     role.leader = j->value("leader", false);
     role.node = j->value("node", 0);
     role.names = (*j)["names"].get<std::vector<std::string>>();
     role.leaders = (*j)["leaders"].get<std::vector<int>>();
+    return out;
   }
-  if (!role.leader) return kNotRoot;
+  std::vector<std::pair<std::string, std::string>> hello(world.size());
+  hello[0] = {name, hw::hostname()};
+  for (int r = 1; r < world.size(); ++r) {
+    auto j = recv_json(world, r, kHello, when.hello);
+    if (!j) out.missing_ranks.push_back(r);
+    else hello[r] = {j->value("node", ""), j->value("host", "")};
+  }
+  for (int r = 0; r < world.size(); ++r) {
+    if (hello[r].first.empty()) continue;
+    auto& ranks = out.ranks_of[hello[r].first];
+    if (ranks.empty()) {
+      role.names.push_back(hello[r].first);
+      role.leaders.push_back(r);
+      out.host_of[hello[r].first] = hello[r].second;
+    }
+    ranks.push_back(r);
+  }
+  for (int r = 1; r < world.size(); ++r) {
+    if (hello[r].first.empty()) continue;
+    const int node = static_cast<int>(std::find(role.names.begin(), role.names.end(), hello[r].first) - role.names.begin());
+    send_json(world, r, kRole, {{"leader", role.leaders[node] == r}, {"node", node}, {"names", role.names}, {"leaders", role.leaders}},
+              when.role);
+  }
+  role.leader = true;
+  role.node = 0;
+  return out;
+}
 
-  auto sub = world.subset(role.leaders);
-  if (!sub) return sub.error();
-  comm::TimedComm& leaders = **sub;
+using BisectionPlan = std::vector<std::vector<std::pair<int, int>>>;  // rounds of node pairs
+
+// Rank 0's half of the ring's end: every link of the ring, judged (a link
+// nobody reported is an error, not a gap), and the bisection rounds chosen
+// from them, which go to every leader.
+BisectionPlan judge_ring(comm::TimedComm& leaders, const Role& role, const Profile& profile, const Schedule& when,
+                         std::vector<LinkResult>& ring_links) {
+  const int n = leaders.size();
+  std::vector<LinkResult> all = ring_links;
+  std::set<std::pair<std::string, std::string>> have;
+  for (const auto& l : ring_links) have.insert({l.a, l.b});
+  for (int r = 1; r < n; ++r)
+    if (auto j = recv_json(leaders, r, kRingResult, when.ring_results))
+      for (const auto& e : *j) {
+        all.push_back(link_from_json(e));
+        have.insert({all.back().a, all.back().b});
+      }
+  for (const auto& phase : ring_phases(n))
+    for (const auto& [a, b] : phase)
+      if (!have.count({role.names[a], role.names[b]}))
+        all.push_back({role.names[a], role.names[b], "ring", std::nullopt, std::nullopt, CheckStatus::kError,
+                       fmt::format("no result: {} did not report by the deadline", role.names[a])});
+  judge_links(all, profile);
+  ring_links = all;
+  std::vector<std::pair<int, int>> pairs;
+  for (const auto& [x, y] : bisection_pairs(all)) {
+    const auto ix = std::find(role.names.begin(), role.names.end(), x) - role.names.begin();
+    const auto iy = std::find(role.names.begin(), role.names.end(), y) - role.names.begin();
+    pairs.push_back({static_cast<int>(ix), static_cast<int>(iy)});
+  }
+  BisectionPlan plan = rounds_of(pairs, 2);
+  for (int r = 1; r < n; ++r) send_json(leaders, r, kPlan, plan, when.plan);
+  return plan;
+}
+
+struct NetworkResults {
+  std::vector<LinkResult> ring_links, bisect_links;  // on rank 0 the ring's are every node's
+  AllReduceResult allreduce, nccl;
+};
+
+// Network: the ring, then bisection pairs chosen by rank 0, then the
+// all-reduces. Every leader walks the same phases against the same
+// deadlines, so a slow or silent node costs its partners only its slots.
+NetworkResults test_network(comm::TimedComm& leaders, const ClusterOptions& o, const Role& role, const Profile& profile,
+                            const Schedule& when, const std::string& name) {
+  NetworkResults out;
   const int n = leaders.size();
   const Injection* net = find_injection(o.node.injections, "network.p2p", name);
-  const bool sit_out = net && net->action == Injection::Action::kHang;
-  const auto network_skipped = [&] {
-    AllReduceResult a;
-    a.ranks = n;
-    a.reason = "network tests skipped (--skip network)";
-    return a;
-  };
-
-  // Network: the ring, then bisection pairs chosen by rank 0, then the all-reduces.
-  std::vector<LinkResult> ring_links, bisect_links;
-  AllReduceResult allreduce, nccl;
-  std::vector<std::vector<std::pair<int, int>>> plan;
   if (!o.network) {
-    allreduce = nccl = network_skipped();
-  } else if (sit_out) {
+    out.allreduce.ranks = n;
+    out.allreduce.reason = "network tests skipped (--skip network)";
+    out.nccl = out.allreduce;
+    return out;
+  }
+  if (net && net->action == Injection::Action::kHang) {
+    // An injected hang: this node sits the network out, as a wedged one would.
     std::this_thread::sleep_until(when.nccl);
-  } else if (n >= 2) {
+    return out;
+  }
+  if (n >= 2) {
     PairTester tester(leaders, o, role);
     const auto phases = ring_phases(n);
     for (int p = 0; p < 3; ++p)
       for (const auto& [a, b] : phases[p]) {
         if (a != role.node && b != role.node) continue;
         auto l = tester.run(a == role.node ? b : a, a == role.node, "ring", kPairBase + 2 * p, when.ring[p]);
-        if (l) ring_links.push_back(*l);
+        if (l) out.ring_links.push_back(*l);
       }
+    BisectionPlan plan;
     if (role.node == 0) {
-      std::vector<LinkResult> all = ring_links;
-      std::set<std::pair<std::string, std::string>> have;
-      for (const auto& l : ring_links) have.insert({l.a, l.b});
-      for (int r = 1; r < n; ++r)
-        if (auto j = recv_json(leaders, r, kRingResult, when.ring_results))
-          for (const auto& e : *j) {
-            all.push_back(link_from_json(e));
-            have.insert({all.back().a, all.back().b});
-          }
-      for (const auto& phase : phases)
-        for (const auto& [a, b] : phase)
-          if (!have.count({role.names[a], role.names[b]}))
-            all.push_back({role.names[a], role.names[b], "ring", std::nullopt, std::nullopt, CheckStatus::kError,
-                           fmt::format("no result: {} did not report by the deadline", role.names[a])});
-      judge_links(all, *profile);
-      ring_links = all;
-      std::vector<std::pair<int, int>> pairs;
-      for (const auto& [x, y] : bisection_pairs(all)) {
-        const auto ix = std::find(role.names.begin(), role.names.end(), x) - role.names.begin();
-        const auto iy = std::find(role.names.begin(), role.names.end(), y) - role.names.begin();
-        pairs.push_back({static_cast<int>(ix), static_cast<int>(iy)});
-      }
-      plan = rounds_of(pairs, 2);
-      for (int r = 1; r < n; ++r) send_json(leaders, r, kPlan, plan, when.plan);
+      plan = judge_ring(leaders, role, profile, when, out.ring_links);
     } else {
       json mine = json::array();
-      for (const auto& l : ring_links) mine.push_back(link_to_json(l));
+      for (const auto& l : out.ring_links) mine.push_back(link_to_json(l));
       send_json(leaders, 0, kRingResult, mine, when.ring_results);
-      if (auto j = recv_json(leaders, 0, kPlan, when.plan)) plan = j->get<std::vector<std::vector<std::pair<int, int>>>>();
+      if (auto j = recv_json(leaders, 0, kPlan, when.plan)) plan = j->get<BisectionPlan>();
     }
     for (std::size_t k = 0; k < plan.size() && k < 2; ++k)
       for (const auto& [a, b] : plan[k]) {
         if (a != role.node && b != role.node) continue;
         auto l = tester.run(a == role.node ? b : a, a == role.node, "bisect", kPairBase + 10 + 2 * static_cast<int>(k), when.bisect[k]);
-        if (l) bisect_links.push_back(*l);
+        if (l) out.bisect_links.push_back(*l);
       }
-    allreduce = measure_allreduce(leaders, o, when.allreduce);
-    nccl = nccl_allreduce_across_nodes(leaders, o.allreduce_bytes, o.node.quick ? 3 : 5, when.nccl);
-  } else {
-    allreduce = measure_allreduce(leaders, o, when.allreduce);
-    nccl = nccl_allreduce_across_nodes(leaders, o.allreduce_bytes, o.node.quick ? 3 : 5, when.nccl);
   }
+  out.allreduce = measure_allreduce(leaders, o, when.allreduce);
+  out.nccl = nccl_allreduce_across_nodes(leaders, o.allreduce_bytes, o.node.quick ? 3 : 5, when.nccl);
+  return out;
+}
 
-  // The node checks, cut to the time left before the reports are due.
+// The node checks, cut to the time left before the reports are due. The
+// cluster-only injections stay with the cluster phases.
+Expected<VetReport> check_node(const ClusterOptions& o, const std::string& name, const Schedule& when) {
   VetOptions node = o.node;
   node.node_name = name;
   node.injections.clear();
   for (const auto& i : o.node.injections)
     if (!is_cluster_check(i.check)) node.injections.push_back(i);
   node.bound_s = seconds_between(Clock::now(), when.checks_end);
-  auto report = run_vet(node);
-  if (!report) return report.error();
+  return run_vet(node);
+}
 
+// A leader other than rank 0 sends its node's report and its bisection links.
+void send_report(comm::TimedComm& leaders, const ClusterOptions& o, const std::string& name, const Schedule& when,
+                 const VetReport& report, const std::vector<LinkResult>& bisect_links) {
   const Injection* wedge = find_injection(o.node.injections, "cluster.report", name);
-  if (role.node != 0) {
-    if (wedge && wedge->action == Injection::Action::kHang) {
-      // A wedged node: silent past the bound; rank 0 reports it and ends the job.
-      std::this_thread::sleep_until(after(when.start, o.bound_s + 5));
-      return kNotRoot;
-    }
-    json j = to_json(*report);
-    j.erase("profile");  // rank 0 has it
-    json links = json::array();
-    for (const auto& l : bisect_links) links.push_back(link_to_json(l));
-    send_json(leaders, 0, kReport, {{"report", j}, {"links", links}, {"stalled", leaders.abandoned()}}, when.report);
-    return kNotRoot;
+  if (wedge && wedge->action == Injection::Action::kHang) {
+    // A wedged node: silent past the bound; rank 0 reports it and ends the job.
+    std::this_thread::sleep_until(after(when.start, o.bound_s + 5));
+    return;
   }
+  json j = to_json(report);
+  j.erase("profile");  // rank 0 has it
+  json links = json::array();
+  for (const auto& l : bisect_links) links.push_back(link_to_json(l));
+  send_json(leaders, 0, kReport, {{"report", j}, {"links", links}, {"stalled", leaders.abandoned()}}, when.report);
+}
 
-  ClusterReport r;
-  r.started_at = started_at;
-  r.bound_s = o.bound_s;
-  r.mode = o.node.quick ? "quick" : "full";
-  r.profile = profile->name;
-  r.ranks = world.size();
-  r.missing_ranks = missing_ranks;
-  r.injections = o.node.injections;
-  r.allreduce = allreduce;
-  r.nccl = nccl;
-  r.stalled = leaders.abandoned();
-  r.links = ring_links;
-  r.links.insert(r.links.end(), bisect_links.begin(), bisect_links.end());
-  // Reports are taken in whatever order they arrive: a large message moves
-  // only while its sender polls, so waiting on a silent node first could
-  // leave the next one's sender to give up.
+// The other leaders' reports, by node index (nullopt: none by the deadline).
+// Taken in whatever order they arrive: a large message moves only while its
+// sender polls, so waiting on a silent node first could leave the next one's
+// sender to give up.
+std::vector<std::optional<json>> receive_reports(comm::TimedComm& leaders, const Schedule& when) {
+  const int n = leaders.size();
   std::vector<std::optional<json>> got(static_cast<std::size_t>(n));
   for (int left = n - 1; left > 0 && Clock::now() < when.report;) {
     bool any = false;
@@ -461,11 +467,55 @@ Expected<std::optional<ClusterReport>> run_cluster_vet(comm::TimedComm& world, c
     }
     if (!any) std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
+  return got;
+}
+
+}  // namespace
+
+Expected<std::optional<ClusterReport>> run_cluster_vet(comm::TimedComm& world, const ClusterOptions& o) {
+  const std::optional<ClusterReport> kNotRoot;
+  const auto t0 = Clock::now();
+  const std::string started_at = utc_iso_now();
+  auto profile = load_profile(o.node.profile);
+  if (!profile) return profile.error();
+  const Schedule when(t0, o.bound_s, o.node.quick);
+  const std::string name = o.node_name.empty() ? hw::hostname() : o.node_name;
+
+  auto roster = greet(world, name, when);
+  if (!roster || !roster->role.leader) return kNotRoot;
+  const Role& role = roster->role;
+  auto sub = world.subset(role.leaders);
+  if (!sub) return sub.error();
+  comm::TimedComm& leaders = **sub;
+  const int n = leaders.size();
+
+  NetworkResults net = test_network(leaders, o, role, *profile, when, name);
+  auto report = check_node(o, name, when);
+  if (!report) return report.error();
+  if (role.node != 0) {
+    send_report(leaders, o, name, when, *report, net.bisect_links);
+    return kNotRoot;
+  }
+
+  ClusterReport r;
+  r.started_at = started_at;
+  r.bound_s = o.bound_s;
+  r.mode = o.node.quick ? "quick" : "full";
+  r.profile = profile->name;
+  r.ranks = world.size();
+  r.missing_ranks = roster->missing_ranks;
+  r.injections = o.node.injections;
+  r.allreduce = net.allreduce;
+  r.nccl = net.nccl;
+  r.stalled = leaders.abandoned();
+  r.links = net.ring_links;
+  r.links.insert(r.links.end(), net.bisect_links.begin(), net.bisect_links.end());
+  const auto got = receive_reports(leaders, when);
   for (int i = 0; i < n; ++i) {
     NodeResult nr;
     nr.name = role.names[i];
-    nr.host = host_of[nr.name];
-    nr.ranks = ranks_of[nr.name];
+    nr.host = roster->host_of[nr.name];
+    nr.ranks = roster->ranks_of[nr.name];
     if (i == 0) {
       nr.report = *report;
     } else if (const auto& j = got[i]) {

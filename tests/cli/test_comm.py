@@ -155,6 +155,17 @@ class CommUsage(unittest.TestCase):
             self.assertEqual(r.returncode, 2, (args, r.stdout, r.stderr))
             self.assertTrue(r.stderr.strip(), args)
 
+    def test_nccl_backend_names_the_library_that_did_not_load(self):
+        # hw's one NCCL loader: comm reports what it tried, in the words vet uses.
+        env = dict(MPI_ENV, PACER_NCCL_LIBRARY="/nonexistent/libnccl.so.2")
+        r = subprocess.run([PACER, "comm", "bench", "--backend", "nccl", *SMALL], capture_output=True, text=True,
+                           timeout=120, env=env)
+        if "built without NCCL" in r.stderr:
+            self.skipTest("pacer built without NCCL")
+        self.assertEqual(r.returncode, 3, r.stderr)
+        self.assertIn("cannot load NCCL (tried /nonexistent/libnccl.so.2 (PACER_NCCL_LIBRARY): ", r.stderr)
+        self.assertIn("set PACER_NCCL_LIBRARY to libnccl.so.2", r.stderr)
+
     def test_tune_names_bad_report_file(self):
         with tempfile.TemporaryDirectory() as d:
             bad = os.path.join(d, "not-bench.json")

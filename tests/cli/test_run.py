@@ -211,7 +211,7 @@ class RunTest(unittest.TestCase):
         with open(os.path.join(fake, "scontrol"), "w") as f:
             f.write("#!/bin/sh\necho 'slurm_load_jobs error: Invalid job id specified' >&2\nexit 1\n")
         os.chmod(os.path.join(fake, "scontrol"), stat.S_IRWXU)
-        for path, expect in ((fake, "failed (exit 1)"), (os.path.join(self.d, "empty"), "scontrol: not found")):
+        for path, expect in ((fake, "failed (exit 1)"), (os.path.join(self.d, "empty"), "scontrol: cannot run: not found")):
             if os.path.exists(self.log):
                 os.remove(self.log)
             env = bare_env(SLURM_JOB_ID="4242", PATH=path)

@@ -5,18 +5,20 @@
 #include <cstring>
 
 #include "pacer/comm.hpp"
+#include "pacer/core/stats.hpp"
 
 namespace pacer::comm {
 namespace {
 
+// core holds the one formula; comm bench, vet and hw all use it.
 TEST(CommBusbw, FactorsAsNcclTests) {
-  EXPECT_DOUBLE_EQ(*busbw_factor("all_reduce", 8), 2.0 * 7 / 8);
-  EXPECT_DOUBLE_EQ(*busbw_factor("reduce_scatter", 4), 0.75);
-  EXPECT_DOUBLE_EQ(*busbw_factor("all_gather", 4), 0.75);
-  EXPECT_DOUBLE_EQ(*busbw_factor("all_to_all", 2), 0.5);
-  EXPECT_DOUBLE_EQ(*busbw_factor("broadcast", 16), 1.0);
-  EXPECT_DOUBLE_EQ(*busbw_factor("all_reduce", 1), 0.0);
-  EXPECT_FALSE(busbw_factor("allreduce", 2).has_value());
+  EXPECT_DOUBLE_EQ(*pacer::busbw_factor("all_reduce", 8), 2.0 * 7 / 8);
+  EXPECT_DOUBLE_EQ(*pacer::busbw_factor("reduce_scatter", 4), 0.75);
+  EXPECT_DOUBLE_EQ(*pacer::busbw_factor("all_gather", 4), 0.75);
+  EXPECT_DOUBLE_EQ(*pacer::busbw_factor("all_to_all", 2), 0.5);
+  EXPECT_DOUBLE_EQ(*pacer::busbw_factor("broadcast", 16), 1.0);
+  EXPECT_DOUBLE_EQ(*pacer::busbw_factor("all_reduce", 1), 0.0);
+  EXPECT_FALSE(pacer::busbw_factor("allreduce", 2).has_value());
 }
 
 TEST(CommFit, RecoversAlphaBetaExactly) {

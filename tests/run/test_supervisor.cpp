@@ -63,7 +63,7 @@ TEST(Run, WalltimeFromEnvironmentOrBare) {
   setenv("SLURM_JOB_ID", "17", 1);
   w = learn_walltime("/nonexistent/scontrol");
   EXPECT_FALSE(w.end_time);
-  EXPECT_NE(w.note.find("not found"), std::string::npos) << w.note;
+  EXPECT_NE(w.note.find("/nonexistent/scontrol: cannot run: not found"), std::string::npos) << w.note;
   unsetenv("SLURM_JOB_ID");
 }
 

@@ -19,10 +19,6 @@ inline constexpr const char* kTuneSchema = "pacer.comm.tune/1";
 // The collectives `pacer comm bench` measures, by their names in the CLI, JSON and docs.
 const std::vector<std::string>& bench_collectives();  // all_reduce, reduce_scatter, all_gather, broadcast, all_to_all
 
-// nccl-tests' bus-bandwidth factor for `collective` on n ranks:
-// all_reduce 2(n-1)/n, reduce_scatter/all_gather/all_to_all (n-1)/n, broadcast 1.
-Expected<double> busbw_factor(const std::string& collective, int n);
-
 // t(bytes) = alpha_s + beta_s_per_byte * bytes, fitted by least squares on
 // relative residuals (every size counts alike, from bytes to hundreds of
 // MiB), constrained to alpha, beta >= 0; r2 is the coefficient of

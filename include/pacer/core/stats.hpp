@@ -1,7 +1,10 @@
 // Small statistics over measured samples.
 #pragma once
 
+#include <string_view>
 #include <vector>
+
+#include "pacer/core/error.hpp"
 
 namespace pacer {
 
@@ -17,5 +20,13 @@ double median(std::vector<double> values);
 double optimal_interval(double save_cost_s, double mtbf_s);
 // Young's first-order estimate, sqrt(2δM); 0 unless both are positive.
 double young_interval(double save_cost_s, double mtbf_s);
+
+// nccl-tests' bus-bandwidth factor for `collective` on n ranks (busbw =
+// algbw x factor: what each link carries, so that one figure compares across
+// collectives and rank counts): all_reduce 2(n-1)/n; reduce_scatter,
+// all_gather, all_to_all (n-1)/n; broadcast 1. The names are the CLI's and
+// JSON's. Here in core because hw (vet's NCCL check), vet's MPI check and
+// comm bench need the one definition.
+Expected<double> busbw_factor(std::string_view collective, int n);
 
 }  // namespace pacer

@@ -27,8 +27,11 @@ Status cuda_device_usable(int device);
 // The runtime's symbol `name` (cudaMalloc, ...), from the same runtime every
 // function here uses: the libcudart already in the process (PyTorch's) when
 // there is one, so pointers, streams and the current device agree with it.
-// nullptr without a runtime or such a symbol. For tests and tools.
+// nullptr without a runtime or such a symbol. For comm's NCCL backend, tests
+// and tools.
 void* cuda_runtime_symbol(const char* name);
+// Ok when that runtime loaded; otherwise an error naming the libraries tried.
+Status cuda_runtime_loaded();
 
 // Copies from CUDA device memory into host memory on one non-blocking side
 // stream per device, created on first use and kept until destruction, so that
