@@ -42,12 +42,13 @@ class Dataset:
         if not isinstance(impl, _Dataset):
             raise TypeError("use pacer.data.open(spec) to open a dataset")
         self._impl = impl
-        # Absolute now, so a copy unpickled after a chdir (or in a spawned worker) opens the same files.
-        self._paths = [os.path.abspath(p) for p in impl.shards]
+        # Relative shard paths are relative to this directory, also for a copy
+        # unpickled after a chdir (or in a spawned worker).
+        self._cwd = os.getcwd()
 
     def __reduce__(self):
         """Pickled as its shard paths: an unpickled Dataset opens them again (their indexes make that cheap)."""
-        return (_reopen_shards, (self._paths,))
+        return (_reopen_shards, ([os.path.join(self._cwd, p) for p in self._impl.shards],))
 
     def __len__(self):
         """Samples over all shards."""
