@@ -8,6 +8,8 @@ packages=(
   libcli11-dev nlohmann-json3-dev libtomlplusplus-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libxxhash-dev libsqlite3-dev libcpp-httplib-dev
+  zlib1g-dev  # gzip-compressed shards (.tar.gz)
+  python3-pil  # image decoders of pacer.data (optional at run time)
   prometheus  # promtool and the server for the telemetry exporter tests
   python3 python3-dev pybind11-dev python3-numpy python3-torch
   libopenmpi-dev openmpi-bin

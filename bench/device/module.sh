@@ -44,7 +44,7 @@ case "${1:-}" in
     libs=$(ls "$out"/lib/libpacer_*.a)
     g++ -shared -o "$out/python/pacer/_pacer$suffix" "$out"/obj/*.o -Wl,--start-group $libs -Wl,--end-group \
         -L"$out/lib" "$out/lib/libcudart_static.a" -l:libtomlplusplus.so.3 -l:libcpp-httplib.so.0.11 \
-        -l:libfmt.so.9 -l:libxxhash.so.0 -l:libsqlite3.so.0 -l:libmpi.so.40 -lrt -ldl -lpthread
+        -l:libfmt.so.9 -l:libxxhash.so.0 -l:libsqlite3.so.0 -l:libmpi.so.40 -l:libz.so.1 -lrt -ldl -lpthread
     cp python/pacer/*.py "$out/python/pacer/"
     echo "module: $out/python/pacer/_pacer$suffix"
     ;;

@@ -36,11 +36,15 @@ struct TarMember {
 // the file, a malformed pax record, a GNU sparse or multi-volume member, a
 // name over 65535 bytes, or a member whose name is absolute or contains "..",
 // is an error naming the shard and the offset. Nothing is allocated beyond
-// the file's size (pax headers at most 1 MiB).
+// the file's size (pax headers at most 1 MiB). A gzip-compressed shard is
+// decompressed into memory first (docs/data.md); offsets are then into the
+// decompressed tar.
 Expected<std::vector<TarMember>> scan_tar(const std::string& path);
 
-// One WebDataset sample: consecutive members sharing a key, the name up to the
-// first '.' of its file name ("dir/000017.jpg" -> key "dir/000017", ext "jpg").
+// One WebDataset sample: the members of a shard sharing a key, adjacent or
+// not, the name up to the first '.' of its file name ("dir/000017.jpg" -> key
+// "dir/000017", ext "jpg"). Samples come in the order their keys first
+// appear, fields in member order.
 struct Field {
   std::string ext;
   std::uint64_t offset = 0;
@@ -126,9 +130,10 @@ class Dataset {
   };
   // Reads global sample i. Blocks on I/O; safe from several threads.
   Expected<Sample> read(std::uint64_t i) const;
-  // Appends sample i's bytes to `buf` with one read (a sample's members are
-  // consecutive in its shard, so one span holds them and the headers between)
-  // and returns its key and fields, their offsets now into `buf`.
+  // Appends sample i's bytes to `buf` (one read of the span when its members
+  // are adjacent in the shard, headers between included; one read per field
+  // when they are scattered) and returns its key and fields, their offsets
+  // now into `buf`.
   Expected<SampleEntry> read_into(std::uint64_t i, BatchBuffer& buf) const;
 
   struct Impl;

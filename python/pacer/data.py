@@ -23,25 +23,17 @@ split between ranks by global batch, so the ranks together read every sample
 exactly once per epoch.
 """
 import builtins
-import io
+import collections
 import json
 import operator
 import os
 
-from . import _pacer
+from . import _dist, _pacer, _stages
 from ._pacer import Error, _Dataset, _Loader, _open_dataset
+from ._stages import decode_sample
 
-__all__ = ["Blend", "Dataset", "Error", "Loader", "TokenDataset", "blend", "open", "write_chat", "write_sft", "write_tokens"]
-
-
-def _is_npy(ext):
-    return ext == "npy" or ext.endswith(".npy")
-
-
-def _decode_npy(data):
-    import numpy as np
-
-    return np.load(io.BytesIO(data), allow_pickle=False)
+__all__ = ["Blend", "Dataset", "Error", "Loader", "TokenDataset", "blend", "decode_sample", "open", "write_chat", "write_sft",
+           "write_tokens"]
 
 
 class Dataset:
@@ -52,6 +44,13 @@ class Dataset:
         if not isinstance(impl, _Dataset):
             raise TypeError("use pacer.data.open(spec) to open a dataset")
         self._impl = impl
+        # Relative shard paths are relative to this directory, also for a copy
+        # unpickled after a chdir (or in a spawned worker).
+        self._cwd = os.getcwd()
+
+    def __reduce__(self):
+        """Pickled as its shard paths: an unpickled Dataset opens them again (their indexes make that cheap)."""
+        return (_reopen_shards, ([os.path.join(self._cwd, p) for p in self._impl.shards],))
 
     def __len__(self):
         """Samples over all shards."""
@@ -88,6 +87,10 @@ class Dataset:
         return f"<pacer.data.Dataset: {len(self)} samples in {len(self._impl.shards)} shard(s)>"
 
 
+def _reopen_shards(paths):
+    return Dataset(_open_dataset(list(paths)))
+
+
 class TokenDataset:
     """A Megatron-Core indexed dataset (PREFIX.bin + PREFIX.idx).
 
@@ -99,7 +102,13 @@ class TokenDataset:
 
     def __init__(self, prefix):
         """Opens PREFIX.bin and PREFIX.idx; a truncated or inconsistent pair raises pacer.Error naming the file."""
-        self._impl = _pacer._TokenDataset(os.fsdecode(prefix))
+        prefix = os.fsdecode(prefix)
+        self._impl = _pacer._TokenDataset(prefix)
+        self._prefix = os.path.abspath(prefix)
+
+    def __reduce__(self):
+        """Pickled as its prefix: an unpickled TokenDataset opens PREFIX.bin/.idx again."""
+        return (TokenDataset, (self._prefix,))
 
     def __len__(self):
         """Sequences in the dataset."""
@@ -157,6 +166,15 @@ def open(spec):  # noqa: A001 - the module's front door, as in tarfile.open
     return Dataset(_open_dataset([os.fsdecode(s) for s in spec]))
 
 
+def _process_pool_type():
+    import multiprocessing.pool
+
+    return multiprocessing.pool.Pool
+
+
+_PROCESS_POOL = _process_pool_type()
+
+
 class Loader:
     """Batches of one rank, read ahead by `threads` reader threads, `prefetch` batches deep.
 
@@ -182,6 +200,15 @@ class Loader:
     len(loader) is the number of batches per epoch. With skip_bad, samples
     that cannot be read are skipped and counted in stats()["skipped"].
 
+    rank and world_size default to this process's place in its job
+    (torch.distributed when initialised, else RANK/WORLD_SIZE, Slurm, Open MPI
+    or PMI variables, else 0 of 1). A Loader pickles: an unpickled copy opens
+    the dataset again and continues from the state it had.
+
+    Tar batches then go through the stages decode, to_tuple, map, collate
+    (docs/data.md "Decoding and mapping"), inline, in `map_threads` Python
+    threads, or in `map_workers` processes, always delivered in order.
+
     Over an SFT dataset (write_sft, write_chat) token batches also hold
     "labels" int64 and "loss_mask" uint8 [rows, cols]: the next token where it
     is trained and in the same segment, else -100. Over a blend
@@ -190,23 +217,36 @@ class Loader:
     seed orders it.
     """
 
-    def __init__(self, dataset, batch_size=32, seed=0, rank=0, world_size=1, shuffle=True, drop_last=False, threads=2,
+    def __init__(self, dataset, batch_size=32, seed=0, rank=None, world_size=None, shuffle=True, drop_last=False, threads=2,
                  prefetch=4, skip_bad=False, decode=True, max_bytes=512 << 20, copy=False, seq_len=None, pack=False,
-                 pack_window=1000, bucket_window=0, pad_id=0, pin_memory=False, device=None):
+                 pack_window=1000, bucket_window=0, pad_id=0, pin_memory=False, device=None, decoders=None,
+                 to_tuple=None, map=None, collate=None, map_threads=0, map_workers=0, map_context=None):
         """Opens a loader over `dataset`; reading starts at once, in the background.
 
         Args:
             dataset: a Dataset or TokenDataset, or anything pacer.data.open takes.
             batch_size: samples (token datasets: rows) per batch of this rank.
             seed: seeds the order; the same (seed, epoch) gives the same order.
-            rank: this rank, 0 <= rank < world_size.
-            world_size: the ranks sharing each epoch; each reads its own part of every global batch.
+            rank: this rank, 0 <= rank < world_size (None: from torch.distributed or the launcher's environment).
+            world_size: the ranks sharing each epoch; each reads its own part of every global batch (None: as rank).
             shuffle: a seeded permutation per epoch (False: in order).
             drop_last: drop the last, partial global batch (False: split it as evenly as possible).
             threads: reader threads.
             prefetch: batches read ahead of the consumer.
             skip_bad: skip samples that cannot be read (counted in stats()["skipped"]) instead of raising.
-            decode: decode fields with extension "npy" into numpy arrays (tar shards).
+            decode: tar shards: True decodes fields with extension "npy" into numpy arrays; an image mode
+                ("pil", "rgb8", "rgb", "l8", "torchrgb8", "torchrgb") decodes every field WebDataset names
+                (json, cls/index/id ints, txt text, npy, pt/pth, images through Pillow, as that mode); False none.
+            decoders: tar shards: {extension: function(bytes) -> value}, added to (or replacing) decode's.
+            to_tuple: tar shards: field names, e.g. ("jpg;png", "cls"): each batch becomes a tuple of lists, one per
+                name ("a;b": the first of a, b the sample has); a sample with none of them raises pacer.Error.
+            map: tar shards: a function applied to each sample (a dict, or the tuple to_tuple made); the batch
+                is then the list of results as columns (tuples as a tuple of lists, dicts as a dict of lists).
+            collate: tar shards: a function making the batch from the list of samples
+                (e.g. torch.utils.data.default_collate); implies the per-sample path.
+            map_threads: run the stages in this many Python threads, ahead of the consumer (0: in the consumer).
+            map_workers: run the stages in this many worker processes instead (functions must pickle).
+            map_context: the multiprocessing start method of the workers ("fork", "spawn", "forkserver").
             max_bytes: bound on the bytes held in prefetched batches.
             copy: field values as bytes instead of memoryviews into the batch buffer (tar shards).
             seq_len: token datasets: the row length (packed rows are exactly this long; unpacked rows are cut to it).
@@ -223,8 +263,19 @@ class Loader:
         """
         if not isinstance(dataset, (Dataset, TokenDataset, Blend)):
             dataset = open(dataset)
+        rank, world_size = _dist.resolve_rank(rank, world_size, "pacer.data.Loader")
+        # What a pickled copy is built from; rank and world size as resolved here.
+        self._args = dict(dataset=dataset, batch_size=batch_size, seed=seed, rank=rank, world_size=world_size,
+                          shuffle=shuffle, drop_last=drop_last, threads=threads, prefetch=prefetch, skip_bad=skip_bad,
+                          decode=decode, max_bytes=max_bytes, copy=copy, seq_len=seq_len, pack=pack,
+                          pack_window=pack_window, bucket_window=bucket_window, pad_id=pad_id, pin_memory=pin_memory,
+                          device=device, decoders=decoders, to_tuple=to_tuple, map=map, collate=collate,
+                          map_threads=map_threads, map_workers=map_workers, map_context=map_context)
         self.dataset = dataset
         self.decode = decode
+        self._pool = None
+        self._pending = collections.deque()  # (state before it, result) of batches read ahead of the consumer
+        self._generation = 0  # bumped by set_epoch/load_state_dict: a running epoch loop stops
         options = dict(batch_size=batch_size, seed=seed, rank=rank, world_size=world_size, shuffle=shuffle,
                        drop_last=drop_last, threads=threads, prefetch=prefetch, max_bytes=max_bytes, skip_bad=skip_bad,
                        pin_memory=bool(pin_memory or device is not None))
@@ -242,13 +293,37 @@ class Loader:
         elif isinstance(dataset, TokenDataset):
             options.update(seq_len=seq_len or 0, pack=pack, pack_window=pack_window, bucket_window=bucket_window,
                            pad_id=pad_id)
+            if decoders or to_tuple or map or collate or map_threads or map_workers or isinstance(decode, str):
+                raise ValueError("decoders, to_tuple, map, collate, map_threads, map_workers and image decoding "
+                                 "are for tar shards; token batches are arrays already")
+            self._stages = None
             self._impl = _Loader(dataset._impl, options)
         else:
             if pack or seq_len or bucket_window:
                 raise ValueError("seq_len, pack and bucket_window are for token datasets (a Megatron PREFIX)")
             if device is not None:
                 raise ValueError("device= moves token batches; samples from tar shards are bytes")
-            self._impl = _Loader(dataset._impl, options, bool(copy))
+            if map_threads and map_workers:
+                raise ValueError("map_threads or map_workers, not both")
+            if int(map_threads) < 0 or int(map_workers) < 0:
+                raise ValueError("map_threads and map_workers count threads and processes: 0 or more")
+            self._stages = _stages.Stages(decode, decoders, to_tuple, map, collate)
+            # Workers start before the reader threads do: a fork then copies no thread of pacer's.
+            if map_workers:
+                import multiprocessing
+
+                self._pool = multiprocessing.get_context(map_context).Pool(
+                    int(map_workers), initializer=_stages._init_worker, initargs=(self._stages,))
+            elif map_threads:
+                import concurrent.futures
+
+                self._pool = concurrent.futures.ThreadPoolExecutor(int(map_threads), thread_name_prefix="pacer-map")
+            self._depth = 2 * int(map_workers or map_threads)
+            try:
+                self._impl = _Loader(dataset._impl, options, bool(copy))
+            except BaseException:
+                self.close()
+                raise
         self.device = device
         self._in_flight = []  # (event, host batch) until the device copy is done
         self._finished = False  # the current epoch was read to its end
@@ -265,7 +340,8 @@ class Loader:
         self._impl.set_epoch(self.epoch + 1)
         self._finished = False
 
-    def _epoch(self):
+    def _raw_epoch(self):
+        """(batch, pinned) as the readers deliver them, to the end of the epoch."""
         advanced = self._finished
         if self._finished:
             self._start_next_epoch()
@@ -282,18 +358,56 @@ class Loader:
                 self._finished = True
                 return
             yielded = True
-            batch, pinned = item
-            if self.device is not None:
-                yield self._to_device(batch, pinned)
-            else:
-                yield self._decode(batch)
+            yield item
 
-    def _decode(self, batch):
-        if self.decode:
-            for ext, values in batch.items():
-                if ext != "__key__" and _is_npy(ext):
-                    batch[ext] = [None if v is None else _decode_npy(v) for v in values]
-        return batch
+    def _epoch(self):
+        if self._pool is None:
+            for batch, pinned in self._raw_epoch():
+                if self.device is not None:
+                    yield self._to_device(batch, pinned)
+                elif self._stages is not None:
+                    yield self._stages(batch)
+                else:
+                    yield batch
+            return
+        yield from self._pipelined()
+
+    def _submit(self, batch):
+        if isinstance(self._pool, _PROCESS_POOL):
+            return self._pool.apply_async(_stages._run_in_worker, (_stages.portable(batch),)).get
+        return self._pool.submit(self._stages, batch).result
+
+    def _pipelined(self):
+        # Batches are handed to the pool ahead of the consumer and taken back
+        # in order. The state before each one is kept, so state_dict() is that
+        # of the next batch the consumer gets, however far the pool has read.
+        generation = self._generation
+        source = self._raw_epoch()
+        pending = self._pending
+        done = False
+        try:
+            while True:
+                while not done and len(pending) < self._depth:
+                    state = self._impl.state()
+                    item = next(source, None)
+                    if item is None:
+                        done = True
+                        break
+                    pending.append((state, self._submit(item[0])))
+                if not pending:
+                    return
+                result = pending[0][1]()
+                pending.popleft()
+                yield result
+                if generation != self._generation:
+                    return
+        finally:
+            # A loop left early: the batches read ahead are read again by the next loop.
+            if pending and generation == self._generation:
+                state = pending[0][0]
+                pending.clear()
+                self._impl.load_state(state)
+                self._finished = False
 
     def _to_device(self, batch, pinned):
         import torch
@@ -317,11 +431,18 @@ class Loader:
 
     def set_epoch(self, epoch):
         """Start epoch `epoch` from its beginning."""
+        self._drop_pending()
         self._impl.set_epoch(int(epoch))
         self._finished = False
 
+    def _drop_pending(self):
+        self._generation += 1
+        self._pending.clear()
+
     def state_dict(self):
         """{"schema", "seed", "epoch", "position", "global_batch", "samples", "order"}: where the next batch starts."""
+        if self._pending:
+            return json.loads(self._pending[0][0])
         return json.loads(self._impl.state())
 
     def load_state_dict(self, state):
@@ -330,8 +451,34 @@ class Loader:
         A state for another dataset size or order (seed, shuffle, seq_len, packing, ...) raises pacer.Error.
         A blend's state loaded with other weights continues every dataset where it stopped, with the new weights.
         """
+        self._drop_pending()
         self._impl.load_state(json.dumps(state))
         self._finished = False
+
+    def __getstate__(self):
+        return {"args": self._args, "state": self.state_dict()}
+
+    def __setstate__(self, saved):
+        args = dict(saved["args"])
+        self.__init__(args.pop("dataset"), **args)
+        self.load_state_dict(saved["state"])
+
+    def close(self):
+        """Stops the map workers or threads (the reader threads stop when the loader is dropped)."""
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        if isinstance(pool, _PROCESS_POOL):
+            pool.terminate()
+            pool.join()
+        else:
+            pool.shutdown(wait=True)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
 
     def stats(self):
         """wait_s, last_wait_s, batches, samples, bytes, skipped, queue_depth, elapsed_s; token loaders also

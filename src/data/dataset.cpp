@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <optional>
 #include <cerrno>
 #include <cstring>
@@ -18,6 +19,7 @@
 #include "pacer/core/atomic_file.hpp"
 #include "pacer/core/posix_io.hpp"
 #include "pacer/data.hpp"
+#include "tar_internal.hpp"
 
 namespace pacer::data {
 
@@ -188,6 +190,10 @@ struct Dataset::Impl {
     // Its place in the LRU list of open shards (guarded by lru_mu).
     std::list<std::size_t>::iterator lru_pos;
     bool in_lru = false;
+    // A gzip shard: the decompressed bytes `file` holds in memory, and how
+    // many times it was decompressed (guarded by mu).
+    std::uint64_t in_memory = 0;
+    std::uint64_t decompressions = 0;
   };
   std::vector<std::unique_ptr<Shard>> shards;
   // Open descriptors are bounded: thousands of shards must not exhaust the
@@ -195,6 +201,12 @@ struct Dataset::Impl {
   std::mutex lru_mu;
   std::list<std::size_t> lru;
   std::size_t max_open = 128;
+  // Decompressed gzip shards stay open while they hold at most this many
+  // bytes together (at least the two most recent: readers cross shard
+  // boundaries); guarded by lru_mu.
+  std::uint64_t max_in_memory = 2ULL << 30;
+  std::uint64_t in_memory = 0;
+  std::atomic<bool> warned_gzip{false};
 };
 
 Dataset::~Dataset() = default;
@@ -261,6 +273,7 @@ Expected<Dataset::Located> Dataset::locate(std::uint64_t i) const {
   const std::size_t s = static_cast<std::size_t>(std::upper_bound(starts_.begin(), starts_.end(), i) - starts_.begin() - 1);
   loc.shard = s;
   Impl::Shard& sh = *impl_->shards[s];
+  std::uint64_t gained = 0;  // decompressed bytes this call brought into memory
   {
     std::lock_guard g(sh.mu);
     if (!sh.entries) {
@@ -274,10 +287,20 @@ Expected<Dataset::Located> Dataset::locate(std::uint64_t i) const {
       sh.entries = std::make_shared<const std::vector<SampleEntry>>(std::move(idx->entries));
     }
     if (!sh.file) {
-      const int fd = ::open(shards_[s].c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0) return Error{ErrorKind::kIo, fmt::format("{}: cannot open: {}", shards_[s], std::strerror(errno))};
-      ::posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);
-      sh.file = std::make_shared<const pacer::Fd>(fd);
+      auto d = open_shard_data(shards_[s]);
+      if (!d) return d.error();
+      if (d->gzip) {
+        sh.in_memory = d->tar_bytes;
+        if (++sh.decompressions == 2 && !impl_->warned_gzip.exchange(true))
+          fmt::print(stderr,
+                     "pacer: warning: {}: gzip shard decompressed again ({} bytes): reading .tar.gz shards out of order "
+                     "decompresses a whole shard per visit; read them in order (shuffle=False) or gunzip them (docs/data.md)\n",
+                     shards_[s], d->tar_bytes);
+      } else {
+        ::posix_fadvise(d->fd.get(), 0, 0, POSIX_FADV_WILLNEED);
+      }
+      sh.file = std::make_shared<const pacer::Fd>(std::move(d->fd));
+      gained = sh.in_memory;
     }
     loc.entries = sh.entries;
     loc.file = sh.file;
@@ -287,18 +310,22 @@ Expected<Dataset::Located> Dataset::locate(std::uint64_t i) const {
     // shards than that, every one stays open and readers skip this lock).
     std::lock_guard g(impl_->lru_mu);
     auto& lru = impl_->lru;
+    impl_->in_memory += gained;
     if (sh.in_lru) lru.splice(lru.begin(), lru, sh.lru_pos);
     else {
       lru.push_front(s);
       sh.lru_pos = lru.begin();
       sh.in_lru = true;
     }
-    while (lru.size() > impl_->max_open) {
+    while (lru.size() > impl_->max_open || (impl_->in_memory > impl_->max_in_memory && lru.size() > 2)) {
       Impl::Shard& old = *impl_->shards[lru.back()];
       lru.pop_back();
       old.in_lru = false;
+      if (&old == &sh) continue;
       std::lock_guard g2(old.mu);
-      if (&old != &sh) old.file.reset();
+      old.file.reset();
+      impl_->in_memory -= std::min(impl_->in_memory, old.in_memory);
+      old.in_memory = 0;
     }
   }
   const std::uint64_t local = i - starts_[s];
@@ -327,13 +354,29 @@ Expected<SampleEntry> Dataset::read_span(std::uint64_t i, const std::function<un
   SampleEntry out;
   out.key = e.key;
   if (e.fields.empty()) return out;
-  std::uint64_t lo = e.fields.front().offset, hi = 0;
+  std::uint64_t lo = e.fields.front().offset, hi = 0, total = 0;
   for (const auto& f : e.fields) {
     lo = std::min(lo, f.offset);
     hi = std::max(hi, f.offset + f.size);
+    total += f.size;
   }
-  if (Status st = pread_all(loc->file->get(), room(hi - lo), hi - lo, lo, shards_[loc->shard], e.key); !st) return st.error();
-  for (const auto& f : e.fields) out.fields.push_back({f.ext, f.offset - lo, f.size});
+  // Members written next to each other (every writer that keeps a sample
+  // together) are one pread of their span, headers and padding included.
+  // A sample scattered over its shard (tar's directory order) is read field
+  // by field, so the members of other samples in between are not read.
+  const std::uint64_t slack = 3 * kTarBlock * e.fields.size();
+  if (hi - lo <= total + slack) {
+    if (Status st = pread_all(loc->file->get(), room(hi - lo), hi - lo, lo, shards_[loc->shard], e.key); !st) return st.error();
+    for (const auto& f : e.fields) out.fields.push_back({f.ext, f.offset - lo, f.size});
+    return out;
+  }
+  unsigned char* dst = room(total);
+  std::uint64_t at = 0;
+  for (const auto& f : e.fields) {
+    if (Status st = pread_all(loc->file->get(), dst + at, f.size, f.offset, shards_[loc->shard], e.key); !st) return st.error();
+    out.fields.push_back({f.ext, at, f.size});
+    at += f.size;
+  }
   return out;
 }
 

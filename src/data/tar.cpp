@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string_view>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "pacer/core/atomic_file.hpp"
@@ -221,31 +222,59 @@ bool escapes_root(std::string_view name) {
   return false;
 }
 
-Expected<std::vector<TarMember>> scan_tar(const std::string& path) {
+namespace {
+Expected<ShardData> shard_data(Fd f, const std::string& path, std::uint64_t file_bytes) {
+  ShardData d;
+  auto gz = is_gzip(f.get(), path);
+  if (!gz) return gz.error();
+  if (!*gz) {
+    d.fd = std::move(f);
+    d.tar_bytes = file_bytes;
+    return d;
+  }
+  auto mem = gunzip_to_memory(f.get(), path, gzip_shard_limit(), d.tar_bytes);
+  if (!mem) return mem.error();
+  d.fd = std::move(*mem);
+  d.gzip = true;
+  return d;
+}
+}  // namespace
+
+Expected<ShardData> open_shard_data(const std::string& path) {
   auto f = open_fd(path, O_RDONLY);
   if (!f) return f.error();
   struct stat st {};
   if (::fstat(f->get(), &st) != 0) return Error{ErrorKind::kIo, fmt::format("{}: cannot stat: {}", path, std::strerror(errno))};
   if (!S_ISREG(st.st_mode)) return Error{ErrorKind::kConfig, fmt::format("{}: not a regular file", path)};
-  return scan_fd(f->get(), path, static_cast<std::uint64_t>(st.st_size));
+  return shard_data(std::move(*f), path, static_cast<std::uint64_t>(st.st_size));
 }
 
+Expected<std::vector<TarMember>> scan_tar(const std::string& path) {
+  auto d = open_shard_data(path);
+  if (!d) return d.error();
+  return scan_fd(d->fd.get(), path, d->tar_bytes);
+}
+
+// Members of one key form one sample wherever they lie in the shard: GNU tar
+// writes a directory in its own order (a.txt, b.txt, a.json, b.json), and
+// grouping only runs of equal keys would split such samples silently.
+// Samples keep the order of their keys' first appearance.
 Expected<std::vector<SampleEntry>> group_samples(const std::string& shard, const std::vector<TarMember>& members) {
   std::vector<SampleEntry> out;
-  std::unordered_set<std::string> exts;  // of the current sample
+  std::unordered_map<std::string, std::size_t> sample_of;  // key -> its place in `out`
+  // "SAMPLE/EXT" for every field seen: unambiguous, as an extension has no '/'.
+  std::unordered_set<std::string> seen;
   for (const auto& m : members) {
     const std::size_t slash = m.name.rfind('/');
     const std::size_t base = slash == std::string::npos ? 0 : slash + 1;
     const std::size_t dot = m.name.find('.', base);
     std::string key = dot == std::string::npos ? m.name : m.name.substr(0, dot);
     std::string ext = dot == std::string::npos ? "" : m.name.substr(dot + 1);
-    if (out.empty() || out.back().key != key) {
-      out.push_back({std::move(key), {}});
-      exts.clear();
-    }
-    SampleEntry& e = out.back();
+    auto [at, added] = sample_of.try_emplace(key, out.size());
+    if (added) out.push_back({std::move(key), {}});
+    SampleEntry& e = out[at->second];
     // A reader keyed by extension could only keep one of the two: refuse rather than pick.
-    if (!exts.insert(ext).second)
+    if (!seen.insert(fmt::format("{}/{}", at->second, ext)).second)
       return shard_error(shard, m.header_offset, fmt::format("sample '{}' has field '{}' twice", e.key, ext));
     if (e.fields.size() == kMaxSampleFields)
       return shard_error(shard, m.header_offset, fmt::format("sample '{}' has more than {} fields", e.key, kMaxSampleFields));
@@ -343,7 +372,7 @@ std::string tar_member_headers(const std::string& name, std::uint64_t size, std:
 
 std::string index_path(const std::string& shard) { return shard + ".pidx"; }
 
-// Index file, version 2 (docs/data.md): a 64-byte header, then per sample u16
+// Index file, version 3 (docs/data.md): a 64-byte header, then per sample u16
 // key length, key, u16 field count, and per field u16 ext length, ext, u64
 // offset, u64 size. Little-endian. The header binds the index to its shard
 // (size, mtime and an XXH3-64 of the header block in front of every indexed
@@ -353,7 +382,10 @@ std::string index_path(const std::string& shard) { return shard + ".pidx"; }
 namespace {
 
 constexpr char kMagic[8] = {'P', 'A', 'C', 'E', 'R', 'I', 'D', 'X'};
-constexpr std::uint32_t kIndexVersion = 2;
+// Version 3 has version 2's layout; a version 2 index may hold samples split
+// where their members were not adjacent (group_samples grouped runs of
+// equal keys then), so it is rebuilt, never trusted.
+constexpr std::uint32_t kIndexVersion = 3;
 constexpr std::size_t kIndexHeader = 64;
 // Header fields by offset.
 constexpr std::size_t kAtVersion = 8, kAtShardBytes = 16, kAtSamples = 24, kAtMtime = 32, kAtHeaders = 40, kAtEntries = 48,
@@ -387,12 +419,21 @@ std::int64_t mtime_ns(const struct stat& st) {
   return static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + static_cast<std::int64_t>(st.st_mtim.tv_nsec);
 }
 
-// An open shard and what fstat says of it.
+// An open shard and what fstat says of it; its tar bytes once open_data ran
+// (for a gzip shard, decompressed into memory then).
 struct OpenShard {
   Fd file;
   std::uint64_t bytes = 0;
   std::int64_t mtime_ns = 0;
+  ShardData data;
 };
+
+Status open_data(OpenShard& s, const std::string& shard) {
+  auto d = shard_data(std::move(s.file), shard, s.bytes);
+  if (!d) return d.error();
+  s.data = std::move(*d);
+  return {};
+}
 
 Expected<OpenShard> open_shard(const std::string& shard) {
   OpenShard s;
@@ -426,11 +467,12 @@ Expected<std::uint64_t> member_headers_hash(int fd, const std::string& shard, co
 Expected<ShardIndex> scan_index(const std::string& shard) {
   auto s = open_shard(shard);
   if (!s) return s.error();
-  auto members = scan_fd(s->file.get(), shard, s->bytes);
+  if (Status st = open_data(*s, shard); !st) return st.error();
+  auto members = scan_fd(s->data.fd.get(), shard, s->data.tar_bytes);
   if (!members) return members.error();
   auto entries = group_samples(shard, *members);
   if (!entries) return entries.error();
-  auto headers = member_headers_hash(s->file.get(), shard, *entries);
+  auto headers = member_headers_hash(s->data.fd.get(), shard, *entries);
   if (!headers) return headers.error();
   ShardIndex idx;
   idx.shard = shard;
@@ -479,7 +521,7 @@ Status write_index(const ShardIndex& idx) {
 // header-only read when the shard's mtime is not the indexed one (a copy
 // that did not keep mtimes): then `refreshed` is set and the index returned
 // carries the shard's current mtime, ready to be written back.
-Expected<ShardIndex> read_checked_index(const std::string& shard, bool header_only, bool* refreshed) {
+Expected<ShardIndex> read_checked_index(const std::string& shard, bool header_only, bool* refreshed, bool* outdated = nullptr) {
   const std::string path = index_path(shard);
   auto bad = [&](const std::string& why) { return Error{ErrorKind::kConfig, fmt::format("{}: {}", path, why)}; };
   auto fi = open_fd(path, O_RDONLY);
@@ -492,7 +534,11 @@ Expected<ShardIndex> read_checked_index(const std::string& shard, bool header_on
   if (!read_exact(fi->get(), bin.data(), bin.size(), 0)) return Error{ErrorKind::kIo, fmt::format("{}: read failed", path)};
   if (bin.size() < 12 || std::memcmp(bin.data(), kMagic, 8) != 0) return bad("not a pacer shard index");
   const auto version = get_at<std::uint32_t>(bin, kAtVersion);
-  if (version == 1) return bad("index version 1 is not bound to its shard (this pacer reads 2; rebuild with pacer shard index)");
+  if (version == 1 || version == 2) {
+    if (outdated) *outdated = true;
+    return bad(fmt::format("index version {} {} (this pacer reads {}; rebuild with pacer shard index)", version,
+                           version == 1 ? "is not bound to its shard" : "may split samples whose members are not adjacent", kIndexVersion));
+  }
   if (version != kIndexVersion) return bad(fmt::format("index version {} (this pacer reads {})", version, kIndexVersion));
   if (bin.size() < kIndexHeader) return bad("truncated index header");
   if (xxh3(bin.data(), kAtSelf) != get_at<std::uint64_t>(bin, kAtSelf)) return bad("header checksum mismatch (the index is corrupt)");
@@ -510,6 +556,8 @@ Expected<ShardIndex> read_checked_index(const std::string& shard, bool header_on
     return bad(fmt::format("index is for a {}-byte shard, the shard has {} bytes (rebuild with pacer shard index)", idx.shard_bytes, sh->bytes));
   const bool moved = sh->mtime_ns != idx.shard_mtime_ns;
   if (header_only && !moved) return idx;
+  if (Status st = open_data(*sh, shard); !st) return st.error();
+  const std::uint64_t tar_bytes = sh->data.tar_bytes;
 
   bin.resize(static_cast<std::size_t>(isize));
   if (!read_exact(fi->get(), bin.data() + kIndexHeader, bin.size() - kIndexHeader, kIndexHeader))
@@ -533,14 +581,15 @@ Expected<ShardIndex> read_checked_index(const std::string& shard, bool header_on
       pos += elen;
       if (!take(bin, pos, f.offset) || !take(bin, pos, f.size)) return bad(fmt::format("truncated at sample {}", i));
       // Compared without adding, so no offset + size can wrap past 2^64.
-      if (f.offset < kTarBlock || f.size > idx.shard_bytes || f.offset > idx.shard_bytes - f.size)
-        return bad(fmt::format("sample {} ('{}') field '{}' at {}+{} lies outside the {}-byte shard", i, e.key, f.ext, f.offset, f.size, idx.shard_bytes));
+      if (f.offset < kTarBlock || f.size > tar_bytes || f.offset > tar_bytes - f.size)
+        return bad(fmt::format("sample {} ('{}') field '{}' at {}+{} lies outside the {}-byte {}", i, e.key, f.ext, f.offset, f.size, tar_bytes,
+                               sh->data.gzip ? "decompressed shard" : "shard"));
       e.fields.push_back(std::move(f));
     }
     idx.entries.push_back(std::move(e));
   }
   if (pos != bin.size()) return bad(fmt::format("{} bytes after the last sample", bin.size() - pos));
-  auto headers = member_headers_hash(sh->file.get(), shard, idx.entries);
+  auto headers = member_headers_hash(sh->data.fd.get(), shard, idx.entries);
   if (!headers) return headers.error();
   if (*headers != idx.headers_xxh3)
     return bad(fmt::format("does not match {}: the member headers at the indexed offsets changed "
@@ -572,8 +621,8 @@ Expected<ShardIndex> load_or_build_index(const std::string& shard, bool header_o
     (void)write_index(*idx);
     return idx;
   }
-  bool refreshed = false;
-  auto got = read_checked_index(shard, header_only, &refreshed);
+  bool refreshed = false, outdated = false;
+  auto got = read_checked_index(shard, header_only, &refreshed, &outdated);
   if (got) {
     // Best effort: the next open then trusts the mtime again without reading headers.
     if (refreshed) (void)write_index(*got);
@@ -583,8 +632,10 @@ Expected<ShardIndex> load_or_build_index(const std::string& shard, bool header_o
   auto idx = scan_index(shard);
   if (!idx) return idx.error();
   // A stale index that cannot be replaced is refused rather than worked
-  // around: every other reader of this dataset would still trust it.
-  if (Status st = write_index(*idx); !st)
+  // around: every other reader of this dataset would still trust it. One of
+  // an older format no reader of this version trusts, so on a read-only
+  // dataset the scan is used from memory, as for a missing index.
+  if (Status st = write_index(*idx); !st && !outdated)
     return Error{ErrorKind::kConfig, fmt::format("{}: the index cannot be used ({}) nor rebuilt here ({}); "
                                                  "rebuild it with pacer shard index where the dataset is writable",
                                                  shard, got.error().message, st.error().message)};

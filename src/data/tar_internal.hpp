@@ -6,6 +6,9 @@
 #include <string>
 #include <string_view>
 
+#include "pacer/core/error.hpp"
+#include "pacer/core/posix_io.hpp"
+
 namespace pacer::data {
 
 constexpr std::size_t kTarBlock = 512;
@@ -30,5 +33,28 @@ bool escapes_root(std::string_view name);
 // the name field nor prefix + name. A pure function of its arguments, which is
 // what lets a rerun recognise a finished shard by its headers.
 std::string tar_member_headers(const std::string& name, std::uint64_t size, std::int64_t mtime);
+
+// Gzip-compressed shards. A shard whose first bytes are the gzip magic is
+// decompressed whole into an anonymous in-memory file (memfd), and everything
+// else reads that as it reads a plain tar: offsets in the index are offsets
+// in the decompressed tar. The decompressed bytes are capped (a gzip bomb
+// stops at the cap, not at the memory's end): PACER_GZIP_MAX_BYTES, else
+// kDefaultGzipShardLimit.
+constexpr std::uint64_t kDefaultGzipShardLimit = 8ULL << 30;
+std::uint64_t gzip_shard_limit();
+Expected<bool> is_gzip(int fd, const std::string& path);
+// Every member of a gzip file (concatenated members are one stream), CRC
+// checked; `size` gets the decompressed bytes. A truncated or corrupt stream,
+// bytes after it, or more than `limit` bytes are kConfig errors naming `path`.
+Expected<Fd> gunzip_to_memory(int fd, const std::string& path, std::uint64_t limit, std::uint64_t& size);
+
+// The tar bytes of a shard: its own descriptor, or the decompressed copy of
+// a gzip shard. `tar_bytes` is the size of those bytes; `gzip` says which.
+struct ShardData {
+  Fd fd;
+  std::uint64_t tar_bytes = 0;
+  bool gzip = false;
+};
+Expected<ShardData> open_shard_data(const std::string& path);
 
 }  // namespace pacer::data

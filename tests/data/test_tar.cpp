@@ -364,7 +364,7 @@ TEST(TarGroup, WebDatasetKeysAndExtensions) {
       member("a.y", 7168, 2),             member("dir.v2/file.ext", 8192, 6), member("noext", 9216, 7),
   };
   const auto s = group_samples("g.tar", ms).value();
-  ASSERT_EQ(s.size(), 6u);
+  ASSERT_EQ(s.size(), 5u);
   EXPECT_EQ(s[0].key, "dir/000017");
   ASSERT_EQ(s[0].fields.size(), 3u);
   EXPECT_EQ(s[0].fields[0].ext, "jpg");
@@ -374,22 +374,25 @@ TEST(TarGroup, WebDatasetKeysAndExtensions) {
   EXPECT_EQ(s[0].fields[2].ext, "seg.png");
   EXPECT_EQ(s[0].fields[2].offset, 2560u);
   EXPECT_EQ(s[0].fields[2].size, 5u);
-  // "a.b.c" -> key "a", ext "b.c"; "a.txt" is consecutive with the same key.
+  // "a.b.c" -> key "a", ext "b.c"; "a.txt" has the same key, and so has the
+  // later "a.y": members of one key form one sample wherever they lie.
   EXPECT_EQ(s[1].key, "a");
-  ASSERT_EQ(s[1].fields.size(), 2u);
+  ASSERT_EQ(s[1].fields.size(), 3u);
   EXPECT_EQ(s[1].fields[0].ext, "b.c");
   EXPECT_EQ(s[1].fields[1].ext, "txt");
+  EXPECT_EQ(s[1].fields[2].ext, "y");
+  EXPECT_EQ(s[1].fields[2].offset, 7168u);
   EXPECT_EQ(s[2].key, "b");
-  // Grouping is by consecutive runs: a later "a" is a new sample.
-  EXPECT_EQ(s[3].key, "a");
-  ASSERT_EQ(s[3].fields.size(), 1u);
-  EXPECT_EQ(s[3].fields[0].ext, "y");
   // Dots in directories do not count.
-  EXPECT_EQ(s[4].key, "dir.v2/file");
-  EXPECT_EQ(s[4].fields[0].ext, "ext");
-  EXPECT_EQ(s[5].key, "noext");
-  EXPECT_EQ(s[5].fields[0].ext, "");
+  EXPECT_EQ(s[3].key, "dir.v2/file");
+  EXPECT_EQ(s[3].fields[0].ext, "ext");
+  EXPECT_EQ(s[4].key, "noext");
+  EXPECT_EQ(s[4].fields[0].ext, "");
   EXPECT_TRUE(group_samples("g.tar", {})->empty());
+  // A field twice is an error however far apart its members lie.
+  auto dup = group_samples("g.tar", {member("a.txt", 512, 1), member("b.txt", 1536, 1), member("a.txt", 2560, 1)});
+  ASSERT_FALSE(dup);
+  EXPECT_TRUE(contains(dup.error().message, "offset 2048: sample 'a' has field 'txt' twice")) << dup.error().message;
 }
 
 // ---------------------------------------------------------------------------
@@ -503,7 +506,7 @@ TEST(ShardIndex, MalformedIndexesAreErrors) {
   auto r4 = read_index(shard, false);
   EXPECT_FALSE(r4);
 
-  for (char version : {1, 3}) {
+  for (char version : {1, 2, 4}) {
     std::string other = good;
     other[8] = version;
     write_bytes(index_path(shard), other);

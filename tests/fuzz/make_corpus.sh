@@ -37,6 +37,7 @@ for fmt in gnu pax ustar oldgnu; do
   (cd "$tmp/t" && tar --format=$fmt -b 1 --owner=0 --group=0 --mtime=@0 -cf "$corpus/tar/$fmt.tar" "${what[@]}")
 done
 head -c 1024 /dev/zero > "$corpus/tar/empty.tar"
+gzip -n -9 -c "$corpus/tar/packed.tar" > "$corpus/tar/packed.tar.gz"  # gzip shards are read through zlib
 
 # --- pidx edge cases, for the same shard: no samples; a sample without fields; a field that wraps
 # past 2^64. Their reserved word is 1, so the target fixes their size and checksums up (pidx.cpp).

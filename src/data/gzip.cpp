@@ -1,0 +1,102 @@
+// Gzip-compressed shards (.tar.gz): decompressed whole into an anonymous in-memory file.
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+
+#include "pacer/core/posix_io.hpp"
+#include "tar_internal.hpp"
+
+namespace pacer::data {
+
+namespace {
+
+Error gzip_error(const std::string& path, const std::string& what) {
+  return Error{ErrorKind::kConfig, fmt::format("{}: gzip: {}", path, what)};
+}
+
+struct Inflater {
+  z_stream z{};
+  bool ready = false;
+  ~Inflater() {
+    if (ready) inflateEnd(&z);
+  }
+};
+
+}  // namespace
+
+std::uint64_t gzip_shard_limit() {
+  // A gzip stream expands up to ~1000x, so the compressed size bounds
+  // nothing: the decompressed bytes are capped instead.
+  if (const char* v = std::getenv("PACER_GZIP_MAX_BYTES"); v && *v) {
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long long n = std::strtoull(v, &end, 10);
+    if (errno == 0 && end && *end == '\0' && n > 0) return n;
+  }
+  return kDefaultGzipShardLimit;
+}
+
+Expected<bool> is_gzip(int fd, const std::string& path) {
+  unsigned char magic[2] = {0, 0};
+  auto got = pread_full(fd, magic, 2, 0, path);
+  if (!got) return got.error();
+  return *got == 2 && magic[0] == 0x1f && magic[1] == 0x8b;
+}
+
+Expected<Fd> gunzip_to_memory(int fd, const std::string& path, std::uint64_t limit, std::uint64_t& size) {
+  size = 0;
+  const int mfd = ::memfd_create("pacer-gunzip", MFD_CLOEXEC);
+  if (mfd < 0) return io_error("cannot create an in-memory file for the decompressed shard", path, errno);
+  Fd out(mfd);
+  Inflater inf;
+  // 16 + MAX_WBITS: a gzip wrapper (header and CRC-32/ISIZE trailer) is required and checked.
+  if (inflateInit2(&inf.z, 16 + MAX_WBITS) != Z_OK) return gzip_error(path, "cannot start zlib");
+  inf.ready = true;
+  constexpr std::size_t kChunk = 1 << 20;
+  std::unique_ptr<unsigned char[]> in(new unsigned char[kChunk]);
+  std::unique_ptr<unsigned char[]> buf(new unsigned char[kChunk]);
+  std::uint64_t in_off = 0;
+  bool ended = false;  // the last member read ended with its trailer
+  for (;;) {
+    if (inf.z.avail_in == 0) {
+      auto got = pread_full(fd, in.get(), kChunk, in_off, path);
+      if (!got) return got.error();
+      if (*got == 0) break;
+      in_off += *got;
+      inf.z.next_in = in.get();
+      inf.z.avail_in = static_cast<uInt>(*got);
+    }
+    if (ended) {
+      // Concatenated members (gzip a; gzip b; cat) are one stream, as gzip -d reads them.
+      if (inf.z.next_in[0] != 0x1f) return gzip_error(path, fmt::format("bytes after the gzip stream at compressed offset {}", in_off - inf.z.avail_in));
+      if (inflateReset(&inf.z) != Z_OK) return gzip_error(path, "cannot restart zlib");
+      ended = false;
+    }
+    inf.z.next_out = buf.get();
+    inf.z.avail_out = static_cast<uInt>(kChunk);
+    const int rc = inflate(&inf.z, Z_NO_FLUSH);
+    if (rc != Z_OK && rc != Z_STREAM_END && rc != Z_BUF_ERROR)
+      return gzip_error(path, fmt::format("corrupt data at compressed offset {}: {}", in_off - inf.z.avail_in,
+                                          inf.z.msg ? inf.z.msg : zError(rc)));
+    const std::uint64_t produced = kChunk - inf.z.avail_out;
+    if (produced > limit - size)
+      return gzip_error(path, fmt::format("decompresses to more than {} bytes (PACER_GZIP_MAX_BYTES; a gzip bomb, or a "
+                                          "shard too large to hold in memory: gunzip it)", limit));
+    if (produced) {
+      if (Status st = write_full(out.get(), buf.get(), produced, path); !st) return st.error();
+      size += produced;
+    }
+    if (rc == Z_STREAM_END) ended = true;
+  }
+  if (!ended) return gzip_error(path, fmt::format("truncated: the stream ends without its trailer after {} decompressed bytes", size));
+  return out;
+}
+
+}  // namespace pacer::data
