@@ -8,6 +8,7 @@ packages=(
   libcli11-dev nlohmann-json3-dev libtomlplusplus-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libxxhash-dev libsqlite3-dev libcpp-httplib-dev
+  libsentencepiece-dev sentencepiece python3-sentencepiece  # tokenizer models; spm_train makes the tests' model
   prometheus  # promtool and the server for the telemetry exporter tests
   python3 python3-dev pybind11-dev python3-numpy python3-torch
   libopenmpi-dev openmpi-bin
