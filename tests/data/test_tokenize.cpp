@@ -60,6 +60,13 @@ class TokenizeSpm : public ::testing::Test {
     return decode(ids);
   }
 
+  static TokenizeOptions options(std::vector<std::string> inputs, std::string prefix) {
+    TokenizeOptions o;
+    o.inputs = std::move(inputs);
+    o.prefix = std::move(prefix);
+    return o;
+  }
+
   static TempDir* dir_;
   static std::string model_;
   std::unique_ptr<Tokenizer> tok_;
@@ -135,9 +142,7 @@ TEST_F(TokenizeSpm, TextAndJsonLinesRoundTripInOrderWhateverTheThreads) {
 TEST_F(TokenizeSpm, EodDocumentPerFileAndEmptyDocuments) {
   TempDir dir("pacer-tokenize-");
   const std::string a = dir.file("a.txt", slurp(kLicenses + "BSD")), b = dir.file("b.txt", slurp(kLicenses + "MPL-2.0"));
-  TokenizeOptions o;
-  o.inputs = {a, b};
-  o.prefix = dir.path() + "/files";
+  TokenizeOptions o = options({a, b}, dir.path() + "/files");
   o.document_per_file = true;
   o.eod_id = 7;
   tokenize(o, *tok_).value();
@@ -169,9 +174,7 @@ TEST_F(TokenizeSpm, EodDocumentPerFileAndEmptyDocuments) {
 TEST_F(TokenizeSpm, InvalidUtf8IsReplacedSkippedOrFailsNamingTheLine) {
   TempDir dir("pacer-tokenize-");
   const std::string in = dir.file("bad.txt", "Licensed to you\nunder the\n\xff terms\nof the \xe2\x82 License\n");
-  TokenizeOptions o;
-  o.inputs = {in};
-  o.prefix = dir.path() + "/r";
+  TokenizeOptions o = options({in}, dir.path() + "/r");
   const auto r = tokenize(o, *tok_).value();
   EXPECT_EQ(r.documents, 4u);
   EXPECT_EQ(r.bad_utf8_documents, 2u);
@@ -206,9 +209,7 @@ TEST_F(TokenizeSpm, InvalidUtf8IsReplacedSkippedOrFailsNamingTheLine) {
 TEST_F(TokenizeSpm, BadInputIsAnErrorAndLeavesTheOldDatasetInPlace) {
   TempDir dir("pacer-tokenize-");
   const std::string good = dir.file("good.txt", "Licensed\n");
-  TokenizeOptions o;
-  o.inputs = {good};
-  o.prefix = dir.path() + "/ds";
+  TokenizeOptions o = options({good}, dir.path() + "/ds");
   tokenize(o, *tok_).value();
   const std::string before = slurp(o.prefix + ".bin") + slurp(o.prefix + ".idx") + slurp(o.prefix + ".manifest.json");
 
