@@ -503,6 +503,7 @@ Expected<TokenizeReport> tokenize(const TokenizeOptions& o, const Tokenizer& tok
     std::string buf(o.chunk_bytes, '\0');
     for (std::size_t i = 0; i < o.inputs.size(); ++i) {
       const std::string& path = o.inputs[i];
+      const bool whole_file = o.document_per_file && !is_jsonl(path);  // JSON lines hold a document per line regardless
       XxhState h = new_xxh3();
       std::string pending;
       std::uint64_t line = 1;
@@ -514,7 +515,7 @@ Expected<TokenizeReport> tokenize(const TokenizeOptions& o, const Tokenizer& tok
         XXH3_64bits_update(h.get(), buf.data(), *n);
         r.inputs[i].bytes += *n;
         pending.append(buf.data(), *n);
-        if (o.document_per_file) continue;
+        if (whole_file) continue;
         // A chunk ends after its last newline; the rest waits for more bytes.
         std::size_t cut = eof ? pending.size() : std::string::npos;
         if (!eof) {
@@ -529,7 +530,7 @@ Expected<TokenizeReport> tokenize(const TokenizeOptions& o, const Tokenizer& tok
         scanned = 0;
         if (Status st = pipe.push(std::move(c), sink); !st) return st.error();
       }
-      if (o.document_per_file)
+      if (whole_file)
         if (Status st = pipe.push(Chunk{i, 1, std::move(pending), true}, sink); !st) return st.error();
       r.inputs[i].xxh3 = XXH3_64bits_digest(h.get());
     }

@@ -142,13 +142,14 @@ TEST_F(TokenizeSpm, TextAndJsonLinesRoundTripInOrderWhateverTheThreads) {
 TEST_F(TokenizeSpm, EodDocumentPerFileAndEmptyDocuments) {
   TempDir dir("pacer-tokenize-");
   const std::string a = dir.file("a.txt", slurp(kLicenses + "BSD")), b = dir.file("b.txt", slurp(kLicenses + "MPL-2.0"));
-  TokenizeOptions o = options({a, b}, dir.path() + "/files");
+  const std::string js = dir.file("two.jsonl", "{\"text\": \"Licensed\"}\n{\"text\": \"to you\"}\n");
+  TokenizeOptions o = options({a, js, b}, dir.path() + "/files");
   o.document_per_file = true;
   o.eod_id = 7;
   tokenize(o, *tok_).value();
   auto ds = TokenDataset::open(o.prefix).value();
-  ASSERT_EQ(ds->documents(), 2u);
-  auto ids = ds->read(1).value();
+  ASSERT_EQ(ds->documents(), 4u);  // JSON lines keep a document per line
+  auto ids = ds->read(3).value();
   EXPECT_EQ(ids.back(), 7);
   ids.pop_back();
   EXPECT_EQ(decode(ids), slurp(b));  // the whole file, newlines and all
@@ -156,8 +157,8 @@ TEST_F(TokenizeSpm, EodDocumentPerFileAndEmptyDocuments) {
   o.document_per_file = false;
   o.append_eod = false;
   o.prefix = dir.path() + "/noeod";
-  const std::string js = dir.file("e.jsonl", "{\"text\": \"\"}\n{\"text\": \"Licensed\"}\n\n");
-  o.inputs = {js};
+  const std::string e_js = dir.file("e.jsonl", "{\"text\": \"\"}\n{\"text\": \"Licensed\"}\n\n");
+  o.inputs = {e_js};
   const auto r = tokenize(o, *tok_).value();
   EXPECT_EQ(r.documents, 1u);
   EXPECT_EQ(r.empty, 1u);

@@ -58,7 +58,8 @@ struct TokenizeOptions {
   std::vector<std::string> inputs;
   std::string prefix;  // writes PREFIX.bin, PREFIX.idx, PREFIX.manifest.json
   std::string field = "text";
-  // Text inputs: a document per non-empty line (false), or per file (true).
+  // Text inputs: a document per non-empty line (false), or per file (true);
+  // JSON lines always hold one per line.
   bool document_per_file = false;
   int threads = 0;  // encoding threads; 0: every CPU this process may use
   // Appended to every document: eod_id when set, else the tokenizer's eos.
