@@ -8,6 +8,7 @@
 
 #include "bindings.hpp"
 #include "pacer/data.hpp"
+#include "pacer/data/tokenize.hpp"
 
 namespace py = pybind11;
 using namespace pybind11::literals;
@@ -96,6 +97,84 @@ py::dict token_batch(data::Batch& b) {
   d["documents"] = vector_array(std::move(b.documents));
   d["lengths"] = vector_array(std::move(b.lengths));
   return d;
+}
+
+// A Python callable as a tokenizer: encode_batch(list[str]) returns
+// (ids: bytes of int64, lengths: bytes of uint64), one length per document.
+// Each encoding thread calls it with the GIL held; the callable hands the
+// batch to a worker process and waits without it (pacer.data.tokenize).
+class PyTokenizer final : public data::Tokenizer {
+ public:
+  PyTokenizer(py::object encode_batch, std::uint64_t vocab_size, std::optional<std::int64_t> eos, nlohmann::json identity)
+      : fn_(std::move(encode_batch)), vocab_size_(vocab_size), eos_(eos), identity_(std::move(identity)) {}
+  ~PyTokenizer() override {
+    py::gil_scoped_acquire gil;
+    fn_ = py::object();
+  }
+  Status encode(const std::vector<std::string_view>& docs, std::vector<std::int64_t>& ids,
+                std::vector<std::uint64_t>& lengths) const override {
+    py::gil_scoped_acquire gil;
+    try {
+      py::list batch(docs.size());
+      for (std::size_t i = 0; i < docs.size(); ++i) batch[i] = py::str(docs[i].data(), docs[i].size());  // valid UTF-8 by now
+      py::tuple r = fn_(batch);
+      const std::string id_bytes = r[0].cast<std::string>(), len_bytes = r[1].cast<std::string>();
+      if (id_bytes.size() % 8 || len_bytes.size() % 8)
+        return Error{ErrorKind::kRuntime, "the tokenizer's batch result is not whole int64 ids and uint64 lengths"};
+      const std::size_t n = ids.size(), m = lengths.size();
+      ids.resize(n + id_bytes.size() / 8);
+      lengths.resize(m + len_bytes.size() / 8);
+      if (!id_bytes.empty()) std::memcpy(ids.data() + n, id_bytes.data(), id_bytes.size());
+      if (!len_bytes.empty()) std::memcpy(lengths.data() + m, len_bytes.data(), len_bytes.size());
+    } catch (py::error_already_set& e) {
+      return Error{ErrorKind::kRuntime, fmt::format("the tokenizer raised {}", e.what())};
+    } catch (const py::cast_error& e) {
+      return Error{ErrorKind::kRuntime, fmt::format("the tokenizer's batch result: {}", e.what())};
+    }
+    return {};
+  }
+  std::uint64_t vocab_size() const override { return vocab_size_; }
+  std::optional<std::int64_t> eos_id() const override { return eos_; }
+  nlohmann::json identity() const override { return identity_; }
+
+ private:
+  py::object fn_;
+  std::uint64_t vocab_size_;
+  std::optional<std::int64_t> eos_;
+  nlohmann::json identity_;
+};
+
+// pacer.data.tokenize's C++ half: `model` (a SentencePiece file), `vocab`
+// (the test vocabulary) or `encode_batch` (a PyTokenizer). Returns the
+// --json record as text.
+std::string tokenize(const std::vector<std::string>& inputs, const std::string& prefix, const py::dict& opt) {
+  data::TokenizeOptions o;
+  o.inputs = inputs;
+  o.prefix = prefix;
+  o.field = opt["field"].cast<std::string>();
+  o.document_per_file = opt["document_per_file"].cast<bool>();
+  o.threads = opt["threads"].cast<int>();
+  o.chunk_bytes = opt["chunk_bytes"].cast<std::size_t>();
+  o.append_eod = opt["append_eod"].cast<bool>();
+  if (!opt["eod_id"].is_none()) o.eod_id = opt["eod_id"].cast<std::int64_t>();
+  o.bad_utf8 = unwrap(data::parse_bad_utf8(opt["bad_utf8"].cast<std::string>()));
+  std::unique_ptr<data::Tokenizer> tok;
+  if (!opt["model"].is_none()) {
+    tok = unwrap(data::load_sentencepiece(opt["model"].cast<std::string>()));
+  } else if (!opt["vocab"].is_none()) {
+    tok = unwrap(data::load_vocabulary(opt["vocab"].cast<std::string>()));
+  } else {
+    std::optional<std::int64_t> eos;
+    if (!opt["eos_id"].is_none()) eos = opt["eos_id"].cast<std::int64_t>();
+    auto id = unwrap(data::external_identity("callable", opt["name"].cast<std::string>(), opt["model_file"].cast<std::string>()));
+    tok = std::make_unique<PyTokenizer>(opt["encode_batch"], opt["vocab_size"].cast<std::uint64_t>(), eos, std::move(id));
+  }
+  std::optional<Expected<data::TokenizeReport>> r;
+  {
+    py::gil_scoped_release nogil;
+    r.emplace(data::tokenize(o, *tok));
+  }
+  return data::to_json(unwrap(std::move(*r))).dump();
 }
 
 std::shared_ptr<Dataset> open_spec(const std::string& spec) {
@@ -244,6 +323,8 @@ void register_data(py::module_& m) {
   m.def("_write_sft_dataset", [](const std::string& prefix, const std::string& dtype, const std::vector<std::vector<std::int64_t>>& docs,
                                  const std::vector<std::vector<std::uint8_t>>& masks) { unwrap(data::write_sft_dataset(prefix, dtype, docs, masks)); },
         py::arg("prefix"), py::arg("dtype"), py::arg("documents"), py::arg("masks"));
+  m.def("_tokenize", &tokenize, py::arg("inputs"), py::arg("prefix"), py::arg("options"),
+        "pacer.data.tokenize's C++ half; returns the pacer.shard.tokenize/2 record as JSON text");
   m.def("_open_dataset", &open_spec, py::arg("spec"));
   m.def("_open_dataset", &open_list, py::arg("shards"));
 

@@ -10,6 +10,7 @@ packages=(
   libxxhash-dev libsqlite3-dev libcpp-httplib-dev
   zlib1g-dev  # gzip-compressed shards (.tar.gz)
   python3-pil  # image decoders of pacer.data (optional at run time)
+  libsentencepiece-dev sentencepiece python3-sentencepiece  # tokenizer models; spm_train makes the tests' model
   prometheus  # promtool and the server for the telemetry exporter tests
   python3 python3-dev pybind11-dev python3-numpy python3-torch
   libopenmpi-dev openmpi-bin

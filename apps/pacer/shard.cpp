@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <optional>
 
 #include "commands.hpp"
 #include "output.hpp"
@@ -11,6 +12,7 @@
 #include "pacer/core/table.hpp"
 #include "pacer/core/units.hpp"
 #include "pacer/data.hpp"
+#include "pacer/data/tokenize.hpp"
 
 namespace pacer::cli {
 namespace {
@@ -23,6 +25,12 @@ struct ShardArgs {
   std::vector<std::string> shards;
   std::string spec;
   std::string vocab, field = "text";
+  // tokenize: INPUT... PREFIX
+  std::vector<std::string> paths;
+  std::string model, bad_utf8 = "replace", document = "line";
+  int threads = 0;
+  std::optional<std::int64_t> eod;
+  bool no_eod = false;
   bool json = false;
 };
 
@@ -127,11 +135,37 @@ int verify(const ShardArgs& a) {
 }
 
 int tokenize(const ShardArgs& a) {
-  const auto vocab = a.vocab.empty() ? data::Vocabulary::bytes_only() : unwrap(data::Vocabulary::load(a.vocab));
-  const auto r = unwrap(data::tokenize_file(a.src, a.out, vocab, a.field));
-  print(data::to_json(r, a.src, a.out, a.vocab, vocab.size()), a.json,
-        fmt::format("OK: {} documents, {} {} tokens ({} bytes of text, {} by byte fallback) in {}.bin/.idx\n", r.documents,
-                    r.tokens, r.dtype, r.bytes, r.fallback_bytes, a.out));
+  if (a.paths.size() < 2) usage_error("tokenize: expected INPUT... PREFIX (at least one input and the output prefix)");
+  if (!a.model.empty() && !a.vocab.empty()) usage_error("--model and --vocab: give one tokenizer");
+  if (a.threads < 0) usage_error(fmt::format("--threads {}: expected 0 (every CPU) or more", a.threads));
+  if (a.document != "line" && a.document != "file") usage_error(fmt::format("--document '{}': expected line or file", a.document));
+  data::TokenizeOptions o;
+  o.inputs.assign(a.paths.begin(), a.paths.end() - 1);
+  o.prefix = a.paths.back();
+  o.field = a.field;
+  o.threads = a.threads;
+  o.document_per_file = a.document == "file";
+  o.append_eod = !a.no_eod;
+  o.eod_id = a.eod;
+  auto bad = data::parse_bad_utf8(a.bad_utf8);
+  if (!bad) usage_error("--bad-utf8: " + bad.error().message);
+  o.bad_utf8 = *bad;
+  const auto tok = unwrap(a.model.empty() ? data::load_vocabulary(a.vocab) : data::load_sentencepiece(a.model));
+  const auto r = unwrap(data::tokenize(o, *tok));
+
+  Table t({{"INPUT"}, {"DOCUMENTS", true}, {"TOKENS", true}, {"SIZE", true}, {"BAD UTF-8", true}, {"XXH3"}});
+  for (const auto& in : r.inputs)
+    t.add_row({in.path, std::to_string(in.documents), std::to_string(in.tokens), format_bytes(double(in.bytes)),
+               in.bad_utf8 ? fmt::format("{} (line {})", in.bad_utf8, in.first_bad_utf8_line) : "0", fmt::format("{:016x}", in.xxh3)});
+  std::string text = t.render();
+  if (r.bad_utf8_documents)
+    text += fmt::format("{} document(s) with invalid UTF-8 {}\n", r.bad_utf8_documents, r.bad_utf8 == data::BadUtf8::kSkip ? "skipped" : "repaired (U+FFFD)");
+  if (r.empty) text += fmt::format("{} empty document(s) not written\n", r.empty);
+  const std::string who = r.tokenizer.contains("path") ? r.tokenizer["path"].get<std::string>() : std::string("bytes");
+  text += fmt::format("OK: {} documents, {} {} tokens ({}, vocabulary {}, {}) in {}.bin/.idx, manifest {}; {}/s on {} thread(s)\n", r.documents,
+                      r.tokens, r.dtype, who, r.vocab_size, r.eod ? fmt::format("end of document {}", *r.eod) : std::string("no end-of-document token"),
+                      r.prefix, r.manifest, format_bytes(r.seconds > 0 ? double(r.bytes) / r.seconds : 0), r.threads);
+  print(data::to_json(r), a.json, text);
   return 0;
 }
 
@@ -170,11 +204,17 @@ Handler register_shard(CLI::App& app) {
   v->add_option("spec", args->spec, "A manifest.json, or shards: a path, brace range or glob")->required();
   bind(v, verify);
 
-  CLI::App* tk = cmd->add_subcommand("tokenize", "Text or JSONL to a Megatron-Core token dataset (PREFIX.bin/.idx)");
-  tk->add_option("input", args->src, "Text file (a document per line) or .jsonl (its 'text' field)")->required();
-  tk->add_option("prefix", args->out, "Output prefix: writes PREFIX.bin and PREFIX.idx")->required();
-  tk->add_option("--vocab", args->vocab, "Vocabulary: a token per line, id = line number (default: bytes only)");
-  tk->add_option("--field", args->field, "JSONL field holding the text")->capture_default_str();
+  CLI::App* tk = cmd->add_subcommand("tokenize", "Text or JSON lines to a Megatron-Core token dataset (PREFIX.bin/.idx) and PREFIX.manifest.json");
+  tk->add_option("paths", args->paths, "INPUT... PREFIX: text files (a document per line) or .jsonl files (the --field of each line), then the output prefix")
+      ->required();
+  auto* model = tk->add_option("--model", args->model, "SentencePiece model file (.model)");
+  tk->add_option("--vocab", args->vocab, "Test vocabulary: a token per line, id = line number (without --model or --vocab: bytes)")->excludes(model);
+  tk->add_option("--field", args->field, "JSON lines: the field holding the text")->capture_default_str();
+  tk->add_option("--document", args->document, "Text files: a document per non-empty 'line', or per 'file'")->capture_default_str();
+  tk->add_option("--threads", args->threads, "Encoding threads (0: every CPU this process may use)")->capture_default_str();
+  auto* eod = tk->add_option("--eod", args->eod, "End-of-document id appended to every document (default: the model's eos id)");
+  tk->add_flag("--no-eod", args->no_eod, "Append no end-of-document token")->excludes(eod);
+  tk->add_option("--bad-utf8", args->bad_utf8, "A document that is not valid UTF-8: replace (U+FFFD), skip, or fail")->capture_default_str();
   bind(tk, tokenize);
 
   return [handler] { return *handler ? (*handler)() : static_cast<int>(ExitCode::kUsage); };

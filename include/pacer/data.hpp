@@ -259,7 +259,8 @@ Expected<std::vector<PackedSequence>> pack_documents(const TokenDataset& ds, con
                                                      std::uint64_t seq_len, std::uint64_t window, std::int64_t pad_id,
                                                      PackStats* stats = nullptr);
 
-// A vocabulary for `pacer shard tokenize`: one token per line of a text file,
+// A test vocabulary for `pacer shard tokenize --vocab` (real models:
+// pacer/data/tokenize.hpp): one token per line of a text file,
 // its id the line number (from 0). Encoding is greedy longest match over the
 // bytes; a byte no token covers becomes id size() + byte (byte-level
 // fallback), so any text encodes and decodes losslessly. Without a file the
@@ -279,24 +280,6 @@ class Vocabulary {
   std::unordered_map<std::string, std::int64_t> ids_;
   std::size_t max_len_ = 0;
 };
-
-struct TokenizeReport {
-  std::uint64_t documents = 0;
-  std::uint64_t tokens = 0;
-  std::uint64_t bytes = 0;    // of text read
-  std::string dtype;
-  std::uint64_t fallback_bytes = 0;  // bytes no vocabulary token covered
-};
-// Tokenizes a text file (one document per non-empty line) or a JSONL file
-// (the string field `field` of each line) into PREFIX.bin/.idx. The dtype
-// is uint16 when every id fits, else int32. A malformed JSONL line is an
-// error naming file:line.
-Expected<TokenizeReport> tokenize_file(const std::string& input, const std::string& prefix, const Vocabulary& vocab,
-                                       const std::string& field = "text");
-// The record of `pacer shard tokenize` (schema pacer.shard.tokenize/1,
-// docs/data.md); vocabulary_file "" for the bytes-only vocabulary.
-nlohmann::json to_json(const TokenizeReport& report, const std::string& input, const std::string& prefix,
-                       const std::string& vocabulary_file, std::size_t vocabulary_size);
 
 // Writes a token dataset: one sequence per document, each a vector of token
 // ids, in `dtype` ("uint16" or "int32" as Megatron writes them; any integer

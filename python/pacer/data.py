@@ -22,9 +22,11 @@ The order depends only on (seed, epoch): a seeded permutation of all samples,
 split between ranks by global batch, so the ranks together read every sample
 exactly once per epoch.
 """
+import array
 import builtins
 import collections
 import json
+import multiprocessing
 import operator
 import os
 
@@ -32,8 +34,8 @@ from . import _dist, _pacer, _stages
 from ._pacer import Error, _Dataset, _Loader, _open_dataset
 from ._stages import decode_sample
 
-__all__ = ["Blend", "Dataset", "Error", "Loader", "TokenDataset", "blend", "decode_sample", "open", "write_chat", "write_sft",
-           "write_tokens"]
+__all__ = ["Blend", "Dataset", "Error", "Loader", "TokenDataset", "blend", "decode_sample", "open", "tokenize", "write_chat",
+           "write_sft", "write_tokens"]
 
 
 class Dataset:
@@ -622,3 +624,95 @@ def write_chat(prefix, paths, template, dtype="int32"):
     masks = [m for _, m in samples]
     _pacer._write_sft_dataset(os.fsdecode(prefix), dtype, docs, masks)
     return len(docs)
+
+# ---------------------------------------------------------------------------
+# Tokenizing: text and JSON lines to a Megatron-Core token dataset.
+
+_worker_tokenizer = None
+
+
+def _set_worker_tokenizer(tokenizer):
+    global _worker_tokenizer
+    _worker_tokenizer = tokenizer
+
+
+def _encode_batch(docs):
+    # In a worker process: the ids go back as two byte strings, which pickle as one copy each.
+    ids, lengths = array.array("q"), array.array("Q")
+    for d in docs:
+        e = _worker_tokenizer(d)
+        ids.extend(e)
+        lengths.append(len(e))
+    return ids.tobytes(), lengths.tobytes()
+
+
+def _attribute(tokenizer, names):
+    """The first int that tokenizer (or the object of a bound method) has under one of names, calling methods."""
+    for obj in (tokenizer, getattr(tokenizer, "__self__", None)):
+        if obj is None:
+            continue
+        for n in names:
+            v = getattr(obj, n, None)
+            if callable(v):
+                try:
+                    v = v()
+                except TypeError:
+                    continue
+            if isinstance(v, int) and not isinstance(v, bool):
+                return v
+    return None
+
+
+def _callable_name(tokenizer):
+    owner = getattr(tokenizer, "__self__", None)
+    if owner is not None and not isinstance(owner, type(os)):
+        t = type(owner)
+        return f"{t.__module__}.{t.__qualname__}.{getattr(tokenizer, '__name__', '?')}"
+    name = getattr(tokenizer, "__qualname__", None) or type(tokenizer).__qualname__
+    return f"{getattr(tokenizer, '__module__', None) or type(tokenizer).__module__}.{name}"
+
+
+def tokenize(inputs, prefix, tokenizer, field="text", document="line", eod="eos", bad_utf8="replace", threads=None,
+             vocab_size=None, chunk_bytes=256 << 10):
+    """Tokenizes text or JSON lines into PREFIX.bin/.idx (Megatron-Core) and PREFIX.manifest.json.
+
+    inputs: a path or a list of paths; NAME.jsonl/NAME.json are JSON lines (the string `field` of each line is a
+    document), other files text (a document per non-empty line, or per file with document="file").
+    tokenizer: a SentencePiece model file (encoded in C++ on `threads` threads, default every CPU), or a callable
+    str -> list of ids (a Hugging Face ``tokenizers`` or ``tiktoken`` encoder) run in `threads` worker processes
+    (forked, so a lambda works), chunks of documents each, results written in input order. For a callable,
+    vocab_size and the eos id are taken from the callable or the object of a bound method (n_vocab,
+    get_vocab_size, vocab_size; eot_token, eos_token_id, eos_id) unless given; a ``model_file`` attribute names
+    the file whose checksum the manifest records. eod: "eos" (the tokenizer's), an id, or None for no
+    end-of-document token. bad_utf8: "replace", "skip" or "fail". chunk_bytes: text per chunk (whole lines)
+    handed to a thread or worker process. Returns the manifest's fields (a dict) plus
+    "manifest", "threads" and "seconds"; errors raise pacer.Error naming file:line."""
+    if isinstance(inputs, (str, bytes, os.PathLike)):
+        inputs = [inputs]
+    if document not in ("line", "file"):
+        raise ValueError(f"document={document!r}: expected 'line' or 'file'")
+    threads = operator.index(threads) if threads else len(os.sched_getaffinity(0))
+    opts = {"field": field, "document_per_file": document == "file", "threads": threads, "chunk_bytes": operator.index(chunk_bytes),
+            "append_eod": eod is not None,
+            "eod_id": None if eod is None or eod == "eos" else operator.index(eod), "bad_utf8": bad_utf8,
+            "model": None, "vocab": None}
+    args = ([os.fsdecode(p) for p in inputs], os.fsdecode(prefix))
+    if isinstance(tokenizer, (str, bytes, os.PathLike)):
+        opts["model"] = os.fsdecode(tokenizer)
+        return json.loads(_pacer._tokenize(*args, opts))
+    if not callable(tokenizer):
+        raise TypeError(f"tokenizer: a SentencePiece model path or a callable str -> list of ids, not {type(tokenizer).__name__}")
+    if vocab_size is None:
+        vocab_size = _attribute(tokenizer, ("n_vocab", "get_vocab_size", "vocab_size"))
+        if vocab_size is None:
+            raise ValueError("tokenizer: its vocabulary size is not known; give vocab_size=")
+    eos = _attribute(tokenizer, ("eot_token", "eos_token_id", "eos_id"))
+    if eod == "eos" and (eos is None or eos < 0):
+        raise ValueError("tokenizer: it has no end-of-document (eos) id; give eod=ID, or eod=None for none")
+    model_file = getattr(tokenizer, "model_file", None) or getattr(getattr(tokenizer, "__self__", None), "model_file", None)
+    opts.update(vocab_size=int(vocab_size), eos_id=eos if eos is not None and eos >= 0 else None, name=_callable_name(tokenizer),
+                model_file=os.fsdecode(model_file) if model_file else "")
+    ctx = multiprocessing.get_context("fork")  # fork: the tokenizer reaches the workers without pickling
+    with ctx.Pool(threads, initializer=_set_worker_tokenizer, initargs=(tokenizer,)) as pool:
+        opts["encode_batch"] = lambda docs: pool.apply(_encode_batch, (docs,))
+        return json.loads(_pacer._tokenize(*args, opts))

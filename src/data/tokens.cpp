@@ -404,43 +404,4 @@ std::string Vocabulary::decode(const std::vector<std::int64_t>& ids) const {
   return out;
 }
 
-Expected<TokenizeReport> tokenize_file(const std::string& input, const std::string& prefix, const Vocabulary& vocab,
-                                       const std::string& field) {
-  auto text = read_file(input);
-  if (!text) return text.error();
-  const bool jsonl = input.ends_with(".jsonl") || input.ends_with(".json");
-  TokenizeReport r;
-  r.bytes = text->size();
-  std::vector<std::vector<std::int64_t>> docs;
-  std::size_t pos = 0;
-  std::size_t line = 0;
-  const auto fallback_base = static_cast<std::int64_t>(vocab.size());
-  while (pos < text->size()) {
-    std::size_t end = text->find('\n', pos);
-    if (end == std::string::npos) end = text->size();
-    std::string_view l(text->data() + pos, end - pos);
-    pos = end + 1;
-    ++line;
-    if (!l.empty() && l.back() == '\r') l.remove_suffix(1);
-    if (l.empty()) continue;
-    std::string doc;
-    if (jsonl) {
-      auto j = nlohmann::json::parse(l, nullptr, false);
-      if (j.is_discarded() || !j.is_object() || !j.contains(field) || !j[field].is_string())
-        return Error{ErrorKind::kConfig, fmt::format("{}:{}: not a JSON object with a string field '{}'", input, line, field)};
-      doc = j[field].get<std::string>();
-    } else {
-      doc = std::string(l);
-    }
-    docs.push_back(vocab.encode(doc));
-    for (auto id : docs.back())
-      if (id >= fallback_base) ++r.fallback_bytes;
-    r.tokens += docs.back().size();
-  }
-  r.documents = docs.size();
-  r.dtype = vocab.id_limit() <= 65536 ? "uint16" : "int32";
-  if (Status st = write_token_dataset(prefix, r.dtype, docs); !st) return st.error();
-  return r;
-}
-
 }  // namespace pacer::data

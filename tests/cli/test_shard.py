@@ -627,43 +627,102 @@ class ShardCli(unittest.TestCase):
         self.assertEqual(pacer("shard", "pack", self.src, self.out, "--jobs", "many").returncode, 2)
 
 
-if __name__ == "__main__":
-    unittest.main()
+LICENSES = "/usr/share/common-licenses/"
 
 
 class TokenizeCli(unittest.TestCase):
-    def setUp(self):
-        self.tmp = tempfile.TemporaryDirectory(prefix="pacer-tokenize-")
-        self.dir = self.tmp.name
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory(prefix="pacer-tokenize-")
+        cls.dir = cls.tmp.name
+        with open(LICENSES + "Apache-2.0", "rb") as f:
+            cls.apache = f.read()
+        subprocess.run(["spm_train", f"--input={LICENSES}Apache-2.0", f"--model_prefix={cls.dir}/tok", "--vocab_size=300",
+                        "--model_type=bpe", "--minloglevel=2"], check=True, capture_output=True)
+        cls.model = os.path.join(cls.dir, "tok.model")
 
-    def tearDown(self):
-        self.tmp.cleanup()
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
 
-    def test_tokenize_text_and_jsonl(self):
-        vocab = os.path.join(self.dir, "vocab.txt")
-        with open(vocab, "w") as f:
-            f.write("hello\nworld\n \n")
-        text = os.path.join(self.dir, "docs.txt")
-        with open(text, "w") as f:
-            f.write("hello world\n\nworld hello!\n")
-        prefix = os.path.join(self.dir, "corpus")
+    def path(self, name, data=None):
+        p = os.path.join(self.dir, name)
+        if data is not None:
+            with open(p, "wb") as f:
+                f.write(data)
+        return p
+
+    def test_sentencepiece_model_several_inputs_and_the_manifest(self):
+        text = self.path("apache.txt", self.apache)
+        jsonl = self.path("docs.jsonl", b'{"body": "Licensed under the Apache License"}\n{"body": "Version 2.0"}\n')
+        prefix = self.path("corpus")
+        r = pacer("shard", "tokenize", text, jsonl, prefix, "--model", self.model, "--field", "body", "--threads", "2", "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        j = json.loads(r.stdout)
+        lines = [l for l in self.apache.split(b"\n") if l]
+        self.assertEqual(j["schema"], "pacer.shard.tokenize/2")
+        self.assertEqual([i["documents"] for i in j["inputs"]], [len(lines), 2])
+        self.assertEqual((j["dtype"], j["vocab_size"], j["eod"], j["threads"]), ("uint16", 300, 2, 2))
+        self.assertEqual(j["tokenizer"]["path"], self.model)
+        with open(prefix + ".manifest.json") as f:
+            m = json.load(f)
+        self.assertEqual(m["tokens"], j["tokens"])
+        self.assertEqual(os.path.getsize(prefix + ".bin"), 2 * j["tokens"])
+        self.assertEqual(m["bin"]["bytes"], 2 * j["tokens"])
+        # The human form: a row per input and OK.
+        r = pacer("shard", "tokenize", text, prefix + "2", "--model", self.model, "--no-eod")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("apache.txt", r.stdout)
+        self.assertIn("no end-of-document token", r.stdout)
+        self.assertTrue(r.stdout.strip().splitlines()[-1].startswith("OK:"), r.stdout)
+
+    def test_the_test_vocabulary_and_bytes(self):
+        vocab = self.path("vocab.txt", b"hello\nworld\n \n")
+        text = self.path("docs.txt", b"hello world\n\nworld hello!\n")
+        prefix = self.path("v")
         r = pacer("shard", "tokenize", text, prefix, "--vocab", vocab, "--json")
         self.assertEqual(r.returncode, 0, r.stderr)
         j = json.loads(r.stdout)
-        self.assertEqual((j["documents"], j["tokens"], j["fallback_bytes"], j["dtype"]), (2, 7, 1, "uint16"))
+        self.assertEqual((j["documents"], j["tokens"], j["dtype"], j["eod"]), (2, 7, "uint16", None))
+        self.assertEqual(j["tokenizer"]["kind"], "vocabulary")
         with open(prefix + ".idx", "rb") as f:
             self.assertEqual(f.read(9), b"MMIDIDX\x00\x00")
         self.assertEqual(os.path.getsize(prefix + ".bin"), 7 * 2)
-
-        jsonl = os.path.join(self.dir, "docs.jsonl")
-        with open(jsonl, "w") as f:
-            f.write('{"body": "hello"}\n{"body": "world"}\n')
-        r = pacer("shard", "tokenize", jsonl, prefix + "2", "--field", "body", "--json")
+        r = pacer("shard", "tokenize", text, prefix + "b", "--eod", "255", "--json")  # bytes: ids 0..255
         self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertEqual(json.loads(r.stdout)["documents"], 2)
-        r = pacer("shard", "tokenize", jsonl, prefix + "3")  # no "text" field
-        self.assertEqual(r.returncode, 2)
-        self.assertIn("docs.jsonl:1", r.stderr)
-        r = pacer("shard", "tokenize", os.path.join(self.dir, "missing.txt"), prefix + "4")
+        self.assertEqual(json.loads(r.stdout)["tokens"], len("hello world") + len("world hello!") + 2)
+
+    def test_bad_input(self):
+        text = self.path("ok.txt", b"Licensed\n")
+        prefix = self.path("bad")
+        with open(LICENSES + "BSD", "rb") as f:
+            not_a_model = self.path("bsd.model", f.read())
+        r = pacer("shard", "tokenize", text, prefix, "--model", not_a_model)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("bsd.model: not a SentencePiece model", r.stderr)
+        r = pacer("shard", "tokenize", self.path("empty.txt", b"\n"), prefix, "--model", self.model)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("empty.txt: no documents", r.stderr)
+        r = pacer("shard", "tokenize", self.path("missing.txt"), prefix, "--model", self.model)
         self.assertNotEqual(r.returncode, 0)
         self.assertIn("missing.txt", r.stderr)
+        r = pacer("shard", "tokenize", self.path("nofield.jsonl", b'{"body": "x"}\n'), prefix, "--model", self.model)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("nofield.jsonl:1", r.stderr)
+        bad = self.path("latin1.txt", b"Licensed\nto you\nLizenzgeb\xfchr\n")
+        r = pacer("shard", "tokenize", bad, prefix, "--model", self.model, "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        i = json.loads(r.stdout)["inputs"][0]
+        self.assertEqual((i["documents"], i["bad_utf8"], i["first_bad_utf8_line"]), (3, 1, 3))
+        r = pacer("shard", "tokenize", bad, prefix, "--model", self.model, "--bad-utf8", "fail")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("latin1.txt:3: not valid UTF-8", r.stderr)
+        for args in ([text], [text, prefix, "--model", self.model, "--vocab", text], [text, prefix, "--eod", "1", "--no-eod"],
+                     [text, prefix, "--bad-utf8", "ignore"], [text, prefix, "--model", self.model, "--eod", "300"],
+                     [text, prefix, "--document", "paragraph"]):
+            r = pacer("shard", "tokenize", *args)
+            self.assertEqual(r.returncode, 2, (args, r.stderr))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -259,28 +259,5 @@ TEST(Tokenize, GreedyLongestMatchWithByteFallbackIsLossless) {
   EXPECT_TRUE(test::contains(dup.error().message, "dup.txt:3"));
 }
 
-TEST(Tokenize, FilesBecomeTokenDatasets) {
-  test::TempDir dir("pacer-tok-");
-  auto vocab = Vocabulary::load(dir.file("vocab.txt", "hello\nworld\n")).value();
-  const std::string text = dir.file("docs.txt", "hello world\n\nworld\r\nhi\n");
-  auto r = tokenize_file(text, dir.path() + "/txt", vocab).value();
-  EXPECT_EQ(r.documents, 3u);  // the blank line is not a document
-  EXPECT_EQ(r.dtype, "uint16");
-  auto ds = TokenDataset::open(dir.path() + "/txt").value();
-  ASSERT_EQ(ds->documents(), 3u);
-  EXPECT_EQ(vocab.decode(ds->read(0).value()), "hello world");
-  EXPECT_EQ(vocab.decode(ds->read(1).value()), "world");
-  EXPECT_EQ(vocab.decode(ds->read(2).value()), "hi");
-  EXPECT_EQ(r.fallback_bytes, 1u + 2u);  // " " in doc 0, "hi" in doc 2
-
-  const std::string jsonl = dir.file("docs.jsonl", "{\"text\": \"hello\"}\n{\"text\": \"world hello\"}\n");
-  auto j = tokenize_file(jsonl, dir.path() + "/js", vocab).value();
-  EXPECT_EQ(j.documents, 2u);
-  const std::string bad = dir.file("bad.jsonl", "{\"text\": \"ok\"}\n{\"body\": 1}\n");
-  auto e = tokenize_file(bad, dir.path() + "/bad", vocab);
-  ASSERT_FALSE(e);
-  EXPECT_TRUE(test::contains(e.error().message, "bad.jsonl:2"));
-}
-
 }  // namespace
 }  // namespace pacer::data

@@ -20,6 +20,7 @@ How a block runs (markers are HTML comments on the line right before a block, so
   run resumes from what the first saved).
 """
 import glob
+import json
 import os
 import re
 import shlex
@@ -150,6 +151,17 @@ def fixture(d):
     for prefix in ("data/tokens", "data/corpus_text_document"):
         r = run([PACER, "shard", "tokenize", "corpus.txt", prefix], d, env)
         assert r.returncode == 0, r.stdout + r.stderr
+    # A SentencePiece model and text to tokenize with it: license texts Debian ships (docs/data.md "Tokenizing").
+    licenses = "/usr/share/common-licenses/"
+    r = run(["spm_train", f"--input={licenses}Apache-2.0", "--model_prefix=tok", "--vocab_size=300", "--minloglevel=2"], d, env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    os.makedirs(os.path.join(d, "books"))
+    with open(os.path.join(d, "corpus.jsonl"), "w") as out:
+        for name in ("BSD", "MPL-2.0"):
+            with open(licenses + name) as f:
+                text = f.read()
+            shutil.copy(licenses + name, os.path.join(d, "books", name + ".txt"))
+            out.write(json.dumps({"text": text}) + "\n")
     # The layers behind the pipeline example's output in README.md (and docs/plan.md).
     with open(os.path.join(d, "layers.csv"), "w") as f:
         f.write("layer,time_ms,memory_mb\nembed,6,300\n" + "".join(f"block{k},2.0,120\n" for k in range(30)) + "head,9,500\n")

@@ -15,7 +15,7 @@ trap 'rm -rf "$tmp"' EXIT
 fix="$here/fixtures"
 corpus="$here/corpus"
 rm -rf "$fix" "$corpus"
-mkdir -p "$fix" "$corpus"/{tar,pidx,idx,manifest,profile,baseline,steps}
+mkdir -p "$fix" "$corpus"/{tar,pidx,idx,manifest,profile,baseline,steps,tokenize}
 
 # --- Tar shards: one packed by `pacer shard pack` (the pidx fixture), and GNU/pax/ustar variants by tar(1).
 mkdir -p "$tmp/src"
@@ -54,6 +54,11 @@ write("no-fields.pidx", 1, struct.pack("<H", 3) + b"key" + struct.pack("<H", 0))
 write("offset-wraps.pidx", 1, struct.pack("<H", 3) + b"key" + struct.pack("<H", 1) + struct.pack("<H", 3) + b"txt"
       + struct.pack("<QQ", 2**64 - 16777216, 16775935))
 PY
+
+# --- Text for the tokenizer's reader: real text Debian ships, JSON lines, and invalid UTF-8.
+cp /usr/share/common-licenses/BSD "$corpus/tokenize/bsd.txt"
+printf 'Licensed to you\nunder the\n\xff terms\n' > "$corpus/tokenize/bad-utf8.txt"
+printf '{"text": "GNU General Public License"}\n{"text": "caf\\u00e9"}\n\n' > "$corpus/tokenize/lines.jsonl"
 
 # --- Megatron token dataset by `pacer shard tokenize`; variants of its .idx over the same .bin.
 printf 'the quick brown fox\njumps over\n\nthe lazy dog\n' > "$tmp/docs.txt"

@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# pacer shard tokenize next to SentencePiece's own encoders on the same text and model:
+# spm_encode (the library's command-line tool, one thread) and python3-sentencepiece's
+# encode, against pacer on 1 thread and on every CPU. Rounds alternate the contenders.
+#   bash bench/tokenize_vs_spm.sh [BUILD_DIR]      (default build; ROUNDS=5, MB=8)
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+build=${1:-$here/../build}
+pacer=$build/bin/pacer
+[ -x "$pacer" ] || { echo "no $pacer: build first" >&2; exit 2; }
+command -v spm_train >/dev/null || { echo "needs spm_train/spm_encode (Debian: sentencepiece)" >&2; exit 2; }
+py=/usr/bin/python3
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/pacer-tokbench-XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+export ROUNDS=${ROUNDS:-5} MB=${MB:-8} PACER="$pacer" TMPD="$tmp" OUTDIR="$here/results"
+
+# Real text Debian ships: every package's copyright file, whole files in name order, cut at MB MiB
+# (at a line end); the model is trained on the first 2 MiB of the same text.
+$py - <<'PY'
+import glob, os
+limit, out = int(os.environ["MB"]) << 20, bytearray()
+for p in sorted(glob.glob("/usr/share/doc/*/copyright")) + sorted(glob.glob("/usr/share/common-licenses/*")):
+    try:
+        out += open(p, "rb").read()
+    except OSError:
+        continue
+    if len(out) >= limit:
+        break
+out = out[:limit]
+out = out[: out.rfind(b"\n") + 1]
+open(os.environ["TMPD"] + "/text.txt", "wb").write(bytes(out))
+open(os.environ["TMPD"] + "/train.txt", "wb").write(bytes(out[: 2 << 20]))
+PY
+spm_train --input="$tmp/train.txt" --model_prefix="$tmp/tok" --vocab_size=8000 --model_type=bpe \
+  --byte_fallback=true --minloglevel=2 >/dev/null 2>&1
+
+$py - <<'PY'
+import json, os, platform, statistics, subprocess, sys, time
+import sentencepiece as spm
+
+tmp, pacer, rounds = os.environ["TMPD"], os.environ["PACER"], int(os.environ["ROUNDS"])
+text, model = f"{tmp}/text.txt", f"{tmp}/tok.model"
+size = os.path.getsize(text)
+cpus = len(os.sched_getaffinity(0))
+lines = [l for l in open(text, encoding="utf-8", errors="replace").read().split("\n") if l]
+sp = spm.SentencePieceProcessor(model_file=model)
+
+def load():
+    return os.getloadavg()[0]
+
+
+def run(cmd):
+    t = time.perf_counter()
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, ru = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode:
+        raise SystemExit(f"{cmd[0]} exited {p.returncode}")
+    run.cpu = ru.ru_utime + ru.ru_stime
+    return time.perf_counter() - t
+
+def spm_encode():
+    return run(["spm_encode", f"--model={model}", "--output_format=id", f"--input={text}", f"--output={tmp}/ids.txt"])
+
+def py_encode():
+    t, c = time.perf_counter(), time.process_time()
+    for l in lines:
+        sp.encode(l)
+    run.cpu = time.process_time() - c
+    return time.perf_counter() - t
+
+def pacer_tok(threads):
+    return lambda: run([pacer, "shard", "tokenize", text, f"{tmp}/out", "--model", model, "--threads", str(threads)])
+
+contenders = {"spm_encode (1 thread)": spm_encode, "python sentencepiece encode (1 thread)": py_encode,
+              "pacer tokenize --threads 1": pacer_tok(1), f"pacer tokenize --threads {cpus}": pacer_tok(cpus)}
+names = list(contenders)
+times = {n: [] for n in names}
+cpu = {n: [] for n in names}  # CPU seconds (user + system) per round
+load_before, uptime_before = load(), subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+pacer_tok(1)()  # warm the page cache and the binary
+for r in range(rounds):
+    order = names[r % len(names):] + names[: r % len(names)]  # who goes first rotates
+    for n in order:
+        times[n].append(contenders[n]())
+        cpu[n].append(run.cpu)
+uptime_after = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+def mbps(n):
+    return [size / t / 1e6 for t in times[n]]
+
+res = {n: {"median_MBps": statistics.median(mbps(n)), "min_MBps": min(mbps(n)), "max_MBps": max(mbps(n)),
+           "seconds": times[n], "cpu_seconds": cpu[n],
+           "MB_per_cpu_second": statistics.median(size / c / 1e6 for c in cpu[n])} for n in names}
+ref = res["spm_encode (1 thread)"]["median_MBps"]
+one = res["pacer tokenize --threads 1"]["median_MBps"]
+alln = res[f"pacer tokenize --threads {cpus}"]["median_MBps"]
+m = json.load(open(f"{tmp}/out.manifest.json"))
+out = {
+    "schema": "pacer.bench.tokenize_vs_spm/1", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    "machine": {"host": platform.node(), "cpus": cpus, "cpu": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")},
+    "load_before": uptime_before, "load_after": uptime_after,
+    "text": {"source": "/usr/share/doc/*/copyright then /usr/share/common-licenses/*, name order", "bytes": size, "lines": len(lines),
+             "documents": m["documents"], "tokens": m["tokens"]},
+    "model": {"type": "bpe", "vocab_size": 8000, "trained_on_bytes": 2 << 20, "sentencepiece": spm.__version__},
+    "rounds": rounds, "results": res,
+    "ratios": {"pacer_1_thread_vs_spm_encode": one / ref,
+               "pacer_1_thread_vs_python_encode": one / res["python sentencepiece encode (1 thread)"]["median_MBps"],
+               f"pacer_{cpus}_threads_vs_spm_encode": alln / ref,
+               f"pacer_{cpus}_threads_per_core_vs_spm_encode": alln / ref / cpus,
+               "scaling_all_vs_1_thread": alln / one,
+               # Per CPU-second, which a loaded machine disturbs less than wall-clock rates: the work per core.
+               "pacer_1_thread_per_cpu_second_vs_spm_encode": res["pacer tokenize --threads 1"]["MB_per_cpu_second"] / res["spm_encode (1 thread)"]["MB_per_cpu_second"],
+               f"pacer_{cpus}_threads_per_cpu_second_vs_spm_encode": res[f"pacer tokenize --threads {cpus}"]["MB_per_cpu_second"] / res["spm_encode (1 thread)"]["MB_per_cpu_second"],
+               "pacer_1_thread_per_cpu_second_vs_python_encode": res["pacer tokenize --threads 1"]["MB_per_cpu_second"] / res["python sentencepiece encode (1 thread)"]["MB_per_cpu_second"]},
+}
+day = time.strftime("%Y-%m-%d", time.gmtime())
+base = f"{os.environ['OUTDIR']}/tokenize_vs_spm-{day}"
+json.dump(out, open(base + ".json", "w"), indent=2)
+md = [f"# pacer shard tokenize vs SentencePiece, {out['date']}", "",
+      f"{out['machine']['cpu']}, {cpus} CPU(s). Text: {size/1e6:.1f} MB of Debian copyright files, {len(lines)} lines "
+      f"(= documents), BPE model of 8000 pieces. {rounds} rounds, contenders alternated; MB/s of input text.", "",
+      f"Load before: `{uptime_before}`  ", f"Load after: `{uptime_after}`", "",
+      "| contender | median MB/s | min | max | MB per CPU-second |", "|---|---|---|---|---|"]
+md += [f"| {n} | {r['median_MBps']:.2f} | {r['min_MBps']:.2f} | {r['max_MBps']:.2f} | {r['MB_per_cpu_second']:.2f} |" for n, r in res.items()]
+md += ["", "| ratio | value |", "|---|---|"] + [f"| {k} | {v:.2f} |" for k, v in out["ratios"].items()]
+open(base + ".md", "w").write("\n".join(md) + "\n")
+print("\n".join(md))
+PY
