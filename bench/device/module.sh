@@ -17,10 +17,10 @@ case "${1:-}" in
     cp -r /usr/include/nlohmann /usr/include/fmt "$out/include/"
     cp /usr/include/xxhash.h "$out/include/"
     mkdir -p "$out/pybind11" && cp -r /usr/include/pybind11 "$out/pybind11/"  # Debian's, should the machine's not compile
-    mkdir -p "$out/bin" && strip -o "$out/bin/pacer_unit_tests" "$build/bin/pacer_unit_tests"
+    mkdir -p "$out/bin" && strip -o "$out/bin/pacer_unit_tests" "$build/bin/pacer_unit_tests" && strip -o "$out/bin/pacer" "$build/bin/pacer"
     cp -r "$build/generated" "$out/generated"
     # Libraries the device image lacks (Ubuntu 24.04 has fmt 9, xxhash, sqlite, OpenMPI 4).
-    for l in libtomlplusplus.so.3 libcpp-httplib.so.0.11; do cp -L "/lib/x86_64-linux-gnu/$l" "$out/lib/"; done
+    for l in libtomlplusplus.so.3 libcpp-httplib.so.0.11 libsentencepiece.so.0; do cp -L "/lib/x86_64-linux-gnu/$l" "$out/lib/"; done
     cp /usr/local/cuda/lib64/libcudart_static.a "$out/lib/"
     du -sh "$out"
     ;;
@@ -43,7 +43,7 @@ case "${1:-}" in
     compile "$inc" || { echo "module: retrying with Debian's pybind11 headers" >&2; compile "$pyinc -I$out/pybind11"; }
     libs=$(ls "$out"/lib/libpacer_*.a)
     g++ -shared -o "$out/python/pacer/_pacer$suffix" "$out"/obj/*.o -Wl,--start-group $libs -Wl,--end-group \
-        -L"$out/lib" "$out/lib/libcudart_static.a" -l:libtomlplusplus.so.3 -l:libcpp-httplib.so.0.11 \
+        -L"$out/lib" "$out/lib/libcudart_static.a" -l:libtomlplusplus.so.3 -l:libcpp-httplib.so.0.11 -l:libsentencepiece.so.0 \
         -l:libfmt.so.9 -l:libxxhash.so.0 -l:libsqlite3.so.0 -l:libmpi.so.40 -l:libz.so.1 -lrt -ldl -lpthread
     cp python/pacer/*.py "$out/python/pacer/"
     echo "module: $out/python/pacer/_pacer$suffix"

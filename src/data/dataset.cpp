@@ -204,7 +204,7 @@ struct Dataset::Impl {
   // Decompressed gzip shards stay open while they hold at most this many
   // bytes together (at least the two most recent: readers cross shard
   // boundaries); guarded by lru_mu.
-  std::uint64_t max_in_memory = 2ULL << 30;
+  std::uint64_t max_in_memory = 2ULL << 30;  // gzip_cache_limit() at open
   std::uint64_t in_memory = 0;
   std::atomic<bool> warned_gzip{false};
 };
@@ -222,6 +222,7 @@ Expected<std::shared_ptr<Dataset>> Dataset::open(const std::string& spec) {
 Expected<std::shared_ptr<Dataset>> Dataset::open(const std::vector<std::string>& shards) {
   std::shared_ptr<Dataset> ds(new Dataset());
   ds->impl_ = std::make_unique<Impl>();
+  ds->impl_->max_in_memory = gzip_cache_limit();
   if (shards.size() == 1) ds->name_ = shards.front();
   else if (!shards.empty()) ds->name_ = fmt::format("{} .. {} ({} shards)", shards.front(), shards.back(), shards.size());
   // Index headers (or, on a first open, whole scans) of many shards are read
@@ -274,6 +275,7 @@ Expected<Dataset::Located> Dataset::locate(std::uint64_t i) const {
   loc.shard = s;
   Impl::Shard& sh = *impl_->shards[s];
   std::uint64_t gained = 0;  // decompressed bytes this call brought into memory
+  bool held_in_memory = false;
   {
     std::lock_guard g(sh.mu);
     if (!sh.entries) {
@@ -304,10 +306,12 @@ Expected<Dataset::Located> Dataset::locate(std::uint64_t i) const {
     }
     loc.entries = sh.entries;
     loc.file = sh.file;
+    held_in_memory = sh.in_memory > 0;
   }
-  if (shards_.size() > impl_->max_open) {
-    // Close the least recently used shards beyond the bound (with fewer
-    // shards than that, every one stays open and readers skip this lock).
+  if (shards_.size() > impl_->max_open || held_in_memory) {
+    // Close the least recently used shards beyond the bounds. With fewer
+    // shards than max_open and none decompressed into memory, every one stays
+    // open and readers skip this lock.
     std::lock_guard g(impl_->lru_mu);
     auto& lru = impl_->lru;
     impl_->in_memory += gained;

@@ -31,17 +31,24 @@ struct Inflater {
 
 }  // namespace
 
-std::uint64_t gzip_shard_limit() {
-  // A gzip stream expands up to ~1000x, so the compressed size bounds
-  // nothing: the decompressed bytes are capped instead.
-  if (const char* v = std::getenv("PACER_GZIP_MAX_BYTES"); v && *v) {
+namespace {
+// A positive byte count from the environment, else `fallback`.
+std::uint64_t bytes_from_env(const char* name, std::uint64_t fallback) {
+  if (const char* v = std::getenv(name); v && *v) {
     char* end = nullptr;
     errno = 0;
     const unsigned long long n = std::strtoull(v, &end, 10);
     if (errno == 0 && end && *end == '\0' && n > 0) return n;
   }
-  return kDefaultGzipShardLimit;
+  return fallback;
 }
+}  // namespace
+
+// A gzip stream expands up to ~1000x, so the compressed size bounds nothing:
+// the decompressed bytes are capped instead.
+std::uint64_t gzip_shard_limit() { return bytes_from_env("PACER_GZIP_MAX_BYTES", kDefaultGzipShardLimit); }
+
+std::uint64_t gzip_cache_limit() { return bytes_from_env("PACER_GZIP_CACHE_BYTES", 2ULL << 30); }
 
 Expected<bool> is_gzip(int fd, const std::string& path) {
   unsigned char magic[2] = {0, 0};

@@ -42,6 +42,9 @@ std::string tar_member_headers(const std::string& name, std::uint64_t size, std:
 // kDefaultGzipShardLimit.
 constexpr std::uint64_t kDefaultGzipShardLimit = 8ULL << 30;
 std::uint64_t gzip_shard_limit();
+// Bytes of decompressed gzip shards a dataset keeps in memory together:
+// PACER_GZIP_CACHE_BYTES, else 2 GiB.
+std::uint64_t gzip_cache_limit();
 Expected<bool> is_gzip(int fd, const std::string& path);
 // Every member of a gzip file (concatenated members are one stream), CRC
 // checked; `size` gets the decompressed bytes. A truncated or corrupt stream,

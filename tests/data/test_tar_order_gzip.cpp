@@ -271,5 +271,33 @@ TEST(TarGzip, RevisitingADroppedShardWarnsOnce) {
   EXPECT_EQ(err.find("decompressed again"), err.rfind("decompressed again")) << "one warning: " << err;
 }
 
+// A few large gzip shards (far fewer than the open-file bound) are still
+// dropped once their decompressed bytes pass the memory bound.
+TEST(TarGzip, DecompressedShardsStayWithinTheMemoryBound) {
+  TempDir d("pacer-gzip-mem-");
+  std::vector<std::string> paths;
+  for (int s = 0; s < 4; ++s) {
+    RawTar raw;
+    for (int i = 0; i < 4; ++i) raw.add(fmt::format("s{}k{}.bin", s, i), std::string(100000, static_cast<char>('a' + s)));
+    const std::string tar = d.file(fmt::format("m-{}.tar", s), raw.finish());
+    ASSERT_TRUE(sh("gzip " + quote(tar)));
+    paths.push_back(tar + ".gz");
+  }
+  ::setenv("PACER_GZIP_CACHE_BYTES", "900000", 1);  // two shards' 400 KB tars fit, three do not
+  auto ds = Dataset::open(paths);
+  ::unsetenv("PACER_GZIP_CACHE_BYTES");
+  ASSERT_TRUE(ds) << ds.error().message;
+  ::testing::internal::CaptureStderr();
+  for (std::uint64_t i : {0, 4, 8, 12}) ASSERT_TRUE((*ds)->read(i));
+  const std::string first = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(first, "");
+  ::testing::internal::CaptureStderr();
+  auto again = (*ds)->read(1);  // shard 0: dropped for the later ones
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(again) << again.error().message;
+  EXPECT_EQ(again->fields.at(0).second, std::string(100000, 'a'));
+  EXPECT_TRUE(contains(err, "decompressed again")) << "shard 0 was kept beyond the bound: '" << err << "'";
+}
+
 }  // namespace
 }  // namespace pacer::data
