@@ -281,25 +281,14 @@ class Loader:
         options = dict(batch_size=batch_size, seed=seed, rank=rank, world_size=world_size, shuffle=shuffle,
                        drop_last=drop_last, threads=threads, prefetch=prefetch, max_bytes=max_bytes, skip_bad=skip_bad,
                        pin_memory=bool(pin_memory or device is not None))
-        if isinstance(dataset, Blend):
-            if seed not in (0, dataset.seed):
-                raise ValueError(f"the blend's seed ({dataset.seed}) orders it; pass seed= to pacer.data.blend, not {seed} here")
-            options["seed"] = dataset.seed
-            if dataset.tokens:
-                options.update(seq_len=seq_len or 0, pack=pack, pack_window=pack_window, bucket_window=bucket_window,
-                               pad_id=pad_id)
-            elif pack or seq_len or bucket_window or device is not None:
-                raise ValueError("seq_len, pack, bucket_window and device are for blends of token datasets")
-            self._impl = _Loader([d._impl for d, _ in dataset.parts], [w for _, w in dataset.parts],
-                                 dataset.samples_per_epoch or 0, options, bool(copy))
-        elif isinstance(dataset, TokenDataset):
+        tokens = isinstance(dataset, TokenDataset) or (isinstance(dataset, Blend) and dataset.tokens)
+        if tokens:
             options.update(seq_len=seq_len or 0, pack=pack, pack_window=pack_window, bucket_window=bucket_window,
                            pad_id=pad_id)
             if decoders or to_tuple or map or collate or map_threads or map_workers or isinstance(decode, str):
                 raise ValueError("decoders, to_tuple, map, collate, map_threads, map_workers and image decoding "
                                  "are for tar shards; token batches are arrays already")
             self._stages = None
-            self._impl = _Loader(dataset._impl, options)
         else:
             if pack or seq_len or bucket_window:
                 raise ValueError("seq_len, pack and bucket_window are for token datasets (a Megatron PREFIX)")
@@ -321,11 +310,21 @@ class Loader:
 
                 self._pool = concurrent.futures.ThreadPoolExecutor(int(map_threads), thread_name_prefix="pacer-map")
             self._depth = 2 * int(map_workers or map_threads)
-            try:
+        try:
+            if isinstance(dataset, Blend):
+                if seed not in (0, dataset.seed):
+                    raise ValueError(f"the blend's seed ({dataset.seed}) orders it; pass seed= to pacer.data.blend, "
+                                     f"not {seed} here")
+                options["seed"] = dataset.seed
+                self._impl = _Loader([d._impl for d, _ in dataset.parts], [w for _, w in dataset.parts],
+                                     dataset.samples_per_epoch or 0, options, bool(copy))
+            elif tokens:
+                self._impl = _Loader(dataset._impl, options)
+            else:
                 self._impl = _Loader(dataset._impl, options, bool(copy))
-            except BaseException:
-                self.close()
-                raise
+        except BaseException:
+            self.close()
+            raise
         self.device = device
         self._in_flight = []  # (event, host batch) until the device copy is done
         self._finished = False  # the current epoch was read to its end

@@ -4,6 +4,7 @@ and Python callables run in worker processes; both write the same dataset and ma
 """
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 import unittest
@@ -44,6 +45,7 @@ def raises(text):
     return [1]
 
 
+@unittest.skipUnless(shutil.which("spm_train"), "needs spm_train (Debian's sentencepiece, which scripts/deps.sh installs)")
 class Tokenize(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
