@@ -6,7 +6,8 @@
 # that need a GPU, the Python tests (CUDA ones included), the CLI's GPU paths
 # (vet --quick, comm bench over NCCL with one rank) and the data benchmarks on
 # a quiet many-core host. Everything goes to $OUT; the exit code is 0 even when
-# a step fails, so that every step's log comes back (grep FAILED / rc= lines).
+# a step fails, so that every step's log comes back (grep FAILED / rc= lines);
+# the logs are also packed into $OUT/logs.tgz, since few files come back.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 : "${OUT:?set OUT to the folder the results go to}"
@@ -27,4 +28,5 @@ step tokens python3 bench/tokens_vs_memcpy.py --rounds 5 --threads 4 --name toke
 step loader python3 bench/loader_vs_torch.py --rounds 5 --open-shards 10000 --name loader_vs_torch-h200
 cp bench/results/tokens_vs_memcpy-h200.* bench/results/loader_vs_torch-h200.* "$OUT/" 2>/dev/null
 { date -u; uptime; } >> "$OUT/machine.txt"
+tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz .
 exit 0
