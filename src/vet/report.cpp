@@ -133,7 +133,10 @@ Expected<std::map<std::string, double>> load_baseline(const std::string& path) {
   } catch (const json::exception& e) {  // out_of_range too: a number beyond double
     return Error{ErrorKind::kConfig, fmt::format("baseline {}: not valid JSON: {}", path, e.what())};
   }
-  if (!j.is_object() || j.value("schema", "") != kReportSchema || !j.contains("checks") || !j["checks"].is_array())
+  // value("schema", "") would throw for a schema that is no string.
+  const auto schema = j.is_object() ? j.find("schema") : j.end();
+  if (!j.is_object() || schema == j.end() || !schema->is_string() || *schema != kReportSchema || !j.contains("checks") ||
+      !j["checks"].is_array())
     return Error{ErrorKind::kConfig, fmt::format("baseline {}: not a pacer vet report (expected \"schema\": \"{}\" and a \"checks\" array)", path, kReportSchema)};
   std::map<std::string, double> figures;
   for (const auto& c : j["checks"]) {

@@ -318,6 +318,18 @@ TEST_F(LoadBaseline, InvalidJsonIsConfigErrorNamingPath) {
   EXPECT_TRUE(contains(b.error().message, p));
 }
 
+// Found by fuzz.baseline in make test: a schema of another type threw
+// json::type_error out of load_baseline.
+TEST_F(LoadBaseline, ASchemaThatIsNoStringIsConfigErrorNamingPath) {
+  for (const char* text : {R"({"schema": 0, "checks": []})", R"({"schema": null, "checks": []})", R"({"schema": ["pacer.vet/1"]})"}) {
+    const std::string p = dir_.file("schema.json", text);
+    auto b = load_baseline(p);
+    ASSERT_FALSE(b.has_value()) << text;
+    EXPECT_EQ(b.error().kind, ErrorKind::kConfig);
+    EXPECT_TRUE(contains(b.error().message, p));
+  }
+}
+
 // Found by tests/fuzz/baseline.cpp: both threw out of load_baseline (std::terminate in a caller
 // without a handler) instead of an error or a skipped entry.
 TEST_F(LoadBaseline, ANumberBeyondDoubleIsConfigErrorNamingPath) {
