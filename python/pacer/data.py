@@ -624,6 +624,7 @@ def write_chat(prefix, paths, template, dtype="int32"):
     _pacer._write_sft_dataset(os.fsdecode(prefix), dtype, docs, masks)
     return len(docs)
 
+
 # ---------------------------------------------------------------------------
 # Tokenizing: text and JSON lines to a Megatron-Core token dataset.
 
