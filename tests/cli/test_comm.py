@@ -134,7 +134,7 @@ class CommBench(unittest.TestCase):
             self.assertEqual(ds["at_recommended"], ds["at_default"])
         for s in t["settings"]:
             self.assertLessEqual(s["at_recommended"]["exposed_s"], s["at_default"]["exposed_s"] + 1e-9)
-        self.assertLessEqual(t["best"]["exposed_s"], t["single_all_reduce_s"])
+        self.assertLessEqual(t["best"]["exposed_s"], t["single_all_reduce_s"] + 1e-9)  # one bucket is the single all-reduce, summed in another order
         self.assertEqual(t["bench"]["source"], self.report_path)
         human = pacer("comm", "tune", "--bench", self.report_path, "--gradient-size", "50MB", "--dtype", "bf16",
                       "--backward", "80ms")
