@@ -1,12 +1,15 @@
 """What `pacer.run.heartbeat(step)` costs the training thread, with and without a supervisor.
 
+    cmake --build build --target pacer_cli pacer_python_files heartbeat_cost
     PYTHONPATH=build/python python3 bench/heartbeat_cost.py [--pacer build/bin/pacer] [--calls 1000000] [--rounds 7]
 
 Two processes: one under `pacer run --hang-timeout 1h` (the heartbeat file is
 mapped: two stores per call) and one bare (no supervisor: the call returns at
 once). In each, rounds alternate the contenders: heartbeat(step), heartbeat()
 without a step, and the peers a Python call costs anyway: a no-op Python
-function and time.monotonic() (a C call that reads the clock). Per call: the
+function and time.monotonic() (a C call that reads the clock). The C++ call
+(bench/heartbeat_cost.cpp, when built: 10x the calls) is measured the same two
+ways against clock_gettime(CLOCK_MONOTONIC). Per call: the
 median over rounds and the spread (min..max). Writes
 bench/results/heartbeat_cost-DATE.json and .md.
 """
@@ -60,6 +63,7 @@ def main():
     p.add_argument("--pacer", default="build/bin/pacer")
     p.add_argument("--calls", type=int, default=1_000_000)
     p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--cxx", default="build/bin/heartbeat_cost", help="the C++ driver (skipped when missing)")
     p.add_argument("--inner", help=argparse.SUPPRESS)  # write this process's figures here
     a = p.parse_args()
     if a.inner:
@@ -77,6 +81,10 @@ def main():
         with open(out) as f:
             results[label] = json.load(f)
         os.unlink(out)
+        if os.path.exists(a.cxx):
+            r = subprocess.run([*prefix, a.cxx, str(10 * a.calls), str(a.rounds)], check=True, capture_output=True,
+                               text=True)
+            results[label]["cxx_per_call"] = json.loads(r.stdout)
     date = datetime.date.today().isoformat()
     doc = {"bench": "heartbeat_cost", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "machine": {"host": platform.node(), "cpu": platform.processor() or platform.machine(),
@@ -93,7 +101,9 @@ def main():
              "| process | call | median ns/call | min..max |", "|---|---|---|---|"]
     for label, r in results.items():
         for k, v in r["per_call"].items():
-            lines.append(f"| {label} | {k} | {v['median_ns']:.0f} | {v['min_ns']:.0f}..{v['max_ns']:.0f} |")
+            lines.append(f"| {label} | Python {k} | {v['median_ns']:.0f} | {v['min_ns']:.0f}..{v['max_ns']:.0f} |")
+        for k, v in r.get("cxx_per_call", {}).items():
+            lines.append(f"| {label} | C++ {k} | {v['median_ns']:.1f} | {v['min_ns']:.1f}..{v['max_ns']:.1f} |")
     with open(base + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
