@@ -16,6 +16,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "pacer/core/atomic_file.hpp"
 #include "pacer/core/posix_io.hpp"
 #include "pacer/run.hpp"
 #include "pacer/run/ports.hpp"
@@ -61,6 +62,16 @@ std::atomic_ref<T> at(T& v) {
 }
 
 bool pid_alive(int pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
+
+// Alive and not a zombie: a rank that ended stays a zombie until its launcher
+// reaps it, and must not count as a rank that stopped making progress.
+bool pid_running(int pid) {
+  if (!pid_alive(pid)) return false;
+  auto stat = read_file(fmt::format("/proc/{}/stat", pid));
+  if (!stat) return true;  // no /proc: trust kill()
+  const auto paren = stat->rfind(')');  // the command name may hold spaces and parentheses
+  return paren == std::string::npos || paren + 2 >= stat->size() || (*stat)[paren + 2] != 'Z';
+}
 
 // The training side's state: set once, by the first call.
 struct Beat {
@@ -204,7 +215,7 @@ std::vector<SlotReading> HeartbeatBoard::read() const {
     if (r.pid <= 0 || r.rank < 0 || lr != r.local_rank)
       r.problem = fmt::format("{}: slot {} is corrupt (pid {}, rank {}, local rank {}): ignored", path_, i, r.pid,
                               r.rank, lr);
-    r.alive = r.problem.empty() && pid_alive(r.pid);
+    r.alive = r.problem.empty() && pid_running(r.pid);
     out.push_back(std::move(r));
   }
   return out;

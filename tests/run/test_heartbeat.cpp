@@ -110,6 +110,13 @@ TEST(Heartbeat, BoardSeesTheTrainingSideAndFlagsCorruptSlots) {
     ok = ok && heartbeat().ok();
     _exit(ok ? 0 : 1);
   }
+  // Ended but not reaped yet (a launcher busy waiting for another rank): a
+  // zombie is no running rank.
+  siginfo_t info{};
+  ASSERT_EQ(waitid(P_PID, static_cast<id_t>(child), &info, WEXITED | WNOWAIT), 0);
+  auto zombie = board->read();
+  ASSERT_EQ(zombie.size(), 1u);
+  EXPECT_FALSE(zombie[0].alive);
   int st = 0;
   ASSERT_EQ(waitpid(child, &st, 0), child);
   ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
