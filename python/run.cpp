@@ -2,6 +2,7 @@
 #include <pybind11/stl.h>
 
 #include "bindings.hpp"
+#include "pacer/run.hpp"
 #include "pacer/run/ports.hpp"
 
 namespace py = pybind11;
@@ -9,6 +10,10 @@ namespace py = pybind11;
 namespace pacer::python {
 
 void register_run(py::module_& m) {
+  m.def(
+      "_run_heartbeat",
+      [](std::optional<std::uint64_t> step) { unwrap(run::heartbeat(step)); },
+      py::arg("step") = py::none());
   py::class_<run::PortLease>(m, "PortLease")
       .def_static(
           "acquire",

@@ -47,6 +47,7 @@ struct RunArgs {
   int max_restarts = 3;
   int give_up_after = 2;
   std::string restart_delay = "1s";
+  std::string hang_timeout = "auto";
   std::string requeue = "scontrol";
   std::string end_time;
   std::string vet = "none";
@@ -81,6 +82,8 @@ int run(const RunArgs& a) {
   o.grace_s = duration_arg("--grace", a.grace);
   o.stop_timeout_s = duration_arg("--stop-timeout", a.stop_timeout);
   o.restart_delay_s = duration_arg("--restart-delay", a.restart_delay);
+  // "auto": derived from the heartbeats seen (docs/run.md, "Hangs"); 0: off.
+  if (a.hang_timeout != "auto") o.hang_timeout_s = duration_arg("--hang-timeout", a.hang_timeout);
   o.max_restarts = a.max_restarts;
   o.give_up_after = a.give_up_after;
   if (a.requeue == "scontrol") o.requeue = run::RequeueMode::kScontrol;
@@ -156,6 +159,10 @@ Handler register_run(CLI::App& app) {
                   "Give up after this many consecutive attempts without a new committed step")
       ->capture_default_str();
   cmd->add_option("--restart-delay", args->restart_delay, "Pause before a restart")->capture_default_str();
+  cmd->add_option("--hang-timeout", args->hang_timeout,
+                  "A rank without a heartbeat for this long is a hang: stacks, GPU state, then stop and restart as "
+                  "a crash (auto: max(5 x p99 heartbeat interval, 2m) once 20 were seen; 0: off)")
+      ->capture_default_str();
   cmd->add_option("--requeue", args->requeue, "scontrol: scontrol requeue the job; exit: only exit 75 (singleton chains)")
       ->capture_default_str();
   cmd->add_option("--end-time", args->end_time, "Job end time, Unix seconds or +DURATION (overrides Slurm)");

@@ -26,6 +26,30 @@ inline constexpr const char* kRequestSignalEnv = "PACER_CKPT_SIGNAL";  // "USR1"
 inline constexpr const char* kCkptDirEnv = "PACER_CKPT_DIR";
 inline constexpr const char* kAttemptEnv = "PACER_RUN_ATTEMPT";  // 0 for the first start in this allocation
 
+// The progress contract (docs/run.md, "Hangs"), set for CMD while hang
+// detection is on: the heartbeat file (pacer.run.heartbeat/1, one 64-byte
+// slot per local rank, mmapped by every heartbeating process), the directory
+// where Python ranks write their stacks (stacks-PID.txt) and the signal that
+// asks them to (faulthandler).
+inline constexpr const char* kHeartbeatFileEnv = "PACER_HEARTBEAT_FILE";
+inline constexpr const char* kStacksDirEnv = "PACER_STACKS_DIR";
+inline constexpr const char* kStacksSignalEnv = "PACER_STACKS_SIGNAL";  // "URG": ignored by default elsewhere
+inline constexpr int kStacksSignal = SIGURG;
+inline constexpr std::uint32_t kHeartbeatSlots = 256;  // local ranks 0..255
+
+// Tells the supervisor that this process made progress (a training step).
+// The first call maps $PACER_HEARTBEAT_FILE and claims the slot of this
+// process's local rank (SLURM_LOCALID, LOCAL_RANK, ...); every later call is
+// two plain stores into that page (the step, then a counter): no system call,
+// no lock, no clock. The supervisor notices the counter change by polling and
+// keeps the time itself (CLOCK_MONOTONIC). Without the variable (no
+// supervisor, or --hang-timeout 0) it does nothing. Errors (first call only,
+// then repeated): the file is missing, not ours, of the wrong size or format,
+// the local rank is no number or >= kHeartbeatSlots, or another live process
+// holds the slot. A process forked from a heartbeating one is not a rank: its
+// calls do nothing.
+Status heartbeat(std::optional<std::uint64_t> step = std::nullopt);
+
 // In the checkpoint root: how many attempts in a row, over requeued
 // allocations, ended without a new committed step (pacer.run.state/1).
 inline constexpr const char* kStateName = ".pacer-run.json";
@@ -94,10 +118,21 @@ struct Options {
   // vet::run_vet); CMD is not started unless it passes. A callback so that run
   // does not link vet. Empty: no check.
   std::function<Expected<VetQuickVerdict>()> vet_quick;
+  // Hang detection: a hang is a rank that made no progress (heartbeat) for
+  // this long; empty: derived once kAutoHangAfter heartbeat intervals were
+  // seen, max(5 x p99 interval, 120 s); 0: off (no heartbeat file for CMD).
+  std::optional<double> hang_timeout_s;
   std::string log_path;            // JSON lines, appended; empty: none
   // Every decision, after it is written to log_path (human log lines).
   std::function<void(const nlohmann::json& event)> on_event;
 };
+
+inline constexpr int kAutoHangAfter = 20;  // intervals seen before the derived --hang-timeout applies
+inline constexpr double kAutoHangFloorS = 120;
+
+// The derived hang timeout for observed heartbeat intervals (seconds):
+// max(5 x p99, kAutoHangFloorS), or nothing before kAutoHangAfter intervals.
+std::optional<double> derived_hang_timeout(const std::vector<double>& intervals);
 
 struct Outcome {
   int exit_code = 0;           // what `pacer run` exits with

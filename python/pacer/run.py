@@ -24,20 +24,68 @@ the save; the supervisor sees the committed step and stops the command::
 
 With several ranks, decide on rank 0 and broadcast the answer (every rank must
 call ``save`` for the same step).
+
+Progress: ``pacer.run.heartbeat(step)`` once per step (``pacer.telemetry.step()``
+calls it too) lets ``pacer run --hang-timeout`` notice a rank that stopped
+making progress; see docs/run.md, "Hangs".
 """
+import faulthandler
 import os
 import signal
 import stat
 import threading
 
-from ._pacer import PortLease
+from ._pacer import PortLease, _run_heartbeat
 
 REQUEST_FILE_ENV = "PACER_CKPT_REQUEST_FILE"
 REQUEST_SIGNAL_ENV = "PACER_CKPT_SIGNAL"
 CKPT_DIR_ENV = "PACER_CKPT_DIR"
 ATTEMPT_ENV = "PACER_RUN_ATTEMPT"
+HEARTBEAT_FILE_ENV = "PACER_HEARTBEAT_FILE"
+STACKS_DIR_ENV = "PACER_STACKS_DIR"
+STACKS_SIGNAL_ENV = "PACER_STACKS_SIGNAL"
 
-__all__ = ["watch", "checkpoint_requested", "ckpt_dir", "attempt", "supervised", "ports", "PortLease"]
+__all__ = ["watch", "checkpoint_requested", "heartbeat", "ckpt_dir", "attempt", "supervised", "ports", "PortLease"]
+
+_stacks_pending = True
+_stacks_file = None  # kept open: faulthandler writes to its descriptor from the signal handler
+_beat = None  # the C++ heartbeat once a supervisor's heartbeat file is known; None: nothing to do
+
+
+def _install_stacks():
+    """On $PACER_STACKS_SIGNAL, every thread's stack goes to $PACER_STACKS_DIR/stacks-PID.txt."""
+    global _stacks_pending, _stacks_file, _beat
+    _stacks_pending = False
+    if os.environ.get(HEARTBEAT_FILE_ENV):
+        _beat = _run_heartbeat
+    folder = os.environ.get(STACKS_DIR_ENV)
+    name = os.environ.get(STACKS_SIGNAL_ENV)
+    if not folder or not name:
+        return
+    sig = getattr(signal, "SIG" + name.upper().removeprefix("SIG"), None)
+    if sig is None:
+        raise ValueError(f"${STACKS_SIGNAL_ENV}={name!r} is not a signal name")
+    path = os.path.join(folder, f"stacks-{os.getpid()}.txt")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+    _stacks_file = os.fdopen(os.open(path, flags, 0o600), "w")
+    faulthandler.register(sig, file=_stacks_file, all_threads=True, chain=False)
+    # A forked child (a data loader worker) would inherit the handler and
+    # write its stacks into this rank's file, interleaved with them.
+    os.register_at_fork(after_in_child=lambda: faulthandler.unregister(sig))
+
+
+def heartbeat(step=None):
+    """Tells ``pacer run`` that this rank made progress (call once per training step).
+
+    Two stores into a shared page (the step, then a counter); nothing but the
+    call when not under ``pacer run`` or with ``--hang-timeout 0``. The first call also
+    installs the stack dump the supervisor asks for on a hang. Raises
+    pacer.Error when the heartbeat file is unusable or the local rank is bad.
+    """
+    if _stacks_pending:
+        _install_stacks()
+    if _beat is not None:
+        _beat(step)
 
 _signalled = threading.Event()
 _watching = False
@@ -55,6 +103,8 @@ def watch():
     watched, or None.
     """
     global _watching
+    if _stacks_pending:
+        _install_stacks()
     name = os.environ.get(REQUEST_SIGNAL_ENV)
     if not name:
         return None

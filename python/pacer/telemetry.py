@@ -22,6 +22,7 @@ import json
 import threading
 
 from . import _pacer
+from . import run as _run
 
 __all__ = ["open", "step", "event", "flush", "close", "written", "dropped", "Error"]
 
@@ -62,7 +63,9 @@ def _number(name, value):
 
 
 def step(step, loss=None, tokens=None, data_wait_s=None, comm_s=None, step_time_s=None, t=None, **extra):
-    """Queues one step record; returns False when it was dropped (queue full)."""
+    """Queues one step record; returns False when it was dropped (queue full). Also a pacer.run heartbeat."""
+    n = int(step)
+    _run.heartbeat(n if n >= 0 else None)
     extra_json = json.dumps(extra, default=str) if extra else ""
     return _get().step(int(step), _number("loss", loss), _number("tokens", tokens), _number("data_wait_s", data_wait_s),
                        _number("comm_s", comm_s), _number("step_time_s", step_time_s), _number("t", t), extra_json)

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -17,9 +18,11 @@
 
 #include "pacer/checkpoint.hpp"
 #include "pacer/core/atomic_file.hpp"
+#include "pacer/core/posix_io.hpp"
 #include "pacer/run.hpp"
 #include "pacer/core/process.hpp"
 #include "pacer/core/time.hpp"
+#include "pacer/hw/nvml.hpp"
 #include "pacer/hw/system.hpp"
 #include "run_internal.hpp"
 
@@ -198,6 +201,8 @@ Status check_options(const Options& o) {
     return Error{ErrorKind::kUsage, "durations (--grace, --stop-timeout, --before, --restart-delay) must not be negative"};
   if (o.max_restarts < 0) return Error{ErrorKind::kUsage, "--max-restarts must be 0 or more"};
   if (o.give_up_after < 1) return Error{ErrorKind::kUsage, "--give-up-after must be at least 1"};
+  if (o.hang_timeout_s && !(*o.hang_timeout_s >= 0 && std::isfinite(*o.hang_timeout_s)))
+    return Error{ErrorKind::kUsage, "--hang-timeout must be 0 (off) or a positive duration"};
   return {};
 }
 
@@ -284,6 +289,58 @@ int load_no_progress(const std::string& state_path, const std::optional<std::uin
   return no_progress;
 }
 
+// The heartbeat file and the stack files of one attempt; the directory stays.
+void clear_progress_files(const std::string& dir) {
+  if (dir.empty()) return;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name == "heartbeat" || (name.rfind("stacks-", 0) == 0 && e.path().extension() == ".txt"))
+      std::filesystem::remove(e.path(), ec);
+  }
+}
+
+// The start of a stack file: faulthandler writes the current thread first,
+// most recent call first, so the head is what matters.
+json read_stacks(const std::string& path, int rank, int pid) {
+  constexpr std::size_t kMax = 8192;
+  json j = {{"rank", rank}, {"pid", pid}, {"file", path}};
+  auto fd = open_fd(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (!fd) {
+    j["text"] = nullptr;
+    j["note"] = "no stack file: the rank is not a Python process that called pacer.run.heartbeat or watch";
+    return j;
+  }
+  std::string buf(kMax + 1, '\0');
+  auto n = read_full(fd->get(), buf.data(), buf.size(), path);
+  buf.resize(n ? *n : 0);
+  j["truncated"] = buf.size() > kMax;
+  if (buf.size() > kMax) buf.resize(kMax);
+  j["text"] = buf;
+  return j;
+}
+
+// Utilization and memory per GPU, where NVML answers; a note otherwise.
+json gpu_state() {
+  auto nvml = hw::Nvml::open();
+  if (!nvml) return {{"note", nvml.error().message}};
+  auto count = (*nvml)->device_count();
+  if (!count) return {{"note", count.error().message}};
+  json gpus = json::array();
+  for (unsigned i = 0; i < *count; ++i) {
+    auto g = (*nvml)->query(i, hw::Nvml::QueryScope::kFast);
+    if (!g) {
+      gpus.push_back({{"index", i}, {"note", g.error().message}});
+      continue;
+    }
+    auto opt = [](const auto& v) { return v ? json(*v) : json(nullptr); };
+    gpus.push_back({{"index", i}, {"utilization_gpu_pct", opt(g->utilization_gpu_pct)},
+                    {"utilization_memory_pct", opt(g->utilization_memory_pct)}, {"memory_used", opt(g->memory_used)},
+                    {"memory_total", opt(g->memory_total)}});
+  }
+  return {{"gpus", gpus}};
+}
+
 // One attempt of CMD, from its start to its exit.
 struct Attempt {
   enum class Phase { kRunning, kCheckpointing, kStopping };
@@ -295,6 +352,7 @@ struct Attempt {
   bool killed = false;
   bool asked = false;  // a checkpoint was requested in this attempt
   int forwarded_stop = 0;
+  bool hung = false;  // stopped because a rank made no progress
   std::optional<std::uint64_t> baseline;
   std::optional<double> trigger;  // monotonic time of the walltime checkpoint
   int status = 0;                 // from waitpid
@@ -317,6 +375,90 @@ struct Supervisor {
   Outcome out;
   int restarts = 0;
   bool walltime_fired = false;
+  // Hang detection (off: hang_timeout_s == 0). One board and watch per attempt.
+  std::string progress_dir;
+  std::optional<HeartbeatBoard> board;
+  std::optional<HangWatch> hangs;
+  std::vector<int> reported_slots;
+
+  bool hang_watch_on() const { return !o.hang_timeout_s || *o.hang_timeout_s > 0; }
+
+  // A fresh heartbeat file for the attempt, and CMD's environment for it.
+  void prepare_progress(std::vector<std::pair<std::string, std::string>>& env) {
+    board.reset();
+    hangs.reset();
+    reported_slots.clear();
+    if (!hang_watch_on() || progress_dir.empty()) return;
+    clear_progress_files(progress_dir);
+    auto b = HeartbeatBoard::create(progress_dir + "/heartbeat");
+    if (!b) {
+      log("hang-watch", fmt::format("no hang detection in this attempt: {}", b.error().message));
+      return;
+    }
+    board.emplace(std::move(*b));
+    hangs.emplace(o.hang_timeout_s);
+    env.emplace_back(kHeartbeatFileEnv, board->path());
+    env.emplace_back(kStacksDirEnv, progress_dir);
+    env.emplace_back(kStacksSignalEnv, "URG");  // kStacksSignal
+  }
+
+  // How often the heartbeat file is read: a twentieth of the timeout, within [50 ms, 1 s].
+  double poll_s() const {
+    const auto t = hangs ? hangs->timeout() : std::nullopt;
+    return t ? std::clamp(*t / 20, 0.05, 1.0) : 1.0;
+  }
+
+  void check_progress(Attempt& a) {
+    auto readings = board->read();
+    for (const auto& r : readings)
+      if (!r.problem.empty() && std::find(reported_slots.begin(), reported_slots.end(), r.local_rank) == reported_slots.end()) {
+        reported_slots.push_back(r.local_rank);
+        log("heartbeat-invalid", r.problem, {{"local_rank", r.local_rank}});
+      }
+    if (auto h = hangs->observe(readings, mono_now())) on_hang(a, *h);
+  }
+
+  // Stacks from every rank (the faulthandler signal to CMD's process group,
+  // then a moment for the files), the GPUs, one event, then the stop.
+  void on_hang(Attempt& a, const Hang& h) {
+    kill(-a.pid, kStacksSignal);
+    auto stack_path = [&](int pid) { return fmt::format("{}/stacks-{}.txt", progress_dir, pid); };
+    const double until = mono_now() + 2;
+    for (;;) {
+      bool all = true;
+      for (const auto& r : h.ranks) {
+        struct stat st {};
+        all = all && ::stat(stack_path(r.pid).c_str(), &st) == 0 && st.st_size > 0;
+      }
+      if (all || mono_now() >= until) break;
+      ::usleep(50000);
+    }
+    // A moment more for the other threads' stacks behind the first.
+    ::usleep(100000);
+    json ranks = json::array(), stacks = json::array();
+    const double now = mono_now();
+    for (const auto& r : h.ranks) {
+      ranks.push_back({{"rank", r.rank}, {"local_rank", r.local_rank}, {"pid", r.pid}, {"heartbeats", r.count},
+                       {"step", r.step ? json(*r.step) : json(nullptr)}, {"idle_s", now - r.last_change}});
+      stacks.push_back(read_stacks(stack_path(r.pid), r.rank, r.pid));
+    }
+    const auto& f = h.first;
+    const std::string source = o.hang_timeout_s ? "--hang-timeout"
+                                                : fmt::format("derived from {} heartbeat intervals", hangs->intervals_seen());
+    const std::string msg = fmt::format(
+        "rank {} (local rank {}, pid {}) made no progress for {:.1f} s ({} {:.1f} s; {}), last step {}; "
+        "{} rank(s) watched, stacks of {} captured",
+        f.rank, f.local_rank, f.pid, h.idle_s, source, h.timeout_s,
+        h.all_stalled ? "no rank progressed" : "the other ranks did", f.step ? std::to_string(*f.step) : "none",
+        h.ranks.size(), std::count_if(stacks.begin(), stacks.end(), [](const json& x) { return x["text"].is_string(); }));
+    log("hang", msg,
+        {{"attempt", a.number}, {"rank", f.rank}, {"local_rank", f.local_rank}, {"pid", f.pid},
+         {"step", f.step ? json(*f.step) : json(nullptr)}, {"idle_s", h.idle_s}, {"hang_timeout_s", h.timeout_s},
+         {"timeout_source", o.hang_timeout_s ? "option" : "derived"}, {"all_stalled", h.all_stalled},
+         {"host", hw::hostname()}, {"ranks", ranks}, {"stacks", stacks}, {"gpu", gpu_state()}});
+    a.hung = true;
+    stop(a, fmt::format("hang of rank {}", f.rank));
+  }
 
   void save_state(const std::optional<std::uint64_t>& latest) {
     if (state_path.empty()) return;
@@ -384,6 +526,7 @@ struct Supervisor {
                                                             {kAttemptEnv, std::to_string(a.number)}};
     if (!o.ckpt_dir.empty()) env.emplace_back(kCkptDirEnv, o.ckpt_dir);
     if (o.request_signal) env.emplace_back(kRequestSignalEnv, signal_name(*o.request_signal).substr(3));
+    prepare_progress(env);
     // Its own process group, so that signals reach everything CMD starts
     // and stopping it stops its workers.
     SpawnOptions so;
@@ -442,6 +585,7 @@ struct Supervisor {
       if (a.phase == Phase::kRunning && a.trigger) wait_s = std::min(wait_s, *a.trigger - now);
       if (a.phase == Phase::kCheckpointing) wait_s = std::min({wait_s, 0.2, a.grace_deadline - now});
       if (a.phase == Phase::kStopping && !a.killed) wait_s = std::min(wait_s, a.kill_deadline - now);
+      if (a.phase == Phase::kRunning && hangs) wait_s = std::min(wait_s, poll_s());
       wait_s = std::max(wait_s, 0.0);
       timespec ts{static_cast<time_t>(wait_s), static_cast<long>((wait_s - std::floor(wait_s)) * 1e9)};
       siginfo_t info{};
@@ -462,6 +606,7 @@ struct Supervisor {
         request(a, fmt::format("job ends in {} s (--before {} s)", static_cast<long long>(*wt.end_time - wall_now()),
                                o.before_s));
       }
+      if (a.phase == Phase::kRunning && hangs) check_progress(a);
       if (a.phase == Phase::kCheckpointing) {
         const auto cur = latest_committed_step(o.ckpt_dir);
         if (newer(cur, a.baseline)) {
@@ -505,6 +650,7 @@ struct Supervisor {
         "{} consecutive attempt(s) without a new committed step (latest: {})", no_progress + 1, step_text(latest));
 
     using Phase = Attempt::Phase;
+    if (a.hung) return after_crash(a, code ? code : static_cast<int>(ExitCode::kRuntime), "hung");
     if (a.phase == Phase::kStopping || (a.phase == Phase::kCheckpointing && code != 0)) {
       count_progress();
       if (no_progress >= o.give_up_after)
@@ -523,13 +669,27 @@ struct Supervisor {
     if (a.forwarded_stop)
       return finish(code, fmt::format("CMD {} after {} was forwarded; not restarted", describe_status(st),
                                       signal_name(a.forwarded_stop)));
-    count_progress();
-    if (no_progress >= o.give_up_after) return give_up(code, no_progress_text + "; last one " + describe_status(st));
+    return after_crash(a, code, "crashed");
+  }
+
+  // The restart rules, for a crash or a hang (`how`).
+  std::optional<Outcome> after_crash(const Attempt& a, int code, const std::string& how) {
+    const auto latest = out.committed_step;
+    const std::string last = how == "hung" ? "hung" : describe_status(a.status);
+    if (newer(latest, best)) {
+      no_progress = 0;
+      best = latest;
+    } else {
+      ++no_progress;
+    }
+    if (no_progress >= o.give_up_after)
+      return give_up(code, fmt::format("{} consecutive attempt(s) without a new committed step (latest: {}); last one {}",
+                                       no_progress, step_text(latest), last));
     if (restarts >= o.max_restarts)
-      return give_up(code, fmt::format("restart limit of {} reached; last attempt {}", o.max_restarts, describe_status(st)));
+      return give_up(code, fmt::format("restart limit of {} reached; last attempt {}", o.max_restarts, last));
     ++restarts;
-    log("restart", fmt::format("CMD crashed; restart {} of {} in {} s from {} ({} attempt(s) in a row without progress)",
-                               restarts, o.max_restarts, o.restart_delay_s, step_text(best), no_progress),
+    log("restart", fmt::format("CMD {}; restart {} of {} in {} s from {} ({} attempt(s) in a row without progress)",
+                               how, restarts, o.max_restarts, o.restart_delay_s, step_text(best), no_progress),
         {{"restart", restarts}, {"no_progress", no_progress}});
     return std::nullopt;
   }
@@ -576,7 +736,24 @@ std::optional<std::uint64_t> latest_committed_step(const std::string& dir) {
 }
 
 std::string format_event(const json& e) {
-  return fmt::format("{} pacer run: {}: {}", e.value("time", ""), e.value("event", ""), e.value("message", ""));
+  std::string line = fmt::format("{} pacer run: {}: {}", e.value("time", ""), e.value("event", ""), e.value("message", ""));
+  // A hang's stacks follow its line, indented: where each rank was.
+  if (auto it = e.find("stacks"); it != e.end() && it->is_array())
+    for (const auto& s : *it) {
+      line += fmt::format("\n  rank {} (pid {}) stacks:", s.value("rank", -1), s.value("pid", 0));
+      const auto text = s.find("text");
+      if (text == s.end() || !text->is_string()) {
+        line += " " + s.value("note", std::string("none"));
+        continue;
+      }
+      for (std::size_t at = 0, nl; at < text->get_ref<const std::string&>().size(); at = nl + 1) {
+        const auto& t = text->get_ref<const std::string&>();
+        nl = t.find('\n', at);
+        if (nl == std::string::npos) nl = t.size();
+        line += "\n    " + t.substr(at, nl - at);
+      }
+    }
+  return line;
 }
 
 Expected<Outcome> supervise(const Options& o) {
@@ -611,16 +788,31 @@ Expected<Outcome> supervise(const Options& o) {
   const sigset_t set = watched_signals();
   MaskGuard mask(set);
   // A request belongs to one attempt: none is left behind.
+  // Heartbeats and stacks live in the request's private directory; with
+  // --request-file, in one of their own.
+  std::string own_progress_dir;
+  const bool watch_hangs = !o.hang_timeout_s || *o.hang_timeout_s > 0;
+  if (watch_hangs && request_dir.empty()) {
+    auto d = make_request_dir();
+    if (!d) return d.error();
+    own_progress_dir = *d;
+  }
+  const std::string progress_dir = !watch_hangs ? std::string() : request_dir.empty() ? own_progress_dir : request_dir;
   struct RemoveOnExit {
     const std::string& path;
     const std::string& dir;
+    const std::string& progress;
+    const std::string& own_progress;
     ~RemoveOnExit() {
       unlink(path.c_str());
+      clear_progress_files(progress);
       if (!dir.empty()) rmdir(dir.c_str());
+      if (!own_progress.empty()) rmdir(own_progress.c_str());
     }
-  } remove_request{request_file, request_dir};
+  } remove_request{request_file, request_dir, progress_dir, own_progress_dir};
 
-  Supervisor sup{o, log, job, in_slurm, wt, request_file, set, mask, state_path, best, no_progress, Outcome{}, 0, false};
+  Supervisor sup{o,  log,        job,       in_slurm,  wt,        request_file, set, mask, state_path, best, no_progress,
+                 {},  0,          false,     progress_dir, {},     {},           {}};
   return sup.run();
 }
 

@@ -19,6 +19,7 @@ PYTHON = os.environ.get("PACER_PYTHON", "/usr/bin/python3")
 PYTHONPATH = os.environ.get("PACER_PYTHONPATH",
                             os.path.join(os.path.dirname(os.path.abspath(PACER)), os.pardir, "python"))
 TRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "run", "train.py")
+HANG_TRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "run", "hang_train.py")
 
 
 
@@ -109,6 +110,88 @@ class RunTest(unittest.TestCase):
         self.assertEqual(self.run_pacer("--grace", "soon", "--", "true").returncode, 2)
         self.assertEqual(self.run_pacer("--requeue", "maybe", "--", "true").returncode, 2)
         self.assertEqual(pacer("run").returncode, 2)
+
+    def logged(self, kind):
+        return [e for e in read_log(self.log) if e["event"] == kind]
+
+    def hang_cmd(self, *extra):
+        return [PYTHON, HANG_TRAIN, *extra]
+
+    def test_hang_is_caught_with_stacks_then_restarted(self):
+        r = self.run_pacer("--hang-timeout", "2s", "--restart-delay", "0.2s", "--",
+                           *self.hang_cmd("--steps", "20", "--hang-at", "5", "--fork-worker"), timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(self.kinds()[-3:], ["started", "exited", "done"])
+        [hang] = self.logged("hang")
+        started = self.logged("started")
+        self.assertEqual(len(started), 2)
+        self.assertEqual(hang["rank"], 0)
+        self.assertEqual(hang["step"], 4)  # the last heartbeat before it stopped
+        self.assertGreaterEqual(hang["idle_s"], 2)
+        self.assertTrue(hang["all_stalled"])
+        # Detected within the timeout plus a few seconds of the stop (5 steps of 0.05 s after the start).
+        self.assertLess(hang["unix"] - started[0]["unix"], 0.25 + 2 + 5)
+        [stacks] = hang["stacks"]
+        self.assertEqual(stacks["pid"], hang["pid"])
+        self.assertIn("stuck_in_collective", stacks["text"])
+        self.assertNotIn("worker_loop", stacks["text"])  # the forked worker kept out of the rank's file
+        self.assertIn("gpu", hang)
+        self.assertIn("stuck_in_collective", r.stderr)  # the human log shows the stacks too
+        self.assertEqual(self.logged("restart")[0]["message"].split(";")[0], "CMD hung")
+        self.assertIn("finished", r.stdout)  # the second attempt heartbeated to its end
+
+    def test_a_lagging_rank_is_named(self):
+        r = self.run_pacer("--hang-timeout", "2s", "--restart-delay", "0.2s", "--",
+                           *self.hang_cmd("--ranks", "2", "--hang-rank", "1", "--steps", "100", "--hang-at", "3"),
+                           timeout=90)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        [hang] = self.logged("hang")
+        self.assertEqual((hang["rank"], hang["local_rank"], hang["step"]), (1, 1, 2))
+        self.assertFalse(hang["all_stalled"])  # rank 0 kept stepping
+        self.assertEqual(sorted(x["rank"] for x in hang["ranks"]), [0, 1])
+        texts = {x["rank"]: x["text"] for x in hang["stacks"]}
+        self.assertIn("stuck_in_collective", texts[1])
+        self.assertNotIn("stuck_in_collective", texts[0])
+
+    def test_no_hang_before_the_first_heartbeat_or_when_off(self):
+        r = self.run_pacer("--hang-timeout", "0.5s", "--", *self.hang_cmd("--never-beat", "--steps", "30"), timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(self.logged("hang"), [])
+        probe = "import os, sys; sys.exit(3 if 'PACER_HEARTBEAT_FILE' in os.environ else 0)"
+        r = self.run_pacer("--hang-timeout", "0", "--", PYTHON, "-c", probe)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        r = self.run_pacer("--max-restarts", "0", "--", PYTHON, "-c", probe)  # auto: on
+        self.assertEqual(r.returncode, 3, r.stderr)
+        # Without a supervisor heartbeat() does nothing.
+        out = subprocess.run([PYTHON, "-c", "import pacer.run; pacer.run.heartbeat(1); pacer.run.heartbeat()"],
+                             env=bare_env(), capture_output=True, text=True)
+        self.assertEqual(out.returncode, 0, out.stderr)
+
+    def test_hang_timeout_and_heartbeat_errors(self):
+        for bad in ("soon", "-5s", "1e999d"):
+            r = self.run_pacer("--hang-timeout", bad, "--", "true")
+            self.assertEqual(r.returncode, 2, bad)
+            self.assertIn("--hang-timeout", r.stderr)
+        beat = "import pacer.run\ntry:\n    pacer.run.heartbeat(1)\nexcept Exception as e:\n    print(type(e).__name__, e)"
+        # A local rank that is no number, or beyond the file's slots.
+        for local_rank, says in (("abc", "'abc' is not a number"), ("999", "local rank 999 (from LOCAL_RANK)")):
+            r = self.run_pacer("--hang-timeout", "1m", "--", "env", f"LOCAL_RANK={local_rank}", PYTHON, "-c", beat)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("Error", r.stdout)
+            self.assertIn(says, r.stdout)
+        # A heartbeat file that is not one.
+        junk = os.path.join(self.d, "junk")
+        with open(junk, "wb") as f:
+            f.write(b"x" * 100)
+        out = subprocess.run([PYTHON, "-c", beat], env=bare_env(PACER_HEARTBEAT_FILE=junk), capture_output=True,
+                             text=True)
+        self.assertIn("not a heartbeat file", out.stdout)
+        self.assertIn(junk, out.stdout)
+        with open(junk, "wb") as f:
+            f.write(b"y" * (64 + 256 * 64))
+        out = subprocess.run([PYTHON, "-c", beat], env=bare_env(PACER_HEARTBEAT_FILE=junk), capture_output=True,
+                             text=True)
+        self.assertIn("corrupt header", out.stdout)
 
     def test_walltime_checkpoint_then_resume_to_the_exact_state(self):
         # The end time is 30 s away and checkpoints are asked for 29.5 s before
