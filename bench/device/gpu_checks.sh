@@ -4,7 +4,8 @@
 #   there: OUT=DIR bash bench/device/gpu_checks.sh       (carry .device)
 # Builds the Python module for the machine's Python, then runs the unit tests
 # that need a GPU, the Python tests (CUDA ones included), the CLI's GPU paths
-# (vet --quick, comm bench over NCCL with one rank) and the data benchmarks on
+# (vet --quick, comm bench over NCCL with one rank, a hang caught by pacer run
+# with the GPU's state in its event) and the data benchmarks on
 # a quiet many-core host. Everything goes to $OUT; the exit code is 0 even when
 # a step fails, so that every step's log comes back (grep FAILED / rc= lines);
 # the logs are also packed into $OUT/logs.tgz, since few files come back.
@@ -24,6 +25,7 @@ step unit .device/bin/pacer_unit_tests --gtest_filter='CheckpointerDevice*:HwNcc
 step pytests bash -c 'cd tests/python && PACER_BIN=$OLDPWD/.device/bin/pacer python3 -m unittest test_checkpoint_cuda test_checkpoint_state test_data test_data_habits test_data_blend test_tokenize 2>&1'
 step vet .device/bin/pacer vet --quick --json
 step comm bash -c 'mpirun --allow-run-as-root -np 1 .device/bin/pacer comm bench --backend nccl --max-size 64MiB --iters 5 --json 2>&1 || .device/bin/pacer comm bench --backend nccl --max-size 64MiB --iters 5 --json'
+step hang .device/bin/pacer run --hang-timeout 3s --log "$OUT/hang.jsonl" -- python3 tests/run/hang_train.py --steps 20 --hang-at 5
 step tokens python3 bench/tokens_vs_memcpy.py --rounds 5 --threads 4 --name tokens_vs_memcpy-h200
 step loader python3 bench/loader_vs_torch.py --rounds 5 --open-shards 10000 --name loader_vs_torch-h200
 cp bench/results/tokens_vs_memcpy-h200.* bench/results/loader_vs_torch-h200.* "$OUT/" 2>/dev/null
