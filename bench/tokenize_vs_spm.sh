@@ -2,14 +2,15 @@
 # pacer shard tokenize next to SentencePiece's own encoders on the same text and model:
 # spm_encode (the library's command-line tool, one thread) and python3-sentencepiece's
 # encode, against pacer on 1 thread and on every CPU. Rounds alternate the contenders.
-#   bash bench/tokenize_vs_spm.sh [BUILD_DIR]      (default build; ROUNDS=5, MB=8)
+#   bash bench/tokenize_vs_spm.sh [BUILD_DIR]      (default build; ROUNDS=5, MB=8; NAME=result file name,
+#                                                   PACER_PYTHON=a python with sentencepiece)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=${1:-$here/../build}
 pacer=$build/bin/pacer
 [ -x "$pacer" ] || { echo "no $pacer: build first" >&2; exit 2; }
 command -v spm_train >/dev/null || { echo "needs spm_train/spm_encode (Debian: sentencepiece)" >&2; exit 2; }
-py=/usr/bin/python3
+py=${PACER_PYTHON:-/usr/bin/python3}  # a python with sentencepiece
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/pacer-tokbench-XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 export ROUNDS=${ROUNDS:-5} MB=${MB:-8} PACER="$pacer" TMPD="$tmp" OUTDIR="$here/results"
@@ -115,7 +116,7 @@ out = {
                "pacer_1_thread_per_cpu_second_vs_python_encode": res["pacer tokenize --threads 1"]["MB_per_cpu_second"] / res["python sentencepiece encode (1 thread)"]["MB_per_cpu_second"]},
 }
 day = time.strftime("%Y-%m-%d", time.gmtime())
-base = f"{os.environ['OUTDIR']}/tokenize_vs_spm-{day}"
+base = f"{os.environ['OUTDIR']}/" + (os.environ.get("NAME") or f"tokenize_vs_spm-{day}")
 json.dump(out, open(base + ".json", "w"), indent=2)
 md = [f"# pacer shard tokenize vs SentencePiece, {out['date']}", "",
       f"{out['machine']['cpu']}, {cpus} CPU(s). Text: {size/1e6:.1f} MB of Debian copyright files, {len(lines)} lines "
