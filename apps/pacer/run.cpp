@@ -5,15 +5,19 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <memory>
 
 #include "commands.hpp"
 #include "output.hpp"
 #include "pacer/core/error.hpp"
+#include "pacer/core/time.hpp"
 #include "pacer/core/units.hpp"
 #include "pacer/run.hpp"
+#include "pacer/hw/system.hpp"
 #include "pacer/telemetry.hpp"
+#include "pacer/telemetry/catalog.hpp"
 #include "pacer/vet/vet.hpp"
 
 namespace pacer::cli {
@@ -104,17 +108,31 @@ int run(const RunArgs& a) {
   else if (a.vet != "none") usage_error(fmt::format("--vet {}: expected quick or none", a.vet));
   o.log_path = a.log;
   // --monitor: every attempt of CMD runs under `pacer monitor` (which passes
-  // signals and the exit status through), and the supervisor's decisions go
-  // to the same catalog as events, so the report shows restarts and requeues
-  // beside the samples.
+  // signals and the exit status through). The supervisor begins one catalog
+  // run and every attempt's monitor joins it (--run-id), so the samples,
+  // CMD's steps and the supervisor's decisions (events) are one run: the
+  // latest run that `pacer report` and `pacer score` read holds them all.
+  std::unique_ptr<telemetry::Catalog> catalog;
   std::unique_ptr<telemetry::Recorder> events;
+  std::int64_t run_id = 0;
   if (a.monitor) {
+    const double interval = duration_arg("--monitor-interval", a.monitor_interval);
     const std::string db = a.monitor_db.empty() ? telemetry::catalog_from_env() : a.monitor_db;
-    std::vector<std::string> wrapped = {self_exe(), "monitor", "--db", db, "--interval", a.monitor_interval, "--"};
+    catalog = unwrap(telemetry::Catalog::open(db));
+    telemetry::RunInfo ri;
+    if (const char* job = std::getenv("SLURM_JOB_ID")) ri.job_id = job;
+    ri.command = fmt::format("pacer run -- {}", fmt::join(o.argv, " "));
+    ri.hostname = hw::hostname();
+    ri.started = wall_now();
+    ri.interval_s = interval;
+    run_id = unwrap(catalog->begin_run(ri));
+    std::vector<std::string> wrapped = {self_exe(), "monitor", "--db", db, "--run-id", std::to_string(run_id),
+                                        "--interval", a.monitor_interval, "--"};
     wrapped.insert(wrapped.end(), o.argv.begin(), o.argv.end());
     o.argv = std::move(wrapped);
     telemetry::RecorderOptions ro;
     ro.db = db;
+    ro.run_id = run_id;
     events = unwrap(telemetry::Recorder::open(ro));
   }
   const bool quiet = a.quiet;
@@ -128,7 +146,13 @@ int run(const RunArgs& a) {
     rec->event(kind == "vet" ? "vet.quick" : "run." + kind, e.value("message", std::string()));
   };
   const auto out = unwrap(run::supervise(o));
-  if (rec) rec->close();
+  if (rec) {
+    rec->close();
+    // The supervisor's outcome is the run's (the attempts' monitors each set
+    // their own exit code; a requeue or a refused start is decided here).
+    if (auto s = catalog->end_run(run_id, wall_now(), out.exit_code, 0); !s)
+      std::fprintf(stderr, "pacer run: warning: %s\n", s.error().message.c_str());
+  }
   // stdout belongs to CMD; the verdict goes with the decision log to stderr.
   const bool ok = out.exit_code == 0 || out.requeued;
   std::fprintf(stderr, "pacer run: %s: %s (exit %d)\n", ok ? "OK" : "FAILED", out.reason.c_str(), out.exit_code);

@@ -71,19 +71,44 @@ class RunTest(unittest.TestCase):
         self.assertEqual(self.kinds()[-1], "done")
 
     def test_monitor_samples_cmd_and_records_decisions(self):
+        # CMD crashes once, then finishes: both attempts' samples and every
+        # decision land in the one run that the supervisor began.
         import sqlite3
         db = os.path.join(self.d, "job.db")
-        r = self.run_pacer("--monitor", "--monitor-db", db, "--monitor-interval", "100ms", "--max-restarts", "1", "--",
-                           "sh", "-c", "sleep 0.5; exit 3")
-        self.assertEqual(r.returncode, 3, r.stderr)  # CMD's status through pacer monitor and pacer run
+        marker = os.path.join(self.d, "crashed")
+        script = f"if [ -e {marker} ]; then sleep 0.5; exit 0; fi; touch {marker}; sleep 0.5; exit 3"
+        r = self.run_pacer("--monitor", "--monitor-db", db, "--monitor-interval", "100ms", "--max-restarts", "1",
+                           "--restart-delay", "0", "--", "sh", "-c", script)
+        self.assertEqual(r.returncode, 0, r.stderr)
         con = sqlite3.connect(db)
-        kinds = [k for (k,) in con.execute("SELECT kind FROM events ORDER BY t")]
-        self.assertIn("run.start", kinds)
-        self.assertIn("run.restart", kinds)  # the crash and its restart are in the catalog
-        runs = con.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
-        samples = con.execute("SELECT COUNT(*) FROM samples").fetchone()[0]
-        self.assertGreaterEqual(runs, 2)  # one monitored run per attempt, plus the decisions
+        runs = con.execute("SELECT run_id, exit_code, interval_s, command FROM runs").fetchall()
+        self.assertEqual(len(runs), 1, runs)
+        run_id, exit_code, interval_s, command = runs[0]
+        self.assertEqual(exit_code, 0)
+        self.assertAlmostEqual(interval_s, 0.1)
+        self.assertIn("pacer run -- sh -c", command)
+        kinds = [k for (k,) in con.execute("SELECT kind FROM events WHERE run_id = ? ORDER BY t", (run_id,))]
+        for kind in ("run.start", "run.started", "run.exited", "run.restart", "run.done"):
+            self.assertIn(kind, kinds)
+        self.assertEqual(con.execute("SELECT COUNT(*) FROM events WHERE run_id IS NOT ?", (run_id,)).fetchone()[0], 0)
+        samples = con.execute("SELECT COUNT(*) FROM samples WHERE run_id = ?", (run_id,)).fetchone()[0]
         self.assertGreater(samples, 0)
+        con.close()
+        # The latest run, as pacer report and pacer score pick it, is that run.
+        html = os.path.join(self.d, "report.html")
+        rep = pacer("report", db, "-o", html)
+        self.assertEqual(rep.returncode, 0, rep.stderr)
+        with open(html) as f:
+            self.assertIn("run.restart", f.read())
+        score = pacer("score", "--json", db)
+        self.assertEqual(score.returncode, 0, score.stderr)
+        self.assertEqual(json.loads(score.stdout)["run_id"], run_id)
+
+    def test_monitor_run_id_must_exist(self):
+        db = os.path.join(self.d, "job.db")
+        r = pacer("monitor", "--db", db, "--run-id", "5", "--", "true")
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("no run 5", r.stderr)
 
     def test_monitor_records_the_vet_result(self):
         import sqlite3
