@@ -349,6 +349,40 @@ class RunTest(unittest.TestCase):
             self.assertIn("CMD not started", r.stderr)
 
 
+    def test_vet_options_reach_the_quick_vet(self):
+        # An injected busy CPU fails system.load and refuses CMD; skipping
+        # that check starts it. The other check gets an injected passing
+        # value, so that this machine's state cannot change the verdict.
+        marker = os.path.join(self.d, "started")
+        vet = ["--vet", "quick", "--vet-only", "system.load,system.nofile", "--vet-inject", "system.nofile=1048576"]
+        r = self.run_pacer(*vet, "--vet-inject", "system.load=100", "--", "touch", marker)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertFalse(os.path.exists(marker))
+        self.assertEqual(self.logged("vet")[-1]["failed"], ["system.load"])
+        r = self.run_pacer(*vet, "--vet-skip", "system.load", "--", "touch", marker)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertTrue(os.path.exists(marker))
+        self.assertIn("passed (1 checks)", self.logged("vet")[-1]["message"])
+
+    def test_bad_vet_options_are_usage_errors_naming_the_option(self):
+        cases = [
+            (["--vet-skip", "nosuch"], "--vet-skip 'nosuch'"),
+            (["--vet-only", "system.load", "--vet-skip", "system.load"], "no checks selected"),
+            (["--vet-profile", "nosuch"], "--vet-profile nosuch"),
+            (["--vet-inject", "nosuch=1"], "--vet-inject 'nosuch=1'"),
+            (["--vet-only", "system.nofile", "--vet-inject", "system.load=1"], "system.load' is not selected"),
+            (["--vet-timeout", "soon"], "--vet-timeout soon"),
+        ]
+        marker = os.path.join(self.d, "started")
+        for extra, expect in cases:
+            r = self.run_pacer("--vet", "quick", *extra, "--", "touch", marker)
+            self.assertEqual(r.returncode, 2, (extra, r.stderr))
+            self.assertIn(expect, r.stderr)
+            self.assertFalse(os.path.exists(marker))
+        r = self.run_pacer("--vet-skip", "system.load", "--", "touch", marker)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("need --vet quick", r.stderr)
+
 class PortsTest(unittest.TestCase):
     def ports(self, *args, env=None):
         return subprocess.run([PACER, "ports", *args], capture_output=True, text=True, env=env or bare_env())
