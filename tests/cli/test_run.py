@@ -219,9 +219,10 @@ class RunTest(unittest.TestCase):
         self.assertIn("corrupt header", out.stdout)
 
     def test_walltime_checkpoint_then_resume_to_the_exact_state(self):
-        # The end time is 30 s away and checkpoints are asked for 29.5 s before
-        # it: at once; the trainer (0.2 s a step) cannot have finished.
-        r = self.run_pacer("--ckpt-dir", self.ckpt, "--end-time", "+30s", "--before", "29.5s", "--grace", "60s", "--",
+        # The end time is 30 s away (or less: it is whole seconds) and
+        # checkpoints are asked for 30 s before it: at once; the trainer (0.2 s
+        # a step) cannot have finished.
+        r = self.run_pacer("--ckpt-dir", self.ckpt, "--end-time", "+30s", "--before", "30s", "--grace", "60s", "--",
                            *self.train_cmd("--sleep", "0.2"))
         self.assertEqual(r.returncode, 75, r.stderr)
         self.assertIn("not requeued: no Slurm job (bare)", r.stderr)
@@ -230,11 +231,25 @@ class RunTest(unittest.TestCase):
         self.assertLess(committed, 40)
         request = next(e for e in log if e["event"] == "checkpoint-request")
         self.assertIn("job ends in", request["message"])
+        # Inside the window at start: a Slurm warning lost before pacer run
+        # (trap '' USR1) is not needed, the request comes as CMD starts.
+        walltime = next(e for e in log if e["event"] == "walltime")
+        self.assertTrue(walltime["inside_window"])
+        self.assertIn("already inside the --before window of 30 s", walltime["message"])
+        self.assertIn("inside the window when CMD started", request["message"])
+        started = next(e for e in log if e["event"] == "started")
+        self.assertLess(request["unix"] - started["unix"], 5)
         self.assertIn(["checkpoint-request", "committed", "stop", "exited", "requeue"],
                       [self.kinds()[i:i + 5] for i in range(len(log))])
-        # The next allocation: same command, resumes from the committed step and finishes.
-        r = self.run_pacer("--ckpt-dir", self.ckpt, "--", *self.train_cmd())
+        # The next allocation: same command, resumes from the committed step
+        # and finishes; its end time is far outside the window.
+        os.unlink(self.log)
+        r = self.run_pacer("--ckpt-dir", self.ckpt, "--end-time", "+1h", "--before", "30s", "--",
+                           *self.train_cmd())
         self.assertEqual(r.returncode, 0, r.stderr)
+        walltime = next(e for e in read_log(self.log) if e["event"] == "walltime")
+        self.assertFalse(walltime["inside_window"])
+        self.assertNotIn("checkpoint-request", self.kinds())
         starts = [e["step"] for e in read_log(self.events) if e["what"] == "start"]
         self.assertEqual(starts, [0, committed])
         self.assert_exact_state(40)
