@@ -195,14 +195,16 @@ int run(const RunArgs& a) {
     const std::string kind = e.value("event", std::string("decision"));
     rec->event(kind == "vet" ? "vet.quick" : "run." + kind, e.value("message", std::string()));
   };
-  const auto out = unwrap(run::supervise(o));
+  auto result = run::supervise(o);
   if (rec) {
     rec->close();
     // The supervisor's outcome is the run's (the attempts' monitors each set
     // their own exit code; a requeue or a refused start is decided here).
-    if (auto s = catalog->end_run(run_id, wall_now(), out.exit_code, 0); !s)
+    const int code = result ? result->exit_code : static_cast<int>(exit_code_for(result.error().kind));
+    if (auto s = catalog->end_run(run_id, wall_now(), code, 0); !s)
       std::fprintf(stderr, "pacer run: warning: %s\n", s.error().message.c_str());
   }
+  const auto out = unwrap(std::move(result));
   // stdout belongs to CMD; the verdict goes with the decision log to stderr.
   const bool ok = out.exit_code == 0 || out.requeued;
   std::fprintf(stderr, "pacer run: %s: %s (exit %d)\n", ok ? "OK" : "FAILED", out.reason.c_str(), out.exit_code);
