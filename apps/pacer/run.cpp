@@ -5,23 +5,27 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <memory>
 
 #include "commands.hpp"
 #include "output.hpp"
 #include "pacer/core/error.hpp"
+#include "pacer/core/time.hpp"
 #include "pacer/core/units.hpp"
 #include "pacer/run.hpp"
+#include "pacer/hw/system.hpp"
 #include "pacer/telemetry.hpp"
+#include "pacer/telemetry/catalog.hpp"
 #include "pacer/vet/vet.hpp"
 
 namespace pacer::cli {
 namespace {
 
-// --vet quick: this node's quick vet, as the supervisor's gate before CMD.
-Expected<run::VetQuickVerdict> vet_quick() {
-  vet::VetOptions vo;
+// --vet quick: this node's quick vet with the user's vet options, as the
+// supervisor's gate before CMD.
+Expected<run::VetQuickVerdict> vet_quick(vet::VetOptions vo) {
   vo.quick = true;
   auto report = vet::run_vet(vo);
   if (!report) return report.error();
@@ -33,6 +37,27 @@ Expected<run::VetQuickVerdict> vet_quick() {
   else if (!v.passed) v.summary = fmt::format("failed: {}", fmt::join(v.failed, " "));
   else v.summary = fmt::format("passed ({} checks)", report->checks.size());
   return v;
+}
+
+// `pacer vet`'s options, as `pacer run --vet-X` takes them.
+struct VetArgs {
+  std::string profile;
+  std::string baseline;
+  std::vector<std::string> only, skip, inject;
+  std::string timeout;
+  int expect_gpus = -1;
+  bool any() const {
+    return !profile.empty() || !baseline.empty() || !only.empty() || !skip.empty() || !inject.empty() ||
+           !timeout.empty() || expect_gpus >= 0;
+  }
+};
+
+// vet's messages name its flags as `pacer vet` spells them ("--skip 'x': ...");
+// here the user typed --vet-skip.
+std::string vet_flag_message(const std::string& message) {
+  for (const char* flag : {"--only", "--skip", "--inject"})
+    if (message.starts_with(flag)) return "--vet-" + message.substr(2);
+  return "--vet quick: " + message;
 }
 
 struct RunArgs {
@@ -51,6 +76,7 @@ struct RunArgs {
   std::string requeue = "scontrol";
   std::string end_time;
   std::string vet = "none";
+  VetArgs vet_args;
   std::string log;
   bool quiet = false;
   bool monitor = false;
@@ -100,21 +126,63 @@ int run(const RunArgs& a) {
       }
     }
   }
-  if (a.vet == "quick") o.vet_quick = vet_quick;
-  else if (a.vet != "none") usage_error(fmt::format("--vet {}: expected quick or none", a.vet));
+  if (a.vet == "quick") {
+    const VetArgs& va = a.vet_args;
+    vet::VetOptions vo;
+    vo.quick = true;
+    if (!va.profile.empty()) vo.profile = va.profile;
+    if (!va.baseline.empty()) vo.baseline_path = va.baseline;
+    vo.only = va.only;
+    vo.skip = va.skip;
+    if (!va.timeout.empty()) {
+      const double t = duration_arg("--vet-timeout", va.timeout);
+      if (!(t > 0)) usage_error(fmt::format("--vet-timeout {}: expected a positive duration", va.timeout));
+      vo.timeout_s = t;
+    }
+    if (va.expect_gpus >= 0) vo.expect_gpus = static_cast<unsigned>(va.expect_gpus);
+    for (const auto& s : va.inject) {
+      auto inj = vet::parse_injection(s);
+      if (!inj) usage_error(vet_flag_message(inj.error().message));
+      vo.injections.push_back(*inj);
+    }
+    // Refused now, not after the vet has taken the allocation's first minutes.
+    if (auto p = vet::load_profile(vo.profile); !p)
+      usage_error(fmt::format("--vet-profile {}: {}", vo.profile, p.error().message));
+    if (auto st = vet::check_options(vo); !st) usage_error(vet_flag_message(st.error().message));
+    o.vet_quick = [vo] { return vet_quick(vo); };
+  } else if (a.vet != "none") {
+    usage_error(fmt::format("--vet {}: expected quick or none", a.vet));
+  } else if (a.vet_args.any()) {
+    usage_error("--vet-profile, --vet-baseline, --vet-only, --vet-skip, --vet-timeout, --vet-expect-gpus and "
+                "--vet-inject need --vet quick");
+  }
   o.log_path = a.log;
   // --monitor: every attempt of CMD runs under `pacer monitor` (which passes
-  // signals and the exit status through), and the supervisor's decisions go
-  // to the same catalog as events, so the report shows restarts and requeues
-  // beside the samples.
+  // signals and the exit status through). The supervisor begins one catalog
+  // run and every attempt's monitor joins it (--run-id), so the samples,
+  // CMD's steps and the supervisor's decisions (events) are one run: the
+  // latest run that `pacer report` and `pacer score` read holds them all.
+  std::unique_ptr<telemetry::Catalog> catalog;
   std::unique_ptr<telemetry::Recorder> events;
+  std::int64_t run_id = 0;
   if (a.monitor) {
+    const double interval = duration_arg("--monitor-interval", a.monitor_interval);
     const std::string db = a.monitor_db.empty() ? telemetry::catalog_from_env() : a.monitor_db;
-    std::vector<std::string> wrapped = {self_exe(), "monitor", "--db", db, "--interval", a.monitor_interval, "--"};
+    catalog = unwrap(telemetry::Catalog::open(db));
+    telemetry::RunInfo ri;
+    if (const char* job = std::getenv("SLURM_JOB_ID")) ri.job_id = job;
+    ri.command = fmt::format("pacer run -- {}", fmt::join(o.argv, " "));
+    ri.hostname = hw::hostname();
+    ri.started = wall_now();
+    ri.interval_s = interval;
+    run_id = unwrap(catalog->begin_run(ri));
+    std::vector<std::string> wrapped = {self_exe(), "monitor", "--db", db, "--run-id", std::to_string(run_id),
+                                        "--interval", a.monitor_interval, "--"};
     wrapped.insert(wrapped.end(), o.argv.begin(), o.argv.end());
     o.argv = std::move(wrapped);
     telemetry::RecorderOptions ro;
     ro.db = db;
+    ro.run_id = run_id;
     events = unwrap(telemetry::Recorder::open(ro));
   }
   const bool quiet = a.quiet;
@@ -127,8 +195,16 @@ int run(const RunArgs& a) {
     const std::string kind = e.value("event", std::string("decision"));
     rec->event(kind == "vet" ? "vet.quick" : "run." + kind, e.value("message", std::string()));
   };
-  const auto out = unwrap(run::supervise(o));
-  if (rec) rec->close();
+  auto result = run::supervise(o);
+  if (rec) {
+    rec->close();
+    // The supervisor's outcome is the run's (the attempts' monitors each set
+    // their own exit code; a requeue or a refused start is decided here).
+    const int code = result ? result->exit_code : static_cast<int>(exit_code_for(result.error().kind));
+    if (auto s = catalog->end_run(run_id, wall_now(), code, 0); !s)
+      std::fprintf(stderr, "pacer run: warning: %s\n", s.error().message.c_str());
+  }
+  const auto out = unwrap(std::move(result));
   // stdout belongs to CMD; the verdict goes with the decision log to stderr.
   const bool ok = out.exit_code == 0 || out.requeued;
   std::fprintf(stderr, "pacer run: %s: %s (exit %d)\n", ok ? "OK" : "FAILED", out.reason.c_str(), out.exit_code);
@@ -167,6 +243,17 @@ Handler register_run(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--end-time", args->end_time, "Job end time, Unix seconds or +DURATION (overrides Slurm)");
   cmd->add_option("--vet", args->vet, "quick: run pacer vet --quick before starting CMD; none")->capture_default_str();
+  cmd->add_option("--vet-profile", args->vet_args.profile, "--vet quick: pacer vet's --profile (built-in name or TOML file)");
+  cmd->add_option("--vet-baseline", args->vet_args.baseline, "--vet quick: pacer vet's --baseline (JSON report)");
+  cmd->add_option("--vet-only", args->vet_args.only, "--vet quick: run only these checks or categories (comma-separated)")
+      ->delimiter(',');
+  cmd->add_option("--vet-skip", args->vet_args.skip, "--vet quick: skip these checks or categories (comma-separated)")
+      ->delimiter(',');
+  cmd->add_option("--vet-timeout", args->vet_args.timeout, "--vet quick: timeout for every check, e.g. 30s");
+  cmd->add_option("--vet-expect-gpus", args->vet_args.expect_gpus, "--vet quick: GPUs this node must have (0 = any)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--vet-inject", args->vet_args.inject,
+                  "--vet quick: pacer vet's --inject CHECK=hang|crash|VALUE (repeatable; testing the gate)");
   cmd->add_option("--log", args->log, "Append every decision to this file as JSON lines (pacer.run.event/1)");
   cmd->add_flag("--quiet", args->quiet, "No decision lines on stderr (the final line stays)");
   cmd->add_flag("--monitor", args->monitor, "Run CMD under `pacer monitor` and record every decision as a catalog event");

@@ -232,11 +232,21 @@ Walltime find_walltime(const Options& o, Log& log) {
     wt = learn_walltime(o.scontrol);
   }
   if (wt.end_time) {
+    // Slurm's warning may have come before pacer run blocked it (a batch
+    // script's `trap '' USR1` discards it, and nothing can block it in bash).
+    // With --before at least the warning's lead, the end time stands in for
+    // it: the first attempt is asked to checkpoint as soon as it starts.
+    const double left = *wt.end_time - wall_now();
+    const bool inside = o.before_s > 0 && left <= o.before_s;
     log("walltime", fmt::format("job ends at {} ({} s from now, from {}){}", utc_iso(*wt.end_time, true),
-                                static_cast<long long>(*wt.end_time - wall_now()), wt.note,
-                                o.before_s > 0 ? fmt::format("; checkpoint {} s before", o.before_s)
+                                static_cast<long long>(left), wt.note,
+                                inside ? fmt::format("; already inside the --before window of {} s: CMD is asked to "
+                                                     "checkpoint as soon as it starts, as if {} had come (it may have "
+                                                     "come before pacer run could receive it)",
+                                                     o.before_s, signal_name(o.slurm_signal))
+                                : o.before_s > 0 ? fmt::format("; checkpoint {} s before", o.before_s)
                                                : "; --before 0: checkpoint on the signal only"),
-        {{"end_time", *wt.end_time}});
+        {{"end_time", *wt.end_time}, {"inside_window", inside}});
   } else {
     log("walltime", fmt::format("end time unknown: {}; checkpoint on {} only", wt.note, signal_name(o.slurm_signal)),
         {{"end_time", nullptr}});
@@ -355,6 +365,7 @@ struct Attempt {
   bool hung = false;  // stopped because a rank made no progress
   std::optional<std::uint64_t> baseline;
   std::optional<double> trigger;  // monotonic time of the walltime checkpoint
+  bool trigger_at_start = false;  // the job was inside the --before window when this attempt started
   int status = 0;                 // from waitpid
 };
 
@@ -547,8 +558,10 @@ struct Supervisor {
     a.pid = *spawned;
     log("started", fmt::format("attempt {} (pid {}), resuming from {}", a.number, a.pid, step_text(best)),
         {{"attempt", a.number}, {"pid", a.pid}});
-    if (wt.end_time && o.before_s > 0 && !walltime_fired)
+    if (wt.end_time && o.before_s > 0 && !walltime_fired) {
       a.trigger = mono_now() + (*wt.end_time - o.before_s - wall_now());
+      a.trigger_at_start = *a.trigger <= mono_now();
+    }
     return std::nullopt;
   }
 
@@ -603,8 +616,8 @@ struct Supervisor {
       const double t = mono_now();
       if (a.phase == Phase::kRunning && a.trigger && t >= *a.trigger) {
         walltime_fired = true;
-        request(a, fmt::format("job ends in {} s (--before {} s)", static_cast<long long>(*wt.end_time - wall_now()),
-                               o.before_s));
+        request(a, fmt::format("job ends in {} s (--before {} s{})", static_cast<long long>(*wt.end_time - wall_now()),
+                               o.before_s, a.trigger_at_start ? "; inside the window when CMD started" : ""));
       }
       if (a.phase == Phase::kRunning && hangs) check_progress(a);
       if (a.phase == Phase::kCheckpointing) {

@@ -263,11 +263,24 @@ Expected<std::int64_t> Catalog::begin_run(const RunInfo& run) {
 
 Status Catalog::end_run(std::int64_t run_id, double ended, std::optional<int> exit_code, double sampler_cpu_s) {
   if (writes_stopped()) return {};
-  Stmt st(db_, "UPDATE runs SET ended=?, exit_code=?, sampler_cpu_s=? WHERE run_id=?");
+  Stmt st(db_, "UPDATE runs SET ended=?, exit_code=?, sampler_cpu_s=coalesce(sampler_cpu_s, 0)+? WHERE run_id=?");
   st.bind(1, ended);
   exit_code ? st.bind(2, std::int64_t{*exit_code}) : st.bind_null(2);
   st.bind(3, sampler_cpu_s);
   st.bind(4, run_id);
+  if (st.step() != SQLITE_DONE) return sqlite_error(db_, "update run");
+  return {};
+}
+
+Status Catalog::continue_run(std::int64_t run_id, double interval_s) {
+  Stmt find(db_, "SELECT 1 FROM runs WHERE run_id=?");
+  find.bind(1, run_id);
+  const int rc = find.step();
+  if (rc == SQLITE_DONE) return Error{ErrorKind::kUsage, fmt::format("{}: no run {} in this catalog", path_, run_id)};
+  if (rc != SQLITE_ROW) return sqlite_error(db_, "find run");
+  Stmt st(db_, "UPDATE runs SET interval_s=? WHERE run_id=? AND (interval_s IS NULL OR interval_s=0)");
+  st.bind(1, interval_s);
+  st.bind(2, run_id);
   if (st.step() != SQLITE_DONE) return sqlite_error(db_, "update run");
   return {};
 }

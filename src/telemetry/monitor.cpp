@@ -128,12 +128,16 @@ Status check_options(const MonitorOptions& o) {
   return {};
 }
 
-// This node (and its GPUs) and a new run in the catalog; the run's id.
+// This node (and its GPUs) and a new run in the catalog (or the run given
+// by o.run_id); the run's id.
 Expected<std::int64_t> begin_run(Catalog& catalog, const Sampler& sampler, const MonitorOptions& o, std::int64_t& node_id) {
+  if (o.run_id > 0)
+    if (auto s = catalog.continue_run(o.run_id, o.interval_s); !s) return s.error();
   auto node = catalog.node_id(sampler.node());
   if (!node) return node.error();
   node_id = *node;
   if (auto s = catalog.add_gpus(node_id, sampler.gpus()); !s) return s.error();
+  if (o.run_id > 0) return o.run_id;
   RunInfo run;
   if (const char* job = std::getenv("SLURM_JOB_ID")) run.job_id = job;
   run.command = o.pid > 0 ? fmt::format("--pid {}", o.pid) : join_command(o.command);

@@ -416,18 +416,24 @@ std::vector<std::string> resolve_storage_paths(const VetOptions& o, const Profil
   return out;
 }
 
-}  // namespace
+// What run_vet needs resolved before the first probe; every option error is found here.
+struct Resolved {
+  Profile profile;
+  std::map<std::string, double> baseline;
+  std::set<std::string> selected;
+};
 
-Expected<VetReport> run_vet(const VetOptions& o) {
+Expected<Resolved> resolve(const VetOptions& o) {
+  Resolved r;
   auto profile = load_profile(o.profile);
   if (!profile) return profile.error();
-  std::map<std::string, double> baseline;
+  r.profile = std::move(*profile);
   if (o.baseline_path) {
     auto b = load_baseline(*o.baseline_path);
     if (!b) return b.error();
-    baseline = std::move(*b);
+    r.baseline = std::move(*b);
   }
-  auto selected = select_checks(o, *profile);
+  auto selected = select_checks(o, r.profile);
   if (!selected) return selected.error();
   if (selected->empty()) return Error{ErrorKind::kUsage, "no checks selected (see --only, --skip and the profile's enabled flags)"};
   for (const auto& inj : o.injections)
@@ -435,6 +441,25 @@ Expected<VetReport> run_vet(const VetOptions& o) {
       return Error{ErrorKind::kUsage, fmt::format("--inject: '{}' is measured only with --cluster", inj.check)};
     else if (!selected->count(inj.check))
       return Error{ErrorKind::kUsage, fmt::format("--inject: check '{}' is not selected", inj.check)};
+  r.selected = std::move(*selected);
+  return r;
+}
+
+}  // namespace
+
+Status check_options(const VetOptions& o) {
+  auto r = resolve(o);
+  if (!r) return r.error();
+  return {};
+}
+
+Expected<VetReport> run_vet(const VetOptions& o) {
+  auto resolved = resolve(o);
+  if (!resolved) return resolved.error();
+  // Pointers, so that the rest reads as it did when these were Expected<>s.
+  const Profile* profile = &resolved->profile;
+  const std::map<std::string, double>& baseline = resolved->baseline;
+  const std::set<std::string>* selected = &resolved->selected;
 
   VetReport report;
   report.host = o.node_name.empty() ? hw::hostname() : o.node_name;

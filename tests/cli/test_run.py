@@ -71,19 +71,44 @@ class RunTest(unittest.TestCase):
         self.assertEqual(self.kinds()[-1], "done")
 
     def test_monitor_samples_cmd_and_records_decisions(self):
+        # CMD crashes once, then finishes: both attempts' samples and every
+        # decision land in the one run that the supervisor began.
         import sqlite3
         db = os.path.join(self.d, "job.db")
-        r = self.run_pacer("--monitor", "--monitor-db", db, "--monitor-interval", "100ms", "--max-restarts", "1", "--",
-                           "sh", "-c", "sleep 0.5; exit 3")
-        self.assertEqual(r.returncode, 3, r.stderr)  # CMD's status through pacer monitor and pacer run
+        marker = os.path.join(self.d, "crashed")
+        script = f"if [ -e {marker} ]; then sleep 0.5; exit 0; fi; touch {marker}; sleep 0.5; exit 3"
+        r = self.run_pacer("--monitor", "--monitor-db", db, "--monitor-interval", "100ms", "--max-restarts", "1",
+                           "--restart-delay", "0", "--", "sh", "-c", script)
+        self.assertEqual(r.returncode, 0, r.stderr)
         con = sqlite3.connect(db)
-        kinds = [k for (k,) in con.execute("SELECT kind FROM events ORDER BY t")]
-        self.assertIn("run.start", kinds)
-        self.assertIn("run.restart", kinds)  # the crash and its restart are in the catalog
-        runs = con.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
-        samples = con.execute("SELECT COUNT(*) FROM samples").fetchone()[0]
-        self.assertGreaterEqual(runs, 2)  # one monitored run per attempt, plus the decisions
+        runs = con.execute("SELECT run_id, exit_code, interval_s, command FROM runs").fetchall()
+        self.assertEqual(len(runs), 1, runs)
+        run_id, exit_code, interval_s, command = runs[0]
+        self.assertEqual(exit_code, 0)
+        self.assertAlmostEqual(interval_s, 0.1)
+        self.assertIn("pacer run -- sh -c", command)
+        kinds = [k for (k,) in con.execute("SELECT kind FROM events WHERE run_id = ? ORDER BY t", (run_id,))]
+        for kind in ("run.start", "run.started", "run.exited", "run.restart", "run.done"):
+            self.assertIn(kind, kinds)
+        self.assertEqual(con.execute("SELECT COUNT(*) FROM events WHERE run_id IS NOT ?", (run_id,)).fetchone()[0], 0)
+        samples = con.execute("SELECT COUNT(*) FROM samples WHERE run_id = ?", (run_id,)).fetchone()[0]
         self.assertGreater(samples, 0)
+        con.close()
+        # The latest run, as pacer report and pacer score pick it, is that run.
+        html = os.path.join(self.d, "report.html")
+        rep = pacer("report", db, "-o", html)
+        self.assertEqual(rep.returncode, 0, rep.stderr)
+        with open(html) as f:
+            self.assertIn("run.restart", f.read())
+        score = pacer("score", "--json", db)
+        self.assertEqual(score.returncode, 0, score.stderr)
+        self.assertEqual(json.loads(score.stdout)["run_id"], run_id)
+
+    def test_monitor_run_id_must_exist(self):
+        db = os.path.join(self.d, "job.db")
+        r = pacer("monitor", "--db", db, "--run-id", "5", "--", "true")
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("no run 5", r.stderr)
 
     def test_monitor_records_the_vet_result(self):
         import sqlite3
@@ -194,9 +219,10 @@ class RunTest(unittest.TestCase):
         self.assertIn("corrupt header", out.stdout)
 
     def test_walltime_checkpoint_then_resume_to_the_exact_state(self):
-        # The end time is 30 s away and checkpoints are asked for 29.5 s before
-        # it: at once; the trainer (0.2 s a step) cannot have finished.
-        r = self.run_pacer("--ckpt-dir", self.ckpt, "--end-time", "+30s", "--before", "29.5s", "--grace", "60s", "--",
+        # The end time is 30 s away (or less: it is whole seconds) and
+        # checkpoints are asked for 30 s before it: at once; the trainer (0.2 s
+        # a step) cannot have finished.
+        r = self.run_pacer("--ckpt-dir", self.ckpt, "--end-time", "+30s", "--before", "30s", "--grace", "60s", "--",
                            *self.train_cmd("--sleep", "0.2"))
         self.assertEqual(r.returncode, 75, r.stderr)
         self.assertIn("not requeued: no Slurm job (bare)", r.stderr)
@@ -205,11 +231,25 @@ class RunTest(unittest.TestCase):
         self.assertLess(committed, 40)
         request = next(e for e in log if e["event"] == "checkpoint-request")
         self.assertIn("job ends in", request["message"])
+        # Inside the window at start: a Slurm warning lost before pacer run
+        # (trap '' USR1) is not needed, the request comes as CMD starts.
+        walltime = next(e for e in log if e["event"] == "walltime")
+        self.assertTrue(walltime["inside_window"])
+        self.assertIn("already inside the --before window of 30 s", walltime["message"])
+        self.assertIn("inside the window when CMD started", request["message"])
+        started = next(e for e in log if e["event"] == "started")
+        self.assertLess(request["unix"] - started["unix"], 5)
         self.assertIn(["checkpoint-request", "committed", "stop", "exited", "requeue"],
                       [self.kinds()[i:i + 5] for i in range(len(log))])
-        # The next allocation: same command, resumes from the committed step and finishes.
-        r = self.run_pacer("--ckpt-dir", self.ckpt, "--", *self.train_cmd())
+        # The next allocation: same command, resumes from the committed step
+        # and finishes; its end time is far outside the window.
+        os.unlink(self.log)
+        r = self.run_pacer("--ckpt-dir", self.ckpt, "--end-time", "+1h", "--before", "30s", "--",
+                           *self.train_cmd())
         self.assertEqual(r.returncode, 0, r.stderr)
+        walltime = next(e for e in read_log(self.log) if e["event"] == "walltime")
+        self.assertFalse(walltime["inside_window"])
+        self.assertNotIn("checkpoint-request", self.kinds())
         starts = [e["step"] for e in read_log(self.events) if e["what"] == "start"]
         self.assertEqual(starts, [0, committed])
         self.assert_exact_state(40)
@@ -323,6 +363,40 @@ class RunTest(unittest.TestCase):
             self.assertFalse(os.path.exists(marker))
             self.assertIn("CMD not started", r.stderr)
 
+
+    def test_vet_options_reach_the_quick_vet(self):
+        # An injected busy CPU fails system.load and refuses CMD; skipping
+        # that check starts it. The other check gets an injected passing
+        # value, so that this machine's state cannot change the verdict.
+        marker = os.path.join(self.d, "started")
+        vet = ["--vet", "quick", "--vet-only", "system.load,system.nofile", "--vet-inject", "system.nofile=1048576"]
+        r = self.run_pacer(*vet, "--vet-inject", "system.load=100", "--", "touch", marker)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertFalse(os.path.exists(marker))
+        self.assertEqual(self.logged("vet")[-1]["failed"], ["system.load"])
+        r = self.run_pacer(*vet, "--vet-skip", "system.load", "--", "touch", marker)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertTrue(os.path.exists(marker))
+        self.assertIn("passed (1 checks)", self.logged("vet")[-1]["message"])
+
+    def test_bad_vet_options_are_usage_errors_naming_the_option(self):
+        cases = [
+            (["--vet-skip", "nosuch"], "--vet-skip 'nosuch'"),
+            (["--vet-only", "system.load", "--vet-skip", "system.load"], "no checks selected"),
+            (["--vet-profile", "nosuch"], "--vet-profile nosuch"),
+            (["--vet-inject", "nosuch=1"], "--vet-inject 'nosuch=1'"),
+            (["--vet-only", "system.nofile", "--vet-inject", "system.load=1"], "system.load' is not selected"),
+            (["--vet-timeout", "soon"], "--vet-timeout soon"),
+        ]
+        marker = os.path.join(self.d, "started")
+        for extra, expect in cases:
+            r = self.run_pacer("--vet", "quick", *extra, "--", "touch", marker)
+            self.assertEqual(r.returncode, 2, (extra, r.stderr))
+            self.assertIn(expect, r.stderr)
+            self.assertFalse(os.path.exists(marker))
+        r = self.run_pacer("--vet-skip", "system.load", "--", "touch", marker)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("need --vet quick", r.stderr)
 
 class PortsTest(unittest.TestCase):
     def ports(self, *args, env=None):

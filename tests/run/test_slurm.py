@@ -1,6 +1,6 @@
 """`pacer run` inside real Slurm batch jobs on a single-node cluster started by the test.
 
-Four jobs run side by side (one CPU each):
+Five jobs run side by side (one CPU each, as many at once as the machine has CPUs):
 - signal: `sbatch --signal=B:USR1@55 --time=1`; the first run is slow enough that
   Slurm's warning comes before it ends; pacer asks for a checkpoint, waits for
   the committed step, stops the trainer and requeues the job; the requeued run
@@ -11,6 +11,9 @@ Four jobs run side by side (one CPU each):
   the latest committed step.
 - giveup: the trainer crashes at once every time; pacer gives up after two
   attempts without a new committed step and exits with its status.
+- early: Slurm's warning comes before `exec pacer run` (and is lost there);
+  pacer finds the job inside its `--before` window and asks for the
+  checkpoint as CMD starts.
 Each finished run must hold exactly the state of an uninterrupted run.
 
 Skips, saying why, when Slurm or munge is not installed or not running as
@@ -44,14 +47,23 @@ export PYTHONPATH={pythonpath}
 # requeued run is fast. What the runs compute does not depend on it.
 SLEEP={slow}
 if [ "${{SLURM_RESTART_COUNT:-0}}" != 0 ]; then SLEEP=0; fi
-# A warning that came before the exec would end bash (USR1's default action);
-# ignored here, it is still queued for pacer, which blocks it at once.
+{pre_exec}
+# A warning that came before the exec would end bash (USR1's default action).
+# Ignored, it is discarded, not kept for pacer: --before (at least the
+# warning's lead) stands in for it.
 trap '' USR1
 exec {pacer} run --ckpt-dir {dir}/ckpt --grace 30s --stop-timeout 10s --restart-delay 0 \\
     --log {dir}/run.jsonl {run_args} -- \\
     {python} {train} --steps {steps} --every 10 --sleep $SLEEP --events {dir}/events.jsonl {train_args}
 """
 
+
+# The first run waits, noting Slurm's warning, until the warning has come
+# (USR1@55 of a 1 min job: in its first seconds, or when slurmctld next looks).
+EARLY = """if [ "${{SLURM_RESTART_COUNT:-0}}" = 0 ]; then
+  trap 'touch {dir}/early-usr1' USR1
+  for i in $(seq 40); do [ -e {dir}/early-usr1 ] && break; sleep 1; done
+fi"""
 
 
 def read_jsonl(path):
@@ -82,11 +94,17 @@ class SlurmRunTest(unittest.TestCase):
             "crash": dict(extra_sbatch="", run_args="--max-restarts 2", slow="0", train_args="--crash-at 35"),
             "giveup": dict(extra_sbatch="", run_args="--max-restarts 5 --give-up-after 2", slow="0",
                            train_args="--crash-always"),
+            # The warning comes while the script still runs (the trap notes
+            # it), before pacer run exists; pacer finds itself inside its
+            # --before window at start and asks for the checkpoint at once.
+            "early": dict(extra_sbatch="#SBATCH --signal=B:USR1@55", run_args="--signal USR1 --before 58s", slow="2",
+                          train_args="", pre_exec=EARLY),
         }
         for name, spec in specs.items():
             d = os.path.join(cls.tmp, name)
             os.makedirs(d)
             script = os.path.join(d, "job.sh")
+            spec["pre_exec"] = spec.get("pre_exec", "").format(dir=d)
             with open(script, "w") as f:
                 f.write(JOB.format(name=name, dir=d, pacer=PACER, python=PYTHON, train=TRAIN, pythonpath=PYTHONPATH,
                                    steps=STEPS, **spec))
@@ -143,6 +161,14 @@ class SlurmRunTest(unittest.TestCase):
         walltime = next(e for e in read_jsonl(os.path.join(self.dirs["endtime"], "run.jsonl"))
                         if e["event"] == "walltime")
         self.assertIn("scontrol show job", walltime["message"])
+
+    def test_warning_before_pacer_run_is_not_lost(self):
+        self.assert_requeued_and_resumed("early", "inside the window when CMD started")
+        self.assertTrue(os.path.exists(os.path.join(self.dirs["early"], "early-usr1")), self.output)
+        log = read_jsonl(os.path.join(self.dirs["early"], "run.jsonl"))
+        walltime = next(e for e in log if e["event"] == "walltime")
+        self.assertTrue(walltime["inside_window"], walltime)
+        self.assertNotIn("SIGUSR1 received", " ".join(e["message"] for e in log))
 
     def test_crash_restarts_from_committed_step(self):
         job, log, events = self.finished("crash")

@@ -122,6 +122,26 @@ TEST(Catalog, SamplesStepsAndDerivedStepTime) {
   EXPECT_EQ(scalar(*f.cat, "SELECT count(*) FROM gpus WHERE uuid='GPU-aaa'"), 1);
 }
 
+// pacer run --monitor: one run begun by the supervisor, joined by the
+// monitor of every attempt, whose sampler costs add up.
+TEST(Catalog, ContinueRunJoinsAnExistingRunOnly) {
+  TempDir dir("catalog-");
+  auto cat = std::move(Catalog::open(dir.path() + "/c.db").value());
+  const auto run = cat->begin_run(RunInfo{"", "pacer run -- x", "n1", 1, 0}).value();
+  ASSERT_TRUE(cat->continue_run(run, 0.25));
+  ASSERT_TRUE(cat->continue_run(run, 5));  // the first interval stays
+  EXPECT_EQ(scalar(*cat, fmt::format("SELECT interval_s * 100 FROM runs WHERE run_id={}", run)), 25);
+  const auto missing = cat->continue_run(run + 1, 1);
+  ASSERT_FALSE(missing);
+  EXPECT_EQ(missing.error().kind, ErrorKind::kUsage);
+  EXPECT_TRUE(contains(missing.error().message, fmt::format("no run {}", run + 1)));
+  ASSERT_TRUE(cat->end_run(run, 10, 3, 0.5));
+  ASSERT_TRUE(cat->end_run(run, 20, 0, 0.25));
+  EXPECT_EQ(scalar(*cat, fmt::format("SELECT sampler_cpu_s * 100 FROM runs WHERE run_id={}", run)), 75);
+  EXPECT_EQ(scalar(*cat, fmt::format("SELECT exit_code FROM runs WHERE run_id={}", run)), 0);
+  EXPECT_EQ(scalar(*cat, "SELECT count(*) FROM runs"), 1);
+}
+
 TEST(Catalog, FullDiskStopsWritingButNotTheCaller) {
   TempDir dir("catalog-");
   auto cat = std::move(Catalog::open(dir.path() + "/full.db", CatalogOptions{.max_pages = 40}).value());

@@ -76,7 +76,13 @@ class Catalog {
   int schema_version() const { return schema_version_; }
 
   Expected<std::int64_t> begin_run(const RunInfo& run);
+  // Sets ended and exit_code; sampler_cpu_s is added, so that the monitors
+  // of several attempts sharing one run (continue_run) sum their cost.
   Status end_run(std::int64_t run_id, double ended, std::optional<int> exit_code, double sampler_cpu_s);
+  // Checks that the run exists, for a writer that joins a run another
+  // process began (`pacer run --monitor` runs every attempt's monitor in the
+  // supervisor's run); gives it interval_s when it has none yet.
+  Status continue_run(std::int64_t run_id, double interval_s);
   // The node's id, inserting it (by hostname) when new.
   Expected<std::int64_t> node_id(const NodeInfo& node);
   Status add_gpus(std::int64_t node_id, const std::vector<GpuRecord>& gpus);

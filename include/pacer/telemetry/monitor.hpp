@@ -18,6 +18,7 @@ struct MonitorOptions {
   int pid = 0;                       // ... or attach to this process
   double interval_s = 1.0;
   std::string db;                    // empty: default_catalog_name()
+  std::int64_t run_id = 0;           // 0: a new run; else join this run of db (Catalog::continue_run)
   std::string steps_file;            // JSON-lines step records to ingest while running
   std::string prometheus;            // "HOST:PORT" or "PORT" (loopback); empty: none
   bool gpus = true;

@@ -73,6 +73,10 @@ struct VetReport {
 // with `interrupted` set. Errors only for bad options (unknown check names,
 // bad profile or baseline); a failing or hanging check is a result, not an error.
 Expected<VetReport> run_vet(const VetOptions& options);
+// The errors run_vet would return for these options (profile, baseline, check
+// names, injections), without running a probe: for a caller that runs the
+// vet later (`pacer run --vet quick`) and must refuse bad options at once.
+Status check_options(const VetOptions& options);
 
 nlohmann::json to_json(const VetReport& r);
 // The compact table and the final OK/FAILED line.
