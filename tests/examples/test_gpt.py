@@ -59,8 +59,13 @@ class GptExample(unittest.TestCase):
                 "--ckpt", ckpt, *TRAIN_ARGS, *extra]
 
     @classmethod
+    def env(cls):
+        # Runs without --telemetry-db record into this catalog, not into one in the working directory.
+        return dict(os.environ, PACER_TELEMETRY_DB=os.path.join(cls.tmp, "telemetry.db"))
+
+    @classmethod
     def train(cls, ckpt, *extra):
-        return subprocess.run(cls.train_cmd(ckpt, *extra), capture_output=True, text=True, timeout=300)
+        return subprocess.run(cls.train_cmd(ckpt, *extra), capture_output=True, text=True, timeout=300, env=cls.env())
 
     def test_prepared_from_debian_text(self):
         with open(os.path.join(self.data, "data.manifest.json")) as f:
@@ -84,7 +89,7 @@ class GptExample(unittest.TestCase):
     def test_sigkill_and_resume_is_bit_identical(self):
         ckpt = os.path.join(self.tmp, "killed")
         p = subprocess.Popen(self.train_cmd(ckpt, "--hold-after", str(HOLD)), stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
+                             stderr=subprocess.STDOUT, text=True, env=self.env())
         try:
             for line in p.stdout:
                 if line.startswith("train: holding"):
@@ -115,7 +120,7 @@ class GptExample(unittest.TestCase):
 
     def test_missing_dataset_is_a_clear_error(self):
         r = subprocess.run([sys.executable, os.path.join(EXAMPLE, "train.py"), "--data", os.path.join(self.tmp, "nope"),
-                            "--ckpt", os.path.join(self.tmp, "none")], capture_output=True, text=True)
+                            "--ckpt", os.path.join(self.tmp, "none")], capture_output=True, text=True, env=self.env())
         self.assertEqual(r.returncode, 2)
         self.assertIn("run prepare.py first", r.stderr)
 
