@@ -206,7 +206,12 @@ def main(argv=None):
             torch.nn.utils.clip_grad_norm_(net.parameters(), a.grad_clip)
         optimizer.step()
         sched.step()
-        value = loss.item()  # also waits for the GPU: the step time below is the step's
+        if dist.is_initialized():  # report the mean over ranks: the loss of the global batch
+            mean = loss.detach().clone()
+            dist.all_reduce(mean)
+            value = mean.item() / dist.get_world_size()
+        else:
+            value = loss.item()  # also waits for the GPU: the step time below is the step's
         t2 = time.perf_counter()
         trained = int((labels != -100).sum().item())
         pacer.telemetry.step(step, loss=value, tokens=int(batch["lengths"].sum()), data_wait_s=t1 - t0,
