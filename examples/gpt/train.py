@@ -12,6 +12,7 @@ loss equals what an uninterrupted run computes, bit for bit.
 Several ranks: start it with torchrun (rank and world size from the environment); the CPU uses gloo.
 """
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -218,8 +219,11 @@ def main(argv=None):
                              step_time_s=t2 - t0, lr=sched.get_last_lr()[0], trained_tokens=trained)
         if losses is not None:
             # float.hex: the exact bits, so a resumed run can be compared without rounding.
+            # batch: a digest of this rank's tokens, so a resumed run shows it read the same data.
             losses.write(json.dumps({"step": step, "loss": value, "loss_hex": value.hex(), "lr": sched.get_last_lr()[0],
-                                     "epoch": loader.epoch}) + "\n")
+                                     "epoch": loader.epoch, "batch": hashlib.blake2b(
+                                         np.ascontiguousarray(batch["tokens"]).tobytes(), digest_size=8).hexdigest()})
+                         + "\n")
             losses.flush()
 
         requested = pacer.run.checkpoint_requested()
