@@ -126,7 +126,9 @@ def main():
         cmd += ["--threads", str(a.threads)]
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     if r.returncode != 0:
-        fail(3 if r.returncode == 3 else 2, f"pacer shard tokenize exited {r.returncode}:\n" + r.stdout.decode(errors="replace"))
+        # Its own exit codes carry over: 2 for bad input (a file it cannot read as text), 3 for a failure.
+        fail(3 if r.returncode == 3 else 2,
+             f"pacer shard tokenize exited {r.returncode}:\n" + r.stdout.decode(errors="replace"))
     size = sum(len(d) for _, d in files)
     print(f"prepare: {len(files)} files, {size / (1 << 20):.1f} MiB -> {prefix}.model ({a.vocab_size} pieces), "
           f"{os.path.join(a.out, 'data')} (.bin/.idx/.manifest.json)")

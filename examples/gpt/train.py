@@ -58,7 +58,8 @@ def parse_args(argv=None):
                     help="autocast dtype on CUDA (the CPU trains in float32)")
     ap.add_argument("--losses", help="JSON lines file of per-step losses (default: CKPT/losses.jsonl)")
     ap.add_argument("--telemetry-db", help="telemetry catalog (default: $PACER_TELEMETRY_DB or the job's)")
-    ap.add_argument("--hold-after", type=int, default=None, help=argparse.SUPPRESS)  # tests: stop here, wait to be killed
+    # For tests: after this step (its checkpoint committed) wait to be killed, so a kill lands at a known step.
+    ap.add_argument("--hold-after", type=int, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     a.ckpt = pacer.run.ckpt_dir(a.ckpt)
     if not a.ckpt:
@@ -154,7 +155,8 @@ def main(argv=None):
     net = gpt.GPT(cfg).to(device)
     model = net
     if dist.is_initialized() and dist.get_world_size() > 1:
-        model = torch.nn.parallel.DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None)
+        ids = [device.index] if device.type == "cuda" else None
+        model = torch.nn.parallel.DistributedDataParallel(net, device_ids=ids)
     optimizer = make_optimizer(net, a.lr, a.weight_decay)
     sched = cosine_schedule(optimizer, a.warmup, a.steps, a.min_lr_ratio)
     loader = pacer.data.Loader(dataset, batch_size=a.batch_size, seq_len=a.seq_len, pack=True, seed=a.seed,
