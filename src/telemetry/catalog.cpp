@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <thread>
 
 #include "pacer/core/posix_io.hpp"
 #include "pacer/hw/system.hpp"
@@ -134,12 +135,23 @@ Expected<std::unique_ptr<Catalog>> Catalog::open(const std::string& path, Catalo
     if (auto s = c->exec("PRAGMA query_only=1"); !s) return s.error();
     sqlite3_set_authorizer(db, &Catalog::authorize, c.get());
   }
+  // The version and whether any table exists, read in one transaction: a
+  // process creating this catalog at the same moment commits both at once, so
+  // a reader sees neither or both (read apart, it saw tables without a
+  // version and called a new catalog foreign).
   int version = -1;
+  std::int64_t tables = 0;
   {
+    if (auto s = c->exec("BEGIN"); !s)
+      return Error{ErrorKind::kConfig, fmt::format("{}: not a pacer catalog: {}", path, s.error().message)};
     Stmt st(db, "PRAGMA user_version");
-    if (!st.ok() || st.step() != SQLITE_ROW)
-      return Error{ErrorKind::kConfig, fmt::format("{}: not a pacer catalog: {}", path, sqlite3_errmsg(db))};
-    version = static_cast<int>(st.int64(0));
+    const bool read = st.ok() && st.step() == SQLITE_ROW;
+    if (read) version = static_cast<int>(st.int64(0));
+    Stmt master(db, "SELECT count(*) FROM sqlite_master");
+    if (read && master.ok() && master.step() == SQLITE_ROW) tables = master.int64(0);
+    const std::string why = sqlite3_errmsg(db);
+    (void)c->exec("COMMIT");
+    if (!read) return Error{ErrorKind::kConfig, fmt::format("{}: not a pacer catalog: {}", path, why)};
   }
   if (version > kCatalogSchemaVersion)
     return Error{ErrorKind::kConfig,
@@ -147,14 +159,22 @@ Expected<std::unique_ptr<Catalog>> Catalog::open(const std::string& path, Catalo
                              "use a newer pacer to read it",
                              path, version, kCatalogSchemaVersion)};
   if (version == 0) {
-    Stmt st(db, "SELECT count(*) FROM sqlite_master");
-    if (st.ok() && st.step() == SQLITE_ROW && st.int64(0) > 0)
+    if (tables > 0)
       return Error{ErrorKind::kConfig, fmt::format("{}: not a pacer catalog (an SQLite file without a schema version)", path)};
     if (options.read_only) return Error{ErrorKind::kConfig, fmt::format("{}: empty file, not a pacer catalog", path)};
   }
   if (!options.read_only) {
     // WAL lets the monitor and the training processes write while a query reads.
-    if (auto s = c->exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL"); !s) return s.error();
+    // Switching to WAL needs the file to itself and answers "database is
+    // locked" at once, without the busy handler, while another process opens
+    // it: retried within the busy timeout.
+    for (int waited_ms = 0;; waited_ms += 10) {
+      Status s = c->exec("PRAGMA journal_mode=WAL");
+      if (s) break;
+      if (waited_ms >= options.busy_timeout_ms || s.error().message.find("locked") == std::string::npos) return s.error();
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (auto s = c->exec("PRAGMA synchronous=NORMAL"); !s) return s.error();
     if (version == 0)
       if (auto s = c->create_schema(); !s) return s.error();
     // After the schema, so that the cap limits data, not the catalog's creation.

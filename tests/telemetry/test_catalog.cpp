@@ -6,7 +6,9 @@
 
 #include <filesystem>
 #include <limits>
+#include <thread>
 #include <tuple>
+#include <vector>
 
 #include "pacer/telemetry/questions.hpp"
 #include "test_util.hpp"
@@ -58,6 +60,28 @@ TEST(Catalog, SchemaVersionAndTables) {
   for (const char* t : {"runs", "nodes", "ranks", "gpus", "metrics", "samples", "steps", "events"})
     EXPECT_EQ(scalar(*f.cat, fmt::format("SELECT count(*) FROM sqlite_master WHERE name='{}'", t)), 1) << t;
   EXPECT_EQ(std::get<std::string>(f.cat->query("PRAGMA journal_mode")->rows[0][0]), "wal");
+}
+
+// Ranks of one job open the same new catalog at the same moment (the
+// reference training run's two ranks did): every one gets the catalog, none
+// "database is locked" or "not a pacer catalog".
+TEST(Catalog, ManyOpenersOfOneNewCatalogAllSucceed) {
+  TempDir dir("pacer-catalog-race-");
+  for (int round = 0; round < 20; ++round) {
+    const std::string path = dir.path() + fmt::format("/race-{}.db", round);
+    std::vector<std::thread> ts;
+    std::vector<std::string> errors(4);
+    for (int t = 0; t < 4; ++t)
+      ts.emplace_back([&, t] {
+        auto c = Catalog::open(path);
+        if (!c) errors[t] = c.error().message;
+      });
+    for (auto& th : ts) th.join();
+    for (const auto& e : errors) EXPECT_EQ(e, "") << "round " << round;
+    auto c = Catalog::open(path);
+    ASSERT_TRUE(c) << c.error().message;
+    EXPECT_EQ((*c)->schema_version(), kCatalogSchemaVersion);
+  }
 }
 
 TEST(Catalog, NewerSchemaIsRefusedByName) {
