@@ -190,18 +190,19 @@ def columns_of(samples):
     return list(samples)
 
 
-# ---- worker processes (map_workers) -------------------------------------------
+# ---- worker processes (map_workers, and pacer.data.tokenize's callables) -----
 
-_worker_stages = None
-
-
-def _init_worker(stages):
-    global _worker_stages
-    _worker_stages = stages
+_worker_function = None
 
 
-def _run_in_worker(batch):
-    return _worker_stages(batch)
+def _init_worker(function):
+    """A process pool's initializer: the callable this worker runs (stages, a batch encoder)."""
+    global _worker_function
+    _worker_function = function
+
+
+def _run_in_worker(arg):
+    return _worker_function(arg)
 
 
 def portable(batch):

@@ -628,22 +628,20 @@ def write_chat(prefix, paths, template, dtype="int32"):
 # ---------------------------------------------------------------------------
 # Tokenizing: text and JSON lines to a Megatron-Core token dataset.
 
-_worker_tokenizer = None
+class _BatchEncoder:
+    """Encodes a chunk of documents in a worker process; the ids go back as two byte strings, which pickle as
+    one copy each."""
 
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
 
-def _set_worker_tokenizer(tokenizer):
-    global _worker_tokenizer
-    _worker_tokenizer = tokenizer
-
-
-def _encode_batch(docs):
-    # In a worker process: the ids go back as two byte strings, which pickle as one copy each.
-    ids, lengths = array.array("q"), array.array("Q")
-    for d in docs:
-        e = _worker_tokenizer(d)
-        ids.extend(e)
-        lengths.append(len(e))
-    return ids.tobytes(), lengths.tobytes()
+    def __call__(self, docs):
+        ids, lengths = array.array("q"), array.array("Q")
+        for d in docs:
+            e = self.tokenizer(d)
+            ids.extend(e)
+            lengths.append(len(e))
+        return ids.tobytes(), lengths.tobytes()
 
 
 def _attribute(tokenizer, names):
@@ -713,6 +711,6 @@ def tokenize(inputs, prefix, tokenizer, field="text", document="line", eod="eos"
     opts.update(vocab_size=int(vocab_size), eos_id=eos if eos is not None and eos >= 0 else None, name=_callable_name(tokenizer),
                 model_file=os.fsdecode(model_file) if model_file else "")
     ctx = multiprocessing.get_context("fork")  # fork: the tokenizer reaches the workers without pickling
-    with ctx.Pool(threads, initializer=_set_worker_tokenizer, initargs=(tokenizer,)) as pool:
-        opts["encode_batch"] = lambda docs: pool.apply(_encode_batch, (docs,))
+    with ctx.Pool(threads, initializer=_stages._init_worker, initargs=(_BatchEncoder(tokenizer),)) as pool:
+        opts["encode_batch"] = lambda docs: pool.apply(_stages._run_in_worker, (docs,))
         return json.loads(_pacer._tokenize(*args, opts))
