@@ -169,12 +169,7 @@ std::string tokenize(const std::vector<std::string>& inputs, const std::string& 
     auto id = unwrap(data::external_identity("callable", opt["name"].cast<std::string>(), opt["model_file"].cast<std::string>()));
     tok = std::make_unique<PyTokenizer>(opt["encode_batch"], opt["vocab_size"].cast<std::uint64_t>(), eos, std::move(id));
   }
-  std::optional<Expected<data::TokenizeReport>> r;
-  {
-    py::gil_scoped_release nogil;
-    r.emplace(data::tokenize(o, *tok));
-  }
-  return data::to_json(unwrap(std::move(*r))).dump();
+  return data::to_json(call_nogil([&] { return data::tokenize(o, *tok); })).dump();
 }
 
 std::shared_ptr<Dataset> open_spec(const std::string& spec) {
@@ -220,8 +215,7 @@ class PyLoader {
   }
   PyLoader(const data::Blend& blend, const py::dict& options, bool copy) : copy_(copy), tokens_(!blend.token_datasets.empty()), blend_(true) {
     const auto o = loader_options(options);
-    py::gil_scoped_release nogil;  // may plan every dataset's first packed epoch
-    impl_ = unwrap(data::Loader::open(blend, o));
+    impl_ = call_nogil([&] { return data::Loader::open(blend, o); });  // may plan every dataset's first packed epoch
   }
 
   // Reader threads may be inside a read: join them without holding the GIL.
