@@ -119,6 +119,12 @@ class MaskGuard {
     sa.sa_handler = SIG_DFL;
     sigaction(SIGCHLD, &sa, &old_chld_);
   }
+  // Blocks more signals; old() stays the caller's mask (children start with it).
+  void extend(const sigset_t& more) {
+    for (int sig = 1; sig < NSIG; ++sig)
+      if (sigismember(&more, sig) == 1) sigaddset(&set_, sig);
+    pthread_sigmask(SIG_BLOCK, &more, nullptr);
+  }
   ~MaskGuard() {
     // Signals that arrive as we finish (Slurm's SIGTERM after `scontrol
     // requeue`) were answered already; they must not kill the caller now.
@@ -783,6 +789,14 @@ Expected<Outcome> supervise(const Options& o) {
                            join(o.argv)),
       {{"argv", o.argv}, {"slurm_job", in_slurm ? json(job) : json(nullptr)}, {"host", hw::hostname()}});
 
+  // Slurm's warning is blocked from here on, so that one arriving while
+  // `--vet quick` runs stays pending (a blocked signal is queued even where
+  // the batch script left it ignored) and the first attempt is asked at once.
+  // SIGINT and SIGTERM stay deliverable: they interrupt the vet.
+  sigset_t early;
+  sigemptyset(&early);
+  sigaddset(&early, o.slurm_signal);
+  MaskGuard mask(early);
   auto vetted = vet_node(o, log);
   if (!vetted) return vetted.error();
   if (*vetted) return **vetted;
@@ -799,7 +813,7 @@ Expected<Outcome> supervise(const Options& o) {
   const int no_progress = load_no_progress(state_path, best, log);
 
   const sigset_t set = watched_signals();
-  MaskGuard mask(set);
+  mask.extend(set);
   // A request belongs to one attempt: none is left behind.
   // Heartbeats and stacks live in the request's private directory; with
   // --request-file, in one of their own.
