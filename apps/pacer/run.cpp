@@ -303,14 +303,17 @@ Handler register_run(CLI::App& app) {
   cmd->add_option("--vet-profile", args->vet_args.profile, "--vet quick: pacer vet's --profile (built-in name or TOML file)");
   cmd->add_option("--vet-baseline", args->vet_args.baseline, "--vet quick: pacer vet's --baseline (JSON report)");
   cmd->add_option("--vet-only", args->vet_args.only, "--vet quick: run only these checks or categories (comma-separated)")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->allow_extra_args(false);
   cmd->add_option("--vet-skip", args->vet_args.skip, "--vet quick: skip these checks or categories (comma-separated)")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->allow_extra_args(false);
   cmd->add_option("--vet-timeout", args->vet_args.timeout, "--vet quick: timeout for every check, e.g. 30s");
   cmd->add_option("--vet-expect-gpus", args->vet_args.expect_gpus, "--vet quick: GPUs this node must have (0 = any)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--vet-inject", args->vet_args.inject,
-                  "--vet quick: pacer vet's --inject CHECK=hang|crash|VALUE (repeatable; testing the gate)");
+                  "--vet quick: pacer vet's --inject [NODE:]CHECK=hang|crash|VALUE (repeatable; testing the gate)")
+      ->allow_extra_args(false);
   cmd->add_option("--log", args->log, "Append every decision to this file as JSON lines (pacer.run.event/1)");
   cmd->add_flag("--quiet", args->quiet, "No decision lines on stderr (the final line stays)");
   cmd->add_flag("--monitor", args->monitor, "Run CMD under `pacer monitor` and record every decision as a catalog event");
@@ -324,7 +327,8 @@ Handler register_run(CLI::App& app) {
                                                   "ones remain (default: --nodes, no shrinking)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--node-list", args->node_list, "--nodes: the allocation's nodes (default: $SLURM_JOB_NODELIST)")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->allow_extra_args(false);
   cmd->add_option("--launcher", args->launcher,
                   fmt::format("--nodes: launch prefix for the agents; {{nodes}} and {{count}} are the chosen nodes "
                               "(default: {})", run::kDefaultLauncher));
@@ -333,6 +337,8 @@ Handler register_run(CLI::App& app) {
   cmd->add_option("--leader-addr", args->leader_addr, "--nodes: the address agents connect to (default: host name)");
   cmd->add_option("--connect-timeout", args->connect_timeout, "--nodes: from the launch to every agent's connection")
       ->capture_default_str();
+  // One value per occurrence (repeat the option for more): a list option
+  // must not swallow what follows it, such as `--` and CMD.
   cmd->add_option("command", args->argv, "CMD and its arguments, after --")->required();
   return [args] { return run(*args); };
 }

@@ -235,7 +235,7 @@ class Leader {
       SpawnOptions so;
       so.signal_mask = &mask_.old();
       so.new_process_group = true;
-      so.env = {{kNodeNameEnv, n}};
+      so.env = {{kNodeNameEnv, n}, {kRunNodesEnv, n}};
       if (fd) so.stdout_fd = fd->get();
       auto pid = spawn_process(argv, so);
       if (!pid) r.error = pid.error().message;
@@ -402,7 +402,7 @@ class Leader {
     m->hello = true;
     m->conn.emplace(std::move(conn));
     log_("agent", fmt::format("{} (node rank {}) connected from {}", node, m->node_rank, m->conn->peer()),
-         {{"host", node}, {"node_rank", m->node_rank}, {"attempt", attempt_}});
+         {{"host", node}, {"node_rank", m->node_rank}, {"attempt", attempt_}, {"agent_pid", hello.value("pid", 0)}});
   }
 
   std::vector<std::string> nodes_of() const {
