@@ -36,9 +36,11 @@ namespaces.
 Teardown (stop(), also run at interpreter exit and by `with Cluster(...)`)
 cancels jobs, stops the daemons, kills every process left in a node's
 namespace (so the namespaces and their veth ends go) and deletes the bridge.
-The node slurmds die with the test process (PR_SET_PDEATHSIG), and links
-whose owner process is gone (a test killed with SIGKILL) are deleted when
-the next multi-node cluster starts. Link names carry the owner's pid:
+The daemons (munged, slurmctld, the slurmds) die with the test process
+(PR_SET_PDEATHSIG); what a test killed with SIGKILL still leaves (its jobs'
+slurmstepds and tasks, in the nodes' namespaces noted in
+/tmp/pacer-slurm-nodes/, and its links) is ended when the next multi-node
+cluster starts. Link names carry the owner's pid:
 pc<pid hex>-<seq>b (bridge), pc<pid hex>-<seq>v<i> (a node's root-side veth).
 
 missing_reason(nodes=K) says why the machine cannot run it (no Slurm or
@@ -109,19 +111,72 @@ def _ip(*args, check=True):
     return r
 
 
-def _sweep_stale_links():
-    """Deletes links left by a test process that is gone (killed before its teardown)."""
+# Each multi-node cluster notes its nodes' network namespaces here (a file
+# named like its links), so that a later run can end what a killed one left.
+NS_REGISTRY = "/tmp/pacer-slurm-nodes"
+
+
+def _owner_gone(pid):
+    try:
+        os.kill(pid, 0)
+        return False
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+
+
+def _pids_in_namespaces(namespaces):
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            st = os.stat(f"/proc/{entry}/ns/net")
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) in namespaces:
+            pids.append(int(entry))
+    return pids
+
+
+def _sweep_stale():
+    """Ends what a test process that is gone (killed before its teardown) left: the processes in its nodes'
+    namespaces (slurmstepd and tasks outlive slurmd) and its links."""
+    try:
+        names = os.listdir(NS_REGISTRY)
+    except FileNotFoundError:
+        names = []
+    for name in names:
+        m = re.fullmatch(r"pc([0-9a-f]+)-[0-9a-f]+", name)
+        if not m or not _owner_gone(int(m.group(1), 16)):
+            continue
+        path = os.path.join(NS_REGISTRY, name)
+        try:
+            with open(path) as f:
+                lines = [line.split() for line in f]
+        except OSError:
+            continue
+        conf = next((w[1] for w in lines if len(w) == 2 and w[0] == "conf"), None)
+        namespaces = {(int(w[1]), int(w[2])) for w in lines if len(w) == 3 and w[0] == "ns"}
+        # A freed namespace's inode can come back for another's: only a
+        # process of that cluster (its SLURM_CONF) is killed.
+        mark = f"SLURM_CONF={conf}".encode()
+        for pid in _pids_in_namespaces(namespaces):
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    if conf and mark in f.read().split(b"\0"):
+                        os.kill(pid, signal.SIGKILL)
+            except (OSError, ProcessLookupError):
+                pass
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
     out = _ip("-o", "link", "show", check=False).stdout
     for name in re.findall(r"^\d+: (pc[0-9a-f]+-[0-9a-f]+[bv]\d*)[@:]", out, re.M):
-        pid = int(name[2:name.index("-")], 16)
-        try:
-            os.kill(pid, 0)
-            continue
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            continue
-        _ip("link", "del", name, check=False)
+        if _owner_gone(int(name[2:name.index("-")], 16)):
+            _ip("link", "del", name, check=False)
 
 
 _PR_SET_PDEATHSIG = 1
@@ -151,6 +206,8 @@ class Cluster:
         self.node_addr = {}
         self.bridge = None
         self.stopped = False
+        # Multi-node daemons die with the test process; one node stays as it always was.
+        self._preexec = None if nodes is None else _die_with_parent
         if nodes is not None:
             if nodes < 1 or nodes > 200:
                 raise ValueError(f"nodes={nodes}: 1 to 200 emulated nodes")
@@ -202,7 +259,7 @@ class Cluster:
              "--pid-file", os.path.join(self.root, "munge", "munged.pid"),
              "--log-file", os.path.join(self.root, "log", "munged.log"),
              "--seed-file", os.path.join(self.root, "munge", "munged.seed")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
+            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, preexec_fn=self._preexec))
         for _ in range(50):
             if os.path.exists(self.munge_socket):
                 break
@@ -262,7 +319,8 @@ MinJobAge=600
 PartitionName=debug Nodes={",".join(self.nodes)} Default=YES MaxTime=INFINITE State=UP
 """)
         self.procs.append(subprocess.Popen([_which("slurmctld"), "-D", "-i", "-f", self.conf], env=self.env,
-                                           stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
+                                           stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                                           preexec_fn=self._preexec))
         if self.count is None:
             self.procs.append(subprocess.Popen([_which("slurmd"), "-D", "-f", self.conf], env=self.env,
                                                stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
@@ -293,7 +351,7 @@ PartitionName=debug Nodes={",".join(self.nodes)} Default=YES MaxTime=INFINITE St
 
     def _make_bridge(self):
         """Makes the bridge on a free 10.213.X.0/24; returns its address (slurmctld's)."""
-        _sweep_stale_links()
+        _sweep_stale()
         # Two test runs choosing at once must not take the same subnet.
         with open("/tmp/pacer-slurm-net.lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
@@ -343,6 +401,12 @@ PartitionName=debug Nodes={",".join(self.nodes)} Default=YES MaxTime=INFINITE St
                     raise RuntimeError(f"node {name}: no network namespace within 10 s")
                 time.sleep(0.01)
             self.node_ns[name] = (st.st_dev, st.st_ino)
+            os.makedirs(NS_REGISTRY, mode=0o700, exist_ok=True)
+            reg = os.path.join(NS_REGISTRY, self.links)
+            with open(reg, "a") as f:
+                if f.tell() == 0:
+                    f.write(f"conf {self.conf}\n")
+                f.write(f"ns {st.st_dev} {st.st_ino}\n")
             _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", str(p.pid))
             _ip("link", "set", veth, "master", self.bridge, "up")
             cfg = subprocess.run([_which("nsenter"), "-t", str(p.pid), "-n", _which("ip"), "-batch", "-"],
@@ -360,19 +424,7 @@ PartitionName=debug Nodes={",".join(self.nodes)} Default=YES MaxTime=INFINITE St
     def _ns_pids(self, name):
         """Every process in the node's network namespace."""
         ns = self.node_ns.get(name)
-        pids = []
-        if ns is None:
-            return pids
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                st = os.stat(f"/proc/{entry}/ns/net")
-            except OSError:
-                continue
-            if (st.st_dev, st.st_ino) == ns:
-                pids.append(int(entry))
-        return pids
+        return _pids_in_namespaces({ns}) if ns else []
 
     def _signal_node(self, name, sig):
         for pid in self._ns_pids(name):
@@ -464,6 +516,11 @@ PartitionName=debug Nodes={",".join(self.nodes)} Default=YES MaxTime=INFINITE St
         if self.bridge:
             _ip("link", "del", self.bridge, check=False)
             self.bridge = None
+        if self.count is not None and not any(self._ns_pids(n) for n in self.nodes):
+            try:
+                os.unlink(os.path.join(NS_REGISTRY, self.links))
+            except FileNotFoundError:
+                pass
 
     def sbatch(self, script_path, env=None):
         out = subprocess.run([_which("sbatch"), "--parsable", script_path], env=dict(self.env, **(env or {})),
