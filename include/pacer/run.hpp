@@ -118,8 +118,10 @@ struct ClusterOptions {
   double vet_timeout_s = 600;      // one node's vet, launch included
 };
 inline constexpr const char* kDefaultLauncher =
-    "srun --nodes={count} --ntasks={count} --ntasks-per-node=1 --nodelist={nodes} --overlap --kill-on-bad-exit=0";
-inline constexpr const char* kDefaultVetLauncher = "srun --nodes=1 --ntasks=1 --nodelist={nodes} --overlap";
+    "srun --nodes={count} --ntasks={count} --ntasks-per-node=1 --nodelist={nodes} --overlap --kill-on-bad-exit=0 "
+    "--immediate=60";
+inline constexpr const char* kDefaultVetLauncher =
+    "srun --nodes=1 --ntasks=1 --nodelist={nodes} --overlap --immediate=30";
 // Set for the launcher and, through it, the agents: the chosen nodes in node
 // rank order, their number, and the token an agent proves itself with.
 inline constexpr const char* kRunNodesEnv = "PACER_RUN_NODES";

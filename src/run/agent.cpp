@@ -235,6 +235,12 @@ class Agent {
 
 int run_agent(const AgentOptions& a) {
   const std::string node = node_name(a);
+  // The agent is the launcher's task; CMD is this node's launcher of its
+  // ranks, which give them their own ranks. The agent's task identity must
+  // not reach them: every rank would read local rank 0 from it.
+  for (const char* v : {"SLURM_LOCALID", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
+                        "PMI_RANK", "PMIX_RANK", "MPI_LOCALRANKID"})
+    ::unsetenv(v);
   if (a.argv.empty()) {
     say(node, "no command to run (pacer run-agent --leader HOST:PORT -- CMD ...)");
     return static_cast<int>(ExitCode::kUsage);

@@ -25,6 +25,9 @@ constexpr double kHelloTimeoutS = 10;   // a connection that says nothing is dro
 constexpr double kDumpTimeoutS = 5;     // stacks + NVML from every node after a hang
 constexpr double kStopSlackS = 10;      // past --stop-timeout before a silent agent counts as lost
 constexpr double kLauncherGraceS = 5;   // SIGTERM to SIGKILL for the launcher (srun)
+// An agent reports at least every second; one silent this long is lost (a
+// node that vanished without closing its connection: power, network).
+constexpr double kAgentSilentS = 10;
 
 std::vector<std::string> words(const std::string& text) {
   std::vector<std::string> out;
@@ -92,6 +95,7 @@ struct Member {
   std::vector<RankView> ranks;
   std::optional<double> timeout;  // the agent's derived hang timeout (auto)
   std::optional<json> dump;
+  double last_heard = 0;  // leader's monotonic time of its last message
   bool done() const { return exited || lost; }
 };
 
@@ -400,6 +404,7 @@ class Leader {
                         {"request_signal", o_.request_signal ? signal_name(*o_.request_signal).substr(3) : ""}};
     if (auto s = conn.send(start); !s) return refuse(s.error().message);
     m->hello = true;
+    m->last_heard = mono_now();
     m->conn.emplace(std::move(conn));
     log_("agent", fmt::format("{} (node rank {}) connected from {}", node, m->node_rank, m->conn->peer()),
          {{"host", node}, {"node_rank", m->node_rank}, {"attempt", attempt_}, {"agent_pid", hello.value("pid", 0)}});
@@ -497,6 +502,7 @@ class Leader {
         mark_lost(m, "its agent sent a bad message");
         continue;
       }
+      if (!got->empty()) m.last_heard = now;
       for (const auto& msg : *got)
         if (!m.done()) handle(m, msg);
       if (m.conn && m.conn->eof() && !m.done())
@@ -613,6 +619,9 @@ class Leader {
             mark_lost(m, launcher_status_ ? fmt::format("the launcher exited (status {}) before its agent connected",
                                                         *launcher_status_)
                                           : fmt::format("its agent did not connect within {} s", c_.connect_timeout_s));
+        for (auto& m : members_)
+          if (m.hello && !m.done() && now - m.last_heard >= kAgentSilentS)
+            mark_lost(m, fmt::format("no message from its agent for {:.0f} s (node down or unreachable)", kAgentSilentS));
         check_hang();
         if (wt_.end_time && o_.before_s > 0 && !asked_ &&
             wall_now() >= *wt_.end_time - o_.before_s)
