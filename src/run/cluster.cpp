@@ -541,24 +541,39 @@ class Leader {
                             {"committed_step", baseline_ ? json(*baseline_) : json(nullptr)}});
   }
 
-  // The hang decision over every node's ranks: the rank idle longest is the
-  // one that stopped first; a hang when it is idle for the timeout.
+  // The hang decision over every node's ranks: a hang when the rank idle
+  // longest is idle for the timeout. The one that stopped first is the one
+  // idle longest; but idle times are known only to an agent's poll period,
+  // and ranks waiting in a collective for a hung one stop a moment after it,
+  // one step further. So among the ranks within two poll periods of the
+  // longest idle, the one with the lowest last step is named.
   void check_hang() {
     const auto t = hang_timeout();
     if (!t || stopping_) return;
     const double now = mono_now();
-    const Member* fm = nullptr;
-    const RankView* first = nullptr;
+    double longest = -1;
     bool all = true;
+    // A node whose CMD ended has no ranks left to wait for.
     for (const auto& m : members_)
       for (const auto& r : m.ranks) {
-        if (!first || r.idle(now) > first->idle(now)) {
+        if (m.done()) break;
+        longest = std::max(longest, r.idle(now));
+        all = all && r.idle(now) >= *t;
+      }
+    if (longest < *t) return;
+    const double near = longest - 2 * poll_s();
+    const Member* fm = nullptr;
+    const RankView* first = nullptr;
+    auto step_of = [](const RankView& r) { return r.step.is_number_unsigned() ? r.step.get<std::uint64_t>() : 0; };
+    for (const auto& m : members_)
+      for (const auto& r : m.ranks) {
+        if (m.done()) break;
+        if (r.idle(now) < near) continue;
+        if (!first || step_of(r) < step_of(*first) || (step_of(r) == step_of(*first) && r.idle(now) > first->idle(now))) {
           first = &r;
           fm = &m;
         }
-        all = all && r.idle(now) >= *t;
       }
-    if (!first || first->idle(now) < *t) return;
     on_hang(*fm, *first, *t, all);
   }
 

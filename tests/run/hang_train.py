@@ -4,7 +4,9 @@
 
 With --ranks N it starts N ranks (LOCAL_RANK 0..N-1, RANK = PACER_NODE_RANK
 x N + LOCAL_RANK) as children and waits for them, as a launcher would; only
---hang-rank (a global rank) hangs, the others keep stepping. --ckpt-every K
+--hang-rank (a global rank) hangs, the others keep stepping. --block-others makes
+the other ranks stop too once past the hung rank's step
+(waiting_for_the_hung_rank), as ranks blocked in that step's collective do. --ckpt-every K
 commits a tiny checkpoint every K steps (rank 0) under $PACER_CKPT_DIR, and
 a later attempt resumes after the newest one. The hung rank sleeps inside stuck_in_collective() so that the test
 can look for that name in the captured stacks.
@@ -20,6 +22,10 @@ import pacer.run
 
 
 def stuck_in_collective():
+    time.sleep(3600)
+
+
+def waiting_for_the_hung_rank():
     time.sleep(3600)
 
 
@@ -49,10 +55,19 @@ def train(args, rank):
         ck = pacer.Checkpointer(pacer.run.ckpt_dir(None), keep_last=2)
         if ck.latest() is not None:
             first = ck.load()[0] + 1
+    flag = args.events + ".hung" if args.events else None
     for step in range(first, args.steps):
         if hang_now and step == args.hang_at:
             event(args, rank, "hang", step)
+            if args.block_others and flag:
+                with open(flag + ".tmp", "w") as f:
+                    f.write(str(step))
+                os.rename(flag + ".tmp", flag)
             stuck_in_collective()
+        if args.block_others and flag and pacer.run.attempt() == 0 and os.path.exists(flag):
+            with open(flag) as f:
+                if step > int(f.read()):  # the collective of the hung rank's step never completes
+                    waiting_for_the_hung_rank()
         if not args.never_beat:
             pacer.run.heartbeat(step)
         if step == first:
@@ -77,6 +92,8 @@ def main():
     p.add_argument("--fork-worker", action="store_true")
     p.add_argument("--ckpt-every", type=int, default=0)
     p.add_argument("--events")
+    p.add_argument("--block-others", action="store_true",
+                   help="the other ranks stop once past the hung rank's step, as in a collective")
     args = p.parse_args()
     if args.ranks:
         me = [a for a in sys.argv[1:]]

@@ -72,6 +72,13 @@ class ClusterTest(unittest.TestCase):
             time.sleep(0.05)
         self.fail(f"timed out; log: {[e['event'] for e in read_log(self.log)]}")
 
+    def lose(self, node, proc):
+        """The node goes down: its agent is SIGKILLed and the launcher cannot reach it any more."""
+        agent = self.wait_for(lambda: next((e for e in self.logged("agent") if e["host"] == node), None), proc=proc)
+        with open(self.down, "w") as f:
+            f.write(node + "\n")
+        os.kill(agent["agent_pid"], signal.SIGKILL)
+
     def test_hang_on_one_node_is_named_killed_everywhere_and_relaunched(self):
         r = self.run_pacer("--nodes", "2", "--hang-timeout", "2s", "--",
                            *self.train("--ranks", "2", "--hang-rank", "3", "--steps", "250", "--hang-at", "4",
@@ -104,10 +111,7 @@ class ClusterTest(unittest.TestCase):
                                        "30s", "--", *self.train("--ranks", "1", "--steps", "60", "--step-s", "0.05"),
                                        nodes="n1,n2,n3,n4"),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env())
-        agent = self.wait_for(lambda: next((e for e in self.logged("agent") if e["host"] == "n2"), None), proc=p)
-        with open(self.down, "w") as f:
-            f.write("n2\n")
-        os.kill(agent["agent_pid"], signal.SIGKILL)
+        self.lose("n2", p)
         out, err = p.communicate(timeout=120)
         self.assertEqual(p.returncode, 0, err)
         [spare] = [e for e in self.logged("exclude") if e["node"] == "n4"]
@@ -131,10 +135,7 @@ class ClusterTest(unittest.TestCase):
                 os.unlink(self.down)
             p = subprocess.Popen(self.argv("--nodes", "2", "--min-nodes", min_nodes, *VET, "--", *train, nodes="n1,n2"),
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env())
-            agent = self.wait_for(lambda: next((e for e in self.logged("agent") if e["host"] == "n2"), None), proc=p)
-            with open(self.down, "w") as f:
-                f.write("n2\n")
-            os.kill(agent["agent_pid"], signal.SIGKILL)
+            self.lose("n2", p)
             out, err = p.communicate(timeout=120)
             self.assertEqual(p.returncode, code, err)
             if code == 0:
@@ -145,6 +146,26 @@ class ClusterTest(unittest.TestCase):
                 [give_up] = self.logged("give-up")
                 self.assertIn("1 good node(s) left (n1), --min-nodes 2", give_up["message"])
                 self.assertIn("n2 (vet unreachable", give_up["message"])
+
+    def test_walltime_signal_reaches_every_node_then_requeue(self):
+        # Slurm's warning to the leader becomes a request on the node; CMD
+        # commits, the attempt is stopped and pacer exits 75 (bare: not requeued).
+        train = [PYTHON, os.path.join(HERE, "train.py"), "--steps", "400", "--every", "1000", "--sleep", "0.05",
+                 "--events", self.events]
+        p = subprocess.Popen(self.argv("--nodes", "1", "--ckpt-dir", os.path.join(self.d, "ckpt"), "--grace", "30s",
+                                       "--", *train, "--ckpt", os.path.join(self.d, "ckpt"), nodes="n1,n2"),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env())
+        self.wait_for(lambda: os.path.exists(self.events), proc=p)
+        p.send_signal(signal.SIGUSR1)
+        out, err = p.communicate(timeout=60)
+        self.assertEqual(p.returncode, 75, err)
+        [req] = self.logged("checkpoint-request")
+        self.assertIn("SIGUSR1 received", req["message"])
+        self.assertEqual(len(self.logged("committed")), 1)
+        self.assertIn("not requeued: no Slurm job", self.logged("requeue")[0]["message"])
+        with open(self.events) as f:
+            saves = [json.loads(line) for line in f if '"save"' in line]
+        self.assertTrue(saves and saves[0]["requested"], saves)
 
     def test_bad_agents_get_error_events_and_never_hang_the_leader(self):
         bad = f"{PYTHON} {os.path.join(HERE, 'bad_agent.py')}"
