@@ -13,19 +13,17 @@ Skips, saying why, where the emulated cluster cannot run (slurm_cluster.missing_
 """
 import json
 import os
-import shutil
-import tempfile
 import time
 import unittest
 
-import slurm_cluster
+import test_slurm_nodes
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PACER = os.path.abspath(os.environ.get("PACER_BIN", os.path.join(HERE, "../../build/bin/pacer")))
 PYTHON = os.environ.get("PACER_PYTHON", "/usr/bin/python3")
 PYTHONPATH = os.path.abspath(os.environ.get("PACER_PYTHONPATH", os.path.join(os.path.dirname(PACER), os.pardir, "python")))
 HANG_TRAIN = os.path.join(HERE, "hang_train.py")
-NODES = 3
+NODES = test_slurm_nodes.NODES
 JOB = """#!/bin/bash
 #SBATCH --nodes={nodes}
 #SBATCH --no-kill
@@ -46,27 +44,9 @@ def read_jsonl(path):
 
 
 class SlurmRunNodesTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        reason = slurm_cluster.missing_reason(nodes=NODES)
-        if reason:
-            raise unittest.SkipTest(reason)
-        cls.tmp = tempfile.mkdtemp(prefix="pacer-slurmrun-")
-        os.chmod(cls.tmp, 0o755)
-        cls.cluster = slurm_cluster.Cluster(os.path.join(cls.tmp, "cluster"), nodes=NODES)
-        why = cls.cluster.start()
-        if why:
-            cls.cluster.stop()
-            shutil.rmtree(cls.tmp, ignore_errors=True)
-            if os.environ.get("PACER_REQUIRE_SLURM") == "1":
-                raise AssertionError("Slurm did not come up: " + why)
-            raise unittest.SkipTest("Slurm did not come up on this machine: " + why)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.cluster.stop()
-        if os.environ.get("PACER_KEEP_SLURM") != "1":
-            shutil.rmtree(cls.tmp, ignore_errors=True)
+    # The cluster's start, skips and teardown checks (no process or link left) are test_slurm_nodes's.
+    setUpClass = classmethod(test_slurm_nodes.SlurmNodesTest.setUpClass.__func__)
+    tearDownClass = classmethod(test_slurm_nodes.SlurmNodesTest.tearDownClass.__func__)
 
     def submit(self, name, run_args, train_args):
         d = os.path.join(self.tmp, name)
