@@ -135,6 +135,16 @@ class Dataset {
   // when they are scattered) and returns its key and fields, their offsets
   // now into `buf`.
   Expected<SampleEntry> read_into(std::uint64_t i, BatchBuffer& buf) const;
+  // Shards are read through a mapping, and whether a shard was truncated
+  // under a read is known only from its size afterwards (docs/data.md,
+  // "Reading mapped shards"). read() and read_into(i, buf) check it per
+  // sample; read_into with a ReadCheck leaves it to one confirm() for many
+  // samples, whose bytes are the shards' only once confirm() passes.
+  struct ReadCheck {
+    std::vector<std::pair<std::size_t, std::uint64_t>> ends;  // shard, end of the furthest byte read
+  };
+  Expected<SampleEntry> read_into(std::uint64_t i, BatchBuffer& buf, ReadCheck* check) const;
+  Status confirm(const ReadCheck& check) const;
 
   struct Impl;
 
@@ -143,7 +153,7 @@ class Dataset {
   Expected<Located> locate(std::uint64_t i) const;
   // Reads sample i's span (its first field's data to the end of its last)
   // with one pread into room(bytes); field offsets are relative to the span.
-  Expected<SampleEntry> read_span(std::uint64_t i, const std::function<unsigned char*(std::uint64_t)>& room) const;
+  Expected<SampleEntry> read_span(std::uint64_t i, const std::function<unsigned char*(std::uint64_t)>& room, ReadCheck* check = nullptr) const;
   Dataset() = default;
   std::string name_;
   std::vector<std::string> shards_;

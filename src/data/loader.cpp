@@ -108,10 +108,33 @@ class SampleSource : public Loader::Source {
     const Permutation perm(ds_->size(), seed, epoch);
     b.keys.reserve(hi - lo);
     b.first_field.reserve(hi - lo + 1);
+    const std::size_t keys0 = b.keys.size(), fields0 = b.fields.size(), firsts0 = b.first_field.size(), exts0 = b.exts.size(),
+                      buffer0 = b.buffer->size();
+    const std::uint64_t bytes0 = bytes, skipped0 = skipped;
+    // Shard sizes are checked once for the batch (a system call per sample
+    // costs as much as the copy); when one shrank under the batch, the batch
+    // is read again checking each sample, so exactly the samples whose bytes
+    // are gone fail (or are skipped), as they would with one read each.
+    Dataset::ReadCheck check;
+    if (Status st = read_range(perm, lo, hi, b, bytes, skipped, &check); !st) return st;
+    if (ds_->confirm(check)) return {};
+    b.keys.resize(keys0);
+    b.fields.resize(fields0);
+    b.first_field.resize(firsts0);
+    b.exts.resize(exts0);
+    b.buffer->truncate(buffer0);
+    bytes = bytes0;
+    skipped = skipped0;
+    return read_range(perm, lo, hi, b, bytes, skipped, nullptr);
+  }
+
+ private:
+  Status read_range(const Permutation& perm, std::uint64_t lo, std::uint64_t hi, Batch& b, std::uint64_t& bytes, std::uint64_t& skipped,
+                    Dataset::ReadCheck* check) const {
     for (std::uint64_t pos = lo; pos < hi; ++pos) {
       const std::uint64_t idx = shuffle_ ? perm(pos) : pos;
       const std::size_t mark = b.buffer->size();
-      auto e = ds_->read_into(idx, *b.buffer);
+      auto e = ds_->read_into(idx, *b.buffer, check);
       if (!e) {
         if (skip_bad_) {
           ++skipped;
@@ -133,7 +156,6 @@ class SampleSource : public Loader::Source {
     return {};
   }
 
- private:
   std::shared_ptr<Dataset> ds_;
   bool shuffle_;
   bool skip_bad_;
