@@ -65,18 +65,20 @@ void install_handler() {
 
 // Kept out of line and free of objects with destructors: siglongjmp skips
 // whatever lies between it and the sigsetjmp.
-[[gnu::noinline]] bool guarded_memcpy(void* dst, const void* src, std::size_t n) {
+[[gnu::noinline]] bool guarded(MappedFile::Reader fn, const unsigned char* src, std::size_t n, void* ctx) {
   Guard g;
   if (sigsetjmp(g.env, 0) != 0) return false;
   t_guard = &g;
   // The handler runs on this thread: a signal fence keeps the stores to
-  // t_guard on their side of the memcpy.
+  // t_guard on their side of the reads.
   std::atomic_signal_fence(std::memory_order_seq_cst);
-  std::memcpy(dst, src, n);
+  fn(src, n, ctx);
   std::atomic_signal_fence(std::memory_order_seq_cst);
   t_guard = nullptr;
   return true;
 }
+
+void copy_to(const unsigned char* src, std::size_t n, void* dst) { std::memcpy(dst, src, n); }
 
 }  // namespace
 
@@ -122,12 +124,14 @@ Status MappedFile::check_size(std::uint64_t end) const {
   return Error{ErrorKind::kIo, fmt::format("{}: offset {}: unexpected end of file: truncated while open (it had {} bytes when opened)", path_, now, size_)};
 }
 
-Status MappedFile::copy(std::uint64_t offset, std::size_t n, void* dst) const {
+Status MappedFile::copy(std::uint64_t offset, std::size_t n, void* dst) const { return read(offset, n, copy_to, dst); }
+
+Status MappedFile::read(std::uint64_t offset, std::size_t n, Reader fn, void* ctx) const {
   if (offset > size_ || n > size_ - offset)
     return Error{ErrorKind::kIo, fmt::format("{}: offset {}: unexpected end of file ({} bytes asked for at offset {}; it had {} bytes when opened)", path_,
                                              size_, n, offset, size_)};
   if (n == 0) return {};
-  if (!guarded_memcpy(dst, data_ + offset, n)) {
+  if (!guarded(fn, data_ + offset, n, ctx)) {
     if (Status st = check_size(offset + n); !st) return st;
     return Error{ErrorKind::kIo, fmt::format("{}: offset {}: {} bytes: unreadable (SIGBUS reading its mapping)", path_, offset, n)};
   }

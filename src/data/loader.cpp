@@ -212,6 +212,9 @@ class TokenSource : public Loader::Source {
       std::fill(loss, loss + rows * cols, std::uint8_t{0});
     }
     std::vector<std::int64_t> trained;
+    // The .bin files' sizes are checked once for the batch, after its copies
+    // (docs/data.md, "Token datasets").
+    std::uint64_t furthest = 0, mask_furthest = 0;
     b.cu_seqlens.assign(1, 0);
     for (std::uint64_t r = 0; r < rows; ++r) {
       std::int64_t* row = tokens + r * cols;
@@ -229,7 +232,7 @@ class TokenSource : public Loader::Source {
       auto label = [&](std::uint64_t d, std::uint64_t offset, std::uint64_t n) -> Status {
         if (!mask || n == 0) return {};
         trained.resize(n);
-        if (Status st = mask->copy_tokens(d, offset, n, trained.data()); !st) return st;
+        if (Status st = mask->copy_tokens(d, offset, n, trained.data(), &mask_furthest); !st) return st;
         for (std::uint64_t i = 0; i + 1 < n; ++i)
           if (trained[i + 1]) {
             labels[r * cols + at + i] = row[at + i + 1];
@@ -241,7 +244,7 @@ class TokenSource : public Loader::Source {
         const PackPlan& pp = p->packing;
         for (std::uint64_t k = pp.first_piece[lo + r]; k < pp.first_piece[lo + r + 1]; ++k) {
           const PackPiece& piece = pp.pieces[k];
-          if (Status st = ds_->copy_tokens(piece.document, piece.offset, piece.length, row + at); !st) return st;
+          if (Status st = ds_->copy_tokens(piece.document, piece.offset, piece.length, row + at, &furthest); !st) return st;
           if (Status st = label(piece.document, piece.offset, piece.length); !st) return st;
           segment(static_cast<std::int64_t>(piece.document), piece.length);
         }
@@ -249,7 +252,7 @@ class TokenSource : public Loader::Source {
         const std::uint64_t d = p->docs[lo + r];
         const std::uint64_t n = ds_->document_tokens(d);
         const std::uint64_t keep = std::min(n, cols);
-        if (Status st = ds_->copy_tokens(d, 0, keep, row); !st) return st;
+        if (Status st = ds_->copy_tokens(d, 0, keep, row, &furthest); !st) return st;
         if (Status st = label(d, 0, keep); !st) return st;
         b.truncated += n - keep;
         segment(static_cast<std::int64_t>(d), keep);
@@ -262,6 +265,9 @@ class TokenSource : public Loader::Source {
         segment(-1, cols - at);
       }
     }
+    if (Status st = ds_->check_size(furthest); !st) return st;
+    if (mask)
+      if (Status st = mask->check_size(mask_furthest); !st) return st;
     bytes += rows * cols * sizeof(std::int64_t);
     return {};
   }

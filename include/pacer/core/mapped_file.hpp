@@ -49,6 +49,11 @@ class MappedFile {
   // copy. (Checking is a system call, measured at a few microseconds on a
   // KVM guest, so a caller copying many small pieces checks once for them.)
   Status copy(std::uint64_t offset, std::size_t n, void* dst) const;
+  // copy() for a reader other than memcpy (widening token ids, say): runs
+  // fn(bytes, n, ctx) over the mapped [offset, offset+n) under the same guard.
+  // A fault leaves fn part way, so it must hold nothing that needs releasing.
+  using Reader = void (*)(const unsigned char* bytes, std::size_t n, void* ctx);
+  Status read(std::uint64_t offset, std::size_t n, Reader fn, void* ctx) const;
   // OK when the file still holds its first `end` bytes; else an I/O error
   // naming the file and the offset where it now ends.
   Status check_size(std::uint64_t end) const;
