@@ -191,41 +191,57 @@ class TokenSource : public Loader::Source {
 
   Status fill(std::uint64_t seed, std::uint64_t epoch, std::uint64_t lo, std::uint64_t hi, Batch& b, std::uint64_t& bytes,
               std::uint64_t&) override {
-    auto p = plan(seed, epoch);
     const std::uint64_t rows = hi - lo;
-    std::uint64_t cols = o_.seq_len;
-    if (!o_.pack) {
-      std::uint64_t longest = 0;
-      for (std::uint64_t pos = lo; pos < hi; ++pos) longest = std::max(longest, ds_->document_tokens(p->docs[pos]));
-      cols = o_.seq_len ? std::min(o_.seq_len, longest) : longest;
-    }
+    const std::uint64_t cols = token_cols(seed, epoch, lo, hi);
+    allocate_token_rows(b, rows, cols, token_labels());
+    std::vector<std::uint64_t> dest(rows);
+    for (std::uint64_t r = 0; r < rows; ++r) dest[r] = r;
+    std::vector<TokenRow> meta(rows);
+    if (Status st = fill_token_rows(seed, epoch, lo, hi, b, cols, dest.data(), meta.data()); !st) return st;
+    append_token_rows(b, cols, meta);
+    bytes += rows * cols * sizeof(std::int64_t);
+    return {};
+  }
+
+  bool token_labels() const override { return ds_->loss_mask() != nullptr; }
+
+  std::uint64_t token_cols(std::uint64_t seed, std::uint64_t epoch, std::uint64_t lo, std::uint64_t hi) override {
+    if (o_.pack) return o_.seq_len;
+    auto p = plan(seed, epoch);
+    std::uint64_t longest = 0;
+    for (std::uint64_t pos = lo; pos < hi; ++pos) longest = std::max(longest, ds_->document_tokens(p->docs[pos]));
+    return o_.seq_len ? std::min(o_.seq_len, longest) : longest;
+  }
+
+  Status fill_token_rows(std::uint64_t seed, std::uint64_t epoch, std::uint64_t lo, std::uint64_t hi, Batch& b, std::uint64_t cols,
+                         const std::uint64_t* dest, TokenRow* meta) override {
+    auto p = plan(seed, epoch);
     const TokenDataset* mask = ds_->loss_mask();
-    allocate_token_rows(b, rows, cols, mask != nullptr);
     auto* tokens = reinterpret_cast<std::int64_t*>(b.buffer->data() + b.tokens_offset);
     auto* positions = reinterpret_cast<std::int32_t*>(b.buffer->data() + b.positions_offset);
-    std::int64_t* labels = nullptr;
-    std::uint8_t* loss = nullptr;
-    if (mask) {
-      labels = reinterpret_cast<std::int64_t*>(b.buffer->data() + b.labels_offset);
-      loss = b.buffer->data() + b.loss_mask_offset;
-      std::fill(labels, labels + rows * cols, kIgnoreLabel);
-      std::fill(loss, loss + rows * cols, std::uint8_t{0});
-    }
     std::vector<std::int64_t> trained;
     // The .bin files' sizes are checked once for the batch, after its copies
     // (docs/data.md, "Token datasets").
     std::uint64_t furthest = 0, mask_furthest = 0;
-    b.cu_seqlens.assign(1, 0);
-    for (std::uint64_t r = 0; r < rows; ++r) {
+    for (std::uint64_t k = 0; k < hi - lo; ++k) {
+      const std::uint64_t r = dest[k];
+      TokenRow& m = meta[r];
       std::int64_t* row = tokens + r * cols;
       std::int32_t* pos = positions + r * cols;
+      std::int64_t* labels = nullptr;
+      std::uint8_t* loss = nullptr;
+      if (mask) {
+        labels = reinterpret_cast<std::int64_t*>(b.buffer->data() + b.labels_offset) + r * cols;
+        loss = b.buffer->data() + b.loss_mask_offset + r * cols;
+        std::fill(labels, labels + cols, kIgnoreLabel);
+        std::fill(loss, loss + cols, std::uint8_t{0});
+      }
       std::uint64_t at = 0;
       auto segment = [&](std::int64_t doc, std::uint64_t n) {
-        std::int32_t* p = pos + at;  // a local pointer, so the loop vectorizes
-        for (std::uint64_t i = 0; i < n; ++i) p[i] = static_cast<std::int32_t>(i);
+        std::int32_t* q = pos + at;  // a local pointer, so the loop vectorizes
+        for (std::uint64_t i = 0; i < n; ++i) q[i] = static_cast<std::int32_t>(i);
         at += n;
-        b.cu_seqlens.push_back(static_cast<std::int32_t>(r * cols + at));
-        b.documents.push_back(doc);
+        m.segments.emplace_back(at, doc);
       };
       // Token j's label is token j+1 when that one is trained and in the
       // same segment: nothing is learnt across a document boundary.
@@ -235,40 +251,38 @@ class TokenSource : public Loader::Source {
         if (Status st = mask->copy_tokens(d, offset, n, trained.data(), &mask_furthest); !st) return st;
         for (std::uint64_t i = 0; i + 1 < n; ++i)
           if (trained[i + 1]) {
-            labels[r * cols + at + i] = row[at + i + 1];
-            loss[r * cols + at + i] = 1;
+            labels[at + i] = row[at + i + 1];
+            loss[at + i] = 1;
           }
         return {};
       };
       if (o_.pack) {
         const PackPlan& pp = p->packing;
-        for (std::uint64_t k = pp.first_piece[lo + r]; k < pp.first_piece[lo + r + 1]; ++k) {
-          const PackPiece& piece = pp.pieces[k];
+        for (std::uint64_t j = pp.first_piece[lo + k]; j < pp.first_piece[lo + k + 1]; ++j) {
+          const PackPiece& piece = pp.pieces[j];
           if (Status st = ds_->copy_tokens(piece.document, piece.offset, piece.length, row + at, &furthest); !st) return st;
           if (Status st = label(piece.document, piece.offset, piece.length); !st) return st;
           segment(static_cast<std::int64_t>(piece.document), piece.length);
         }
       } else {
-        const std::uint64_t d = p->docs[lo + r];
+        const std::uint64_t d = p->docs[lo + k];
         const std::uint64_t n = ds_->document_tokens(d);
         const std::uint64_t keep = std::min(n, cols);
         if (Status st = ds_->copy_tokens(d, 0, keep, row, &furthest); !st) return st;
         if (Status st = label(d, 0, keep); !st) return st;
-        b.truncated += n - keep;
+        m.truncated += n - keep;
         segment(static_cast<std::int64_t>(d), keep);
       }
-      b.lengths.push_back(static_cast<std::int64_t>(at));
+      m.length = at;
       if (at < cols) {
         // Only the tail is padded: the tokens before it were just written.
         std::fill(row + at, row + cols, o_.pad_id);
-        b.padding += cols - at;
         segment(-1, cols - at);
       }
     }
     if (Status st = ds_->check_size(furthest); !st) return st;
     if (mask)
       if (Status st = mask->check_size(mask_furthest); !st) return st;
-    bytes += rows * cols * sizeof(std::int64_t);
     return {};
   }
 
