@@ -398,6 +398,7 @@ struct Loader::Impl {
 
   // Called with mu held: top the window up to prefetch_batches.
   void schedule() {
+    std::size_t added = 0;
     while (!sched_done && window.size() < opt.prefetch_batches) {
       const Partition p = partition(sched_epoch, sched_base);
       if (sched_next >= p.batches()) {
@@ -420,8 +421,12 @@ struct Loader::Impl {
       s->end_position = sched_base + std::min((sched_next + 1) * p.global_batch(), p.samples);
       window.push_back(s);
       ++sched_next;
+      ++added;
     }
-    cv.notify_all();
+    // A slot is work for one reader: waking every reader for one slot sent
+    // the others straight back to sleep.
+    if (added == 1) cv.notify_one();
+    else if (added > 1) cv.notify_all();
   }
 
   void reader_loop() {
@@ -565,6 +570,8 @@ Expected<std::optional<Batch>> Loader::next() {
   std::shared_ptr<Slot> s = im.window.front();
   im.ready_cv.wait(lock, [&] { return s->ready; });
   im.window.pop_front();
+  // Readers held back by max_bytes may go on (schedule() wakes them only for new slots).
+  if (im.ready_bytes >= im.opt.max_bytes) im.cv.notify_all();
   im.ready_bytes -= s->bytes;
   std::uint64_t depth = 0;
   for (auto& w : im.window) depth += w->ready ? 1 : 0;
