@@ -121,8 +121,11 @@ TEST(MappedFile, ASigbusOutsideACopyStillKillsTheProcess) {
   }
   int status = 0;
   ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-  ASSERT_TRUE(WIFSIGNALED(status)) << status;
-  EXPECT_EQ(WTERMSIG(status), SIGBUS);
+  // Killed by the signal, or, under a sanitizer whose handler came first,
+  // its report and a failing exit; never the 0 of a swallowed fault.
+  const bool killed = WIFSIGNALED(status) && WTERMSIG(status) == SIGBUS;
+  const bool reported = WIFEXITED(status) && WEXITSTATUS(status) != 0 && WEXITSTATUS(status) != 3 && WEXITSTATUS(status) != 4;
+  EXPECT_TRUE(killed || reported) << status;
 }
 
 }  // namespace
