@@ -26,7 +26,8 @@ struct Guard {
 thread_local Guard* t_guard = nullptr;
 
 struct sigaction g_previous {};
-std::once_flag g_installed;
+std::mutex g_install_mu;
+std::atomic<bool> g_chaining{false};
 
 void on_sigbus(int sig, siginfo_t* info, void* ctx) {
   if (Guard* g = t_guard) {
@@ -35,23 +36,37 @@ void on_sigbus(int sig, siginfo_t* info, void* ctx) {
     t_guard = nullptr;
     siglongjmp(g->env, 1);
   }
-  // Not a guarded copy: what would have happened without this handler.
-  if (g_previous.sa_flags & SA_SIGINFO) {
+  // Not a guarded copy: what would have happened without this handler. A
+  // handler that chains back here (installed after this one, and this one
+  // installed again over it) would loop: the second time round, the default.
+  const bool again = g_chaining.exchange(true);
+  if (!again && (g_previous.sa_flags & SA_SIGINFO)) {
     if (g_previous.sa_sigaction) g_previous.sa_sigaction(sig, info, ctx);
+    g_chaining = false;
     return;
   }
-  if (g_previous.sa_handler == SIG_IGN) return;
-  if (g_previous.sa_handler != SIG_DFL) {
+  if (!again && g_previous.sa_handler == SIG_IGN) {
+    g_chaining = false;
+    return;
+  }
+  if (!again && g_previous.sa_handler != SIG_DFL) {
     g_previous.sa_handler(sig);
+    g_chaining = false;
     return;
   }
   ::signal(sig, SIG_DFL);
   // A fault re-executes the instruction and dies of the default action; a
   // sent signal has to be sent again.
-  if (info == nullptr || info->si_code <= 0) ::raise(sig);
+  if (again || info == nullptr || info->si_code <= 0) ::raise(sig);
 }
 
+// Installs the handler unless it is the one in place: at every mapping, so
+// one installed since without chaining to it (PyTorch's DataLoader workers
+// install theirs) does not leave later mappings unguarded.
 void install_handler() {
+  std::lock_guard lock(g_install_mu);
+  struct sigaction now {};
+  if (::sigaction(SIGBUS, nullptr, &now) == 0 && (now.sa_flags & SA_SIGINFO) && now.sa_sigaction == on_sigbus) return;
   struct sigaction sa {};
   sa.sa_sigaction = on_sigbus;
   // SA_NODEFER: siglongjmp leaves the handler without restoring the signal
@@ -101,7 +116,7 @@ MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
 }
 
 Expected<MappedFile> MappedFile::map(int fd, const std::string& path) {
-  std::call_once(g_installed, install_handler);
+  install_handler();
   struct stat st {};
   if (::fstat(fd, &st) != 0) return io_error("fstat", path, errno);
   MappedFile m;

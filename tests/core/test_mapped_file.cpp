@@ -128,5 +128,28 @@ TEST(MappedFile, ASigbusOutsideACopyStillKillsTheProcess) {
   EXPECT_TRUE(killed || reported) << status;
 }
 
+// A handler installed over the guard's that does not chain to it (as
+// PyTorch's DataLoader workers install) is replaced again by the next map().
+TEST(MappedFile, TheNextMapInstallsTheGuardAgainOverAnotherHandler) {
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    Mapped first;
+    struct sigaction other {};
+    other.sa_handler = [](int) { ::_exit(7); };
+    sigemptyset(&other.sa_mask);
+    ::sigaction(SIGBUS, &other, nullptr);
+    Mapped second;
+    fs::resize_file(second.path, kPage);
+    std::string got(kPage, '\0');
+    auto st = second.map.copy(3 * kPage, kPage, got.data());
+    ::_exit(!st && contains(st.error().message, "truncated while open") ? 0 : 5);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
 }  // namespace
 }  // namespace pacer

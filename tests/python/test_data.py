@@ -10,6 +10,7 @@ import json
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
 import tarfile
@@ -612,6 +613,37 @@ class LoaderTest(DataTestCase):
                 self.assertEqual(read + skipped, total)
                 self.assertGreater(skipped, 0)
                 self.assertGreater(read, 0)
+
+    def test_a_sigbus_outside_pacer_still_ends_the_process(self):
+        # pacer's SIGBUS handler only catches its own guarded copies: a fault
+        # elsewhere (here a plain Python mmap of a truncated file) still ends
+        # the process with SIGBUS, also with faulthandler installed between
+        # two of pacer's installations (each chaining to the other), and
+        # without looping.
+        with tempfile.TemporaryDirectory(prefix="pacer-data-bus-") as tmp:
+            src = os.path.join(tmp, "src")
+            write_tree(src, n=20)
+            for i in (0, 1):
+                r = subprocess.run([PACER, "shard", "pack", src, os.path.join(tmp, f"out{i}")], capture_output=True, text=True)
+                self.assertEqual(r.returncode, 0, r.stderr)
+            child = textwrap.dedent("""
+                import faulthandler, mmap, os, sys
+                import pacer.data
+                a = pacer.data.open(os.path.join(sys.argv[1], "out0", "manifest.json"))
+                a[0]
+                faulthandler.enable()
+                b = pacer.data.open(os.path.join(sys.argv[1], "out1", "manifest.json"))
+                b[0]
+                path = os.path.join(sys.argv[1], "victim")
+                with open(path, "wb") as f:
+                    f.write(b"x" * 3 * 4096)
+                f = open(path, "rb")
+                m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+                os.truncate(path, 0)
+                print(m[2 * 4096])
+            """)
+            r = subprocess.run([sys.executable, "-c", child, tmp], capture_output=True, text=True, timeout=60)
+            self.assertEqual(r.returncode, -signal.SIGBUS, r.stdout + r.stderr)
 
 
 class TokenData(unittest.TestCase):

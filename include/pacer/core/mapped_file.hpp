@@ -19,11 +19,12 @@ namespace pacer {
 // raises SIGBUS on access, so a file truncated by another process while mapped
 // would kill the process. copy() runs its memcpy under a SIGBUS guard
 // (a thread-local sigsetjmp armed only for that memcpy; the process-wide
-// handler, installed once, jumps back only when the faulting thread is inside
-// a guarded copy and otherwise passes the signal to the handler installed
-// before it), so a truncated file becomes an error naming it. A signal
-// handler installed after this one that does not chain to it (Python's
-// faulthandler does chain, after printing a stack dump) disables the guard.
+// handler jumps back only when the faulting thread is inside a guarded copy
+// and otherwise passes the signal to the handler installed before it), so a
+// truncated file becomes an error naming it. The handler is installed again
+// by each map() where another replaced it (PyTorch's DataLoader workers
+// install one that does not chain); until the next map() the guard is off. Python's faulthandler chains to it, after
+// printing a stack dump.
 class MappedFile {
  public:
   MappedFile() = default;
