@@ -83,6 +83,10 @@ void install_handler() {
 [[gnu::noinline]] bool guarded(MappedFile::Reader fn, const unsigned char* src, std::size_t n, void* ctx) {
   Guard g;
   if (sigsetjmp(g.env, 0) != 0) return false;
+  // A chained handler that left by longjmp (another library's guard) never
+  // cleared the loop flag; a copy here is outside any handler. Read first:
+  // a store per copy would bounce the line between the reader threads.
+  if (g_chaining.load(std::memory_order_relaxed)) g_chaining.store(false, std::memory_order_relaxed);
   t_guard = &g;
   // The handler runs on this thread: a signal fence keeps the stores to
   // t_guard on their side of the reads.

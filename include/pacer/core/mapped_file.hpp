@@ -23,8 +23,10 @@ namespace pacer {
 // and otherwise passes the signal to the handler installed before it), so a
 // truncated file becomes an error naming it. The handler is installed again
 // by each map() where another replaced it (PyTorch's DataLoader workers
-// install one that does not chain); until the next map() the guard is off. Python's faulthandler chains to it, after
-// printing a stack dump.
+// install one that does not chain); until the next map() the guard is off.
+// Python's faulthandler chains to it, after printing a stack dump; a chain
+// that leads back here (faulthandler installed between two of these
+// installations) ends in the default action rather than looping.
 class MappedFile {
  public:
   MappedFile() = default;
