@@ -157,7 +157,7 @@ class Dataset {
   struct Located;
   Expected<Located> locate(std::uint64_t i) const;
   // Reads sample i's span (its first field's data to the end of its last)
-  // with one pread into room(bytes); field offsets are relative to the span.
+  // with one copy into room(bytes); field offsets are relative to the span.
   Expected<SampleEntry> read_span(std::uint64_t i, const std::function<unsigned char*(std::uint64_t)>& room, ReadCheck* check = nullptr) const;
   Dataset() = default;
   std::string name_;
