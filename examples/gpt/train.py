@@ -294,8 +294,12 @@ class BaselineData:
 class PacerSaver:
     """pacer.Checkpointer: the state staged, then written in the background; the next save waits for it."""
 
-    def __init__(self, a):
-        self.ck = pacer.Checkpointer(a.ckpt, keep_last=a.keep_last)
+    def __init__(self, a, net):
+        # Staging as large as the state (weights and AdamW's two moments), so save() returns once the bytes are
+        # copied and never waits for the disk (docs/checkpoint.md, "Staging memory"); buffers are made on first use.
+        state = sum(p.numel() * p.element_size() for p in net.parameters()) * 3
+        staging = max(1 << 30, -(-(state + (state >> 4) + (256 << 20)) // (64 << 20)) * (64 << 20))
+        self.ck = pacer.Checkpointer(a.ckpt, keep_last=a.keep_last, staging_bytes=staging)
         self.pending = None
 
     def resume(self):
@@ -418,7 +422,7 @@ def main(argv=None):
     optimizer = make_optimizer(net, a.lr, a.weight_decay)
     sched = cosine_schedule(optimizer, a.warmup, a.steps, a.min_lr_ratio)
     data = BaselineData(a, a.data, device, rank, world) if a.baseline else PacerData(a, dataset, device)
-    saver = TorchSaver(a) if a.baseline else PacerSaver(a)
+    saver = TorchSaver(a) if a.baseline else PacerSaver(a, net)
 
     losses_path = a.losses or os.path.join(a.ckpt, "losses.jsonl")
     # Per rank: the documents (and how many of their tokens) each step read, to show every token is read once an epoch.
