@@ -70,9 +70,10 @@ def hardware_args(vet=None, gpu_name=None):
         return args
     if "cpu.flops" in checks and "memory.bandwidth" in checks:
         tflops = float(checks["cpu.flops"]["value"]) / 1000.0
-        return ["--gemm-tflops", f"{tflops:.6g}", "--peak-tflops", f"{tflops:.6g}",
-                "--hbm-gbps", f"{float(checks['memory.bandwidth']['value']):.6g}", "--precision", "fp32",
-                "--grad-precision", "fp32"]
+        mem = f"{float(checks['memory.bandwidth']['value']):.6g}"
+        # Ranks of one CPU node reduce through memory (gloo over loopback): its bandwidth stands in for the network's.
+        return ["--gemm-tflops", f"{tflops:.6g}", "--peak-tflops", f"{tflops:.6g}", "--hbm-gbps", mem,
+                "--dp-gbps", mem, "--precision", "fp32", "--grad-precision", "fp32"]
     return ["--vet", vet]
 
 

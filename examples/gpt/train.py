@@ -73,8 +73,11 @@ def parse_args(argv=None):
     ap.add_argument("--baseline", action="store_true",
                     help="the same loop the usual way: torch DataLoader over the same tokens, torch.save checkpoints")
     ap.add_argument("--workers", type=int, default=2, help="--baseline: DataLoader worker processes")
-    # For tests: after this step (its checkpoint committed) wait to be killed, so a kill lands at a known step.
+    # For tests: after this step (its checkpoint committed) wait to be killed, so a kill lands at a known step;
+    # only in a job's first attempt, so the restarted run goes on.
     ap.add_argument("--hold-after", type=int, default=None, help=argparse.SUPPRESS)
+    # For tests: sleep this long after every step in a job's first allocation, so its time limit comes mid-run.
+    ap.add_argument("--slow-first", type=float, default=0.0, help=argparse.SUPPRESS)
     # For tests: this rank (RANK:STEP or STEP for rank 0) raises CUDA's out-of-memory error at that step.
     ap.add_argument("--fake-oom-at", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -563,9 +566,11 @@ def main(argv=None):
                     dist.broadcast(n, 0)
                 every = int(n[0])
         timings.append((step, t2 - t0, t1 - t0, save_s, batch["n_tokens"]))
-        if a.hold_after is not None and step == a.hold_after:
+        if a.slow_first and os.environ.get("SLURM_RESTART_COUNT", "0") == "0":
+            time.sleep(a.slow_first)
+        if a.hold_after is not None and step == a.hold_after and pacer.run.attempt() == 0:
             saver.close()
-            print(f"train: holding after step {step}", flush=True)
+            print(f"train: holding after step {step} (rank {rank}, pid {os.getpid()})", flush=True)
             while True:
                 time.sleep(60)
     saver.close()
