@@ -76,10 +76,22 @@ class GptSlurm(unittest.TestCase):
             if os.environ.get("PACER_REQUIRE_SLURM") == "1":
                 raise AssertionError("Slurm did not come up: " + why)
             raise unittest.SkipTest("Slurm did not come up on this machine: " + why)
+        # DDP's bucket size from pacer comm tune, over an all-reduce measured here with 2 MPI ranks.
+        cls.tune = None
+        mpirun = shutil.which("mpirun")
+        if mpirun:
+            bench, tune = os.path.join(cls.tmp, "bench.json"), os.path.join(cls.tmp, "tune.json")
+            b = subprocess.run([mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "2", PACER, "comm", "bench",
+                                "--max-size", "16MiB", "--iters", "5", "--output", bench], capture_output=True, timeout=120)
+            with open(tune, "w") as f:
+                t = subprocess.run([PACER, "comm", "tune", "--bench", bench, "--params", "5e5", "--backward", "100ms",
+                                    "--json"], stdout=f, timeout=60) if b.returncode == 0 else b
+            cls.tune = tune if t.returncode == 0 else None
         cls.jobs, cls.dirs = {}, {}
         # The order they run in: one job at a time fits the machine.
         cls.submit("plain", ["--time=5"], train="")
-        cls.submit("killed", ["--time=5"], train="--ckpt-every 8 --hold-after 13", run="--max-restarts 2 --restart-delay 0")
+        cls.submit("killed", ["--time=5"], train="--ckpt-every 8 --hold-after 13" + (f" --comm-tune {cls.tune}" if cls.tune else ""),
+                   run="--max-restarts 2 --restart-delay 0")
         # Slurm may send the warning up to a minute early: here anywhere in the first 10 s; --before 110s asks at
         # 10 s at the latest, in every allocation, and the second one finishes within that.
         cls.submit("walltime", ["--time=2", "--signal=B:USR1@110"], train="--ckpt-every 100 --slow-first 0.5",
@@ -183,6 +195,10 @@ class GptSlurm(unittest.TestCase):
         kinds = [e["event"] for e in records(os.path.join(d, "run.jsonl"))]
         self.assertIn("restart", kinds, self.output("killed"))
         self.assertIn("resumed from step 7", self.output("killed"))
+        if self.tune:
+            with open(self.tune) as f:
+                cap = next(x["recommended"] for x in json.load(f)["settings"] if x["framework"] == "pytorch_ddp")
+            self.assertIn(f"DDP bucket_cap_mb {cap:g} (pacer comm tune ({self.tune}))", self.output("killed"))
         self.assert_same_as_plain("killed")
 
     def test_walltime_requeues_and_resumes(self):
