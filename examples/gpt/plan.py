@@ -29,10 +29,10 @@ import model as gpt  # noqa: E402
 PEAK_TFLOPS = {"H200": 989.4, "H100": 989.4, "A100": 312.0}
 
 
-def pacer_bin():
+def pacer_bin(who="plan", hint=""):
     path = shutil.which(os.environ.get("PACER_BIN") or "pacer")
     if not path:
-        raise SystemExit("plan: pacer not found (set $PACER_BIN to build/bin/pacer or put pacer on PATH)")
+        raise SystemExit(f"{who}: pacer not found (set $PACER_BIN to build/bin/pacer or put pacer on PATH{', ' + hint if hint else ''})")
     return path
 
 
@@ -96,10 +96,9 @@ def memory_estimate(cfg, seq_len, batch_size, world=1, gpu_memory=None):
 
 
 def measured(summary):
-    """Median step time and tokens/s of a train.py --summary file (steps after the warm-up, without saves)."""
+    """A train.py --summary file: its median_step_s leaves out the warm-up and the steps that saved."""
     with open(summary) as f:
-        s = json.load(f)
-    return s
+        return json.load(f)
 
 
 def main(argv=None):

@@ -4,7 +4,7 @@
 # training has finished: pacer score, pacer report and pacer plan step beside the measured step.
 #
 #   sbatch examples/gpt/sbatch.sh                       # from the directory holding examples/gpt (or from a copy of it)
-#   sbatch --ntasks=8 --gpus-per-node=8 --time=4:00:00 --export=ALL,CONFIG=1b,STEPS=20000 examples/gpt/sbatch.sh
+#   CONFIG=1b STEPS=20000 SEQ=2048 TRAIN_ARGS="--dtype bfloat16" sbatch --ntasks=8 --gpus-per-node=8 --time=4:00:00 examples/gpt/sbatch.sh
 #
 # Settings (environment, all optional): DATA (prepare.py's OUT/data), OUT (the job's directory: ckpt/,
 # the catalog, the report), CONFIG, STEPS, BATCH, SEQ, TRAIN_ARGS (more train.py options), RUN_ARGS

@@ -36,6 +36,7 @@ import pacer.telemetry  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import model as gpt  # noqa: E402
+import plan  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -142,21 +143,15 @@ def batches(loader):
             raise SystemExit("train: the dataset gives no batch (too few tokens for one row per rank?)")
 
 
-def pacer_bin():
-    import shutil
-    path = shutil.which(os.environ.get("PACER_BIN") or "pacer")
-    if not path:
-        raise SystemExit("train: pacer not found for `pacer plan ckpt` (set $PACER_BIN, or fix the interval with --ckpt-every)")
-    return path
-
-
 def planned_interval(save_s, step_s, mtbf, restart_cost):
     """(N steps, pacer plan ckpt's report): Daly's interval for this save cost, in steps of this length."""
-    cmd = [pacer_bin(), "plan", "ckpt", "--save-cost", f"{max(save_s, 1e-6):.6f}s", "--mtbf", mtbf,
+    cmd = [plan.pacer_bin("train", "or fix the interval with --ckpt-every"), "plan", "ckpt",
+           "--save-cost", f"{max(save_s, 1e-6):.6f}s", "--mtbf", mtbf,
            "--restart-cost", restart_cost, "--json"]
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    if r.returncode != 0:
-        raise SystemExit(f"train: {' '.join(cmd)} exited {r.returncode}: {r.stderr.strip()}")
+    if r.returncode != 0:  # its 2 (a bad --mtbf or --restart-cost) is ours too
+        print(f"train: {' '.join(cmd)} exited {r.returncode}: {r.stderr.strip()}", file=sys.stderr, flush=True)
+        sys.exit(2 if r.returncode == 2 else 3)
     report = json.loads(r.stdout)
     interval = report.get("daly_interval_s") or report.get("young_interval_s")
     if not interval or not step_s:
@@ -187,7 +182,6 @@ def is_oom(e):
 
 
 def report_oom(e, a, cfg, world, device):
-    import plan
     gpu = None
     if device.type == "cuda":
         gpu = f"{torch.cuda.get_device_properties(device).total_memory}B"
@@ -470,6 +464,8 @@ def main(argv=None):
             s["loader"] = data.state_dict()
         return s
 
+    if every is None and rank == 0:
+        planned_interval(1.0, 1.0, a.mtbf, a.restart_cost)  # a bad --mtbf or a missing pacer fails now, not at step 10
     first_at = a.first_save
     if every is None and first_at is not None and start > first_at:
         first_at = anchor = min(start + 1, a.steps - 1)  # resumed before an interval was planned: measure here
@@ -500,14 +496,14 @@ def main(argv=None):
             del logits
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            if a.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(net.parameters(), a.grad_clip)
+            optimizer.step()  # the first one allocates AdamW's moments: 8 bytes per parameter
         except Exception as e:  # noqa: BLE001 (only out-of-memory is ours to explain)
             if is_oom(e):
                 report_oom(e, a, cfg, world, device)
                 sys.exit(3)
             raise
-        if a.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(net.parameters(), a.grad_clip)
-        optimizer.step()
         sched.step()
         tc = time.perf_counter()
         if dist.is_initialized():  # report the mean over ranks: the loss of the global batch

@@ -34,7 +34,7 @@ import slurm_cluster  # noqa: E402
 PACER = os.path.abspath(os.environ.get("PACER_BIN", os.path.join(HERE, "../../build/bin/pacer")))
 PYTHON = os.environ.get("PACER_PYTHON", "/usr/bin/python3")
 STEPS = 24
-TRAIN = f"--threads 1 --device cpu --warmup 4 --keep-last 2"
+TRAIN = "--threads 1 --device cpu --warmup 4 --keep-last 2"
 
 
 def records(path):
