@@ -46,7 +46,8 @@ if [ $dry = 1 ]; then
   export PATH=/usr/bin:$PATH  # Debian's python3 (torch, numpy), not a pyenv shim
   device=cpu threads=(--threads 2)
 else
-  # 1b: 16 layers of width 2048, 8 x 2048 tokens a step (0.46 s and 52 GiB on an H200 with torch 2.11).
+  # 1b: 16 layers of width 2048, 8 x 2048 tokens a step (0.46 s and 52 GiB on an H200 with torch 2.11:
+  # bench/results/gpt-1b-probe-h200-2026-12-01.md).
   # MTBF 10m is assumed, far below a real job's (hours for thousands of GPUs), so that the planned
   # interval (which grows as sqrt(MTBF)) falls inside a run this short and both loops save mid-run.
   : "${CONFIG:=1b}" "${STEPS:=250}" "${BATCH:=8}" "${SEQ:=2048}" "${VOCAB:=8000}" "${MAXMB:=8}" "${MTBF:=10m}"
