@@ -11,7 +11,8 @@
 # steps), then pacer score, pacer report and pacer plan step beside the measured step time.
 # Everything goes to $OUT; steps.txt has one rc= line per step, and the exit code is 0 even when
 # a step fails so that every log comes back. Settings: CONFIG STEPS BATCH SEQ VOCAB MAXMB MTBF
-# RESTART WORK (scratch, default /tmp/gpt-bench; checkpoints of the 1b config are ~12 GB each).
+# RESTART WORK (scratch, default /tmp/gpt-bench; checkpoints of the 1b config are ~12 GB each),
+# NPROC (ranks, one GPU each: NPROC=2 on the 2-GPU machine; BATCH is per rank).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -58,7 +59,7 @@ fi
 : "${RESTART:=1m}" "${WORK:=/tmp/gpt-bench}"
 export PATH=$(dirname "$PACER_BIN"):$PATH
 pacer=$PACER_BIN
-name=gpt-${CONFIG}-$([ $dry = 1 ] && echo cpu-dry || echo h200)
+name=gpt-${CONFIG}-$([ $dry = 1 ] && echo cpu-dry || echo h200)$([ "${NPROC:-1}" != 1 ] && echo "x${NPROC}")
 rm -rf "$WORK" && mkdir -p "$WORK"
 
 step() {
@@ -84,16 +85,29 @@ fi
 step prepare python3 examples/gpt/prepare.py "$WORK/prep" --vocab-size "$VOCAB" --max-mb "$MAXMB" "${corpus[@]}" \
   || { echo "prepare failed: see prepare.log" | tee -a "$OUT/steps.txt"; tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz .; exit 0; }
 
+# NPROC ranks on this machine's GPUs (one each), started as torchrun would (RANK, WORLD_SIZE, LOCAL_RANK,
+# MASTER_ADDR/PORT), without torchrun (Debian's crashes on Python 3.11, so the CPU dry run could not use it).
+NPROC=${NPROC:-1}
+ranks() {
+  [ "$NPROC" = 1 ] && exec "$@"
+  local pids=() r rc=0
+  export MASTER_ADDR=127.0.0.1 MASTER_PORT=$((29500 + RANDOM % 1000)) WORLD_SIZE=$NPROC
+  for r in $(seq 0 $((NPROC - 1))); do RANK=$r LOCAL_RANK=$r "$@" & pids+=($!); done
+  for p in "${pids[@]}"; do wait "$p" || rc=$?; done
+  return $rc
+}
+export -f ranks
+export NPROC
 common=(--data "$WORK/prep/data" --config "$CONFIG" --steps "$STEPS" --batch-size "$BATCH" --seq-len "$SEQ"
         --dtype bfloat16 --device "$device" --warmup 20 --lr 3e-4 --keep-last 1 --mtbf "$MTBF" --restart-cost "$RESTART"
         --warmup-steps-timed 5 "${threads[@]}")
 # The pacer loop under pacer monitor: GPU, CPU and I/O samples beside the steps, for pacer score and report.
 step train-pacer "$pacer" monitor --db "$OUT/$name.db" --interval 1s -- \
-  python3 examples/gpt/train.py "${common[@]}" --ckpt "$WORK/ckpt-pacer" --summary "$OUT/pacer-summary.json"
+  bash -c 'ranks "$@"' ranks python3 examples/gpt/train.py "${common[@]}" --ckpt "$WORK/ckpt-pacer" --summary "$OUT/pacer-summary.json"
 every=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["ckpt_every"])' "$OUT/pacer-summary.json" 2>/dev/null || echo 50)
 rm -rf "$WORK/ckpt-pacer"  # room on the disk for the usual loop's files
 # The usual loop, saving after the same steps: the first save's step, then every $every steps, and the last.
-step train-baseline python3 examples/gpt/train.py "${common[@]}" --baseline --ckpt "$WORK/ckpt-torch" \
+step train-baseline bash -c 'ranks "$@"' ranks python3 examples/gpt/train.py "${common[@]}" --baseline --ckpt "$WORK/ckpt-torch" \
   --ckpt-every "$every" --first-save 10 --telemetry-db "$WORK/baseline.db" --summary "$OUT/baseline-summary.json"
 rm -rf "$WORK/ckpt-torch"
 
@@ -101,9 +115,9 @@ step score "$pacer" score "$OUT/$name.db"
 "$pacer" score "$OUT/$name.db" --json > "$OUT/score.json" 2>/dev/null
 step report "$pacer" report "$OUT/$name.db" -o "$OUT/$name.html"
 step plan-step python3 examples/gpt/plan.py step --config "$CONFIG" --vocab "$VOCAB" --seq-len "$SEQ" \
-  --batch-size "$BATCH" --vet "$OUT/vet.json" --summary "$OUT/pacer-summary.json"
+  --batch-size "$BATCH" --world "$NPROC" --vet "$OUT/vet.json" --summary "$OUT/pacer-summary.json"
 python3 examples/gpt/plan.py step --config "$CONFIG" --vocab "$VOCAB" --seq-len "$SEQ" --batch-size "$BATCH" \
-  --vet "$OUT/vet.json" --summary "$OUT/pacer-summary.json" --json > "$OUT/plan-step.json" 2>/dev/null
+  --world "$NPROC" --vet "$OUT/vet.json" --summary "$OUT/pacer-summary.json" --json > "$OUT/plan-step.json" 2>/dev/null
 { date -u; uptime; } >> "$OUT/machine.txt"
 step compare python3 examples/gpt/compare.py --pacer "$OUT/pacer-summary.json" --baseline "$OUT/baseline-summary.json" \
   --plan "$OUT/plan-step.json" --score "$OUT/score.json" --name "$name-$(date -u +%Y-%m-%d)" --out "$OUT" \

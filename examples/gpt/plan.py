@@ -56,13 +56,16 @@ def _vet_checks(path):
     return {c.get("name"): c for c in report.get("checks", []) if c.get("status") in ("pass", "warn")}
 
 
-def hardware_args(vet=None, gpu_name=None):
+def hardware_args(vet=None, gpu_name=None, world=1):
     """pacer plan step's hardware options: the vet report's GPU figures, else its CPU figures in float32."""
     if not vet:
         return []
     checks = _vet_checks(vet)
     if "gpu.gemm_bf16" in checks:
         args = ["--vet", vet]
+        if world > 1 and "network.busbw_gbps" not in checks and "gpu.nccl_busbw" in checks:
+            # Data-parallel ranks of one node reduce over NVLink: its all-reduce bandwidth is theirs.
+            args += ["--dp-gbps", f"{float(checks['gpu.nccl_busbw']['value']):.6g}"]
         name = gpu_name or str(checks.get("gpu.name", {}).get("value") or "")
         peak = next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
         if peak:
@@ -118,7 +121,7 @@ def main(argv=None):
     if a.what == "memory":
         print(memory_estimate(cfg, a.seq_len, a.batch_size, a.world, a.gpu_memory))
         return 0
-    args = ["step", *model_args(cfg, a.seq_len, a.batch_size, a.world), *hardware_args(a.vet), *extra]
+    args = ["step", *model_args(cfg, a.seq_len, a.batch_size, a.world), *hardware_args(a.vet, world=a.world), *extra]
     code, out, err, cmd = run_pacer(args)
     if code != 0:
         print(f"plan: {' '.join(cmd)} exited {code}: {err.strip()}", file=sys.stderr)
