@@ -589,21 +589,28 @@ def write_summary(a, cfg, net, world, timings, loop_s, every, plan_report):
     skip = a.warmup_steps_timed
     timed = timings[skip:] if len(timings) > skip else timings
     plain = [t[1] for t in timed if t[3] == 0.0] or [t[1] for t in timed]
-    total = sum(t[1] + t[3] for t in timed)
     median = float(np.median(plain)) if plain else None
     tokens = float(np.median([t[4] for t in timed])) * world if timed else 0
     saves = [{"step": t[0], "blocking_s": t[3]} for t in timings if t[3] > 0]
-    window_saves = [t for t in timed if t[3] > 0]
     window_s = sum(t[1] + t[3] for t in timed)
-    lost = window_s - len(timed) * median if median else None
+    # GPU time lost per checkpoint: over the saves during training. The last step's save is left out: it
+    # waits until the checkpoint is durable, at the end, where no step is left to overlap (final_save_s).
+    during = [t for t in timed if t[0] != a.steps - 1]
+    window_saves = [t for t in during if t[3] > 0]
+    lost = sum(t[1] + t[3] for t in during) - len(during) * median if median else None
+    mid = [x["blocking_s"] for x in saves[1:] if x["step"] != a.steps - 1]
+    total = sum(t[1] + t[3] for t in during)
     s = {"schema": "pacer.example.gpt.train/1", "mode": "baseline" if a.baseline else "pacer", "config": a.config,
          "parameters": net.parameter_count(), "vocab": cfg.vocab_size, "world": world, "batch_size": a.batch_size,
          "seq_len": a.seq_len, "device": str(torch.cuda.get_device_name() if a.device.startswith("cuda") else "cpu"),
          "dtype": a.dtype, "steps": len(timings), "timed_steps": len(timed), "warmup_steps_left_out": skip,
          "median_step_s": median, "tokens_per_step": tokens, "tokens_per_s": tokens / median if median else None,
-         "data_wait_fraction": sum(t[2] for t in timed) / total if total else None,
-         "ckpt_blocking_fraction": sum(t[3] for t in timed) / total if total else None,
+         "data_wait_fraction": sum(t[2] for t in during) / total if total else None,
+         "ckpt_blocking_fraction": sum(t[3] for t in during) / total if total else None,
          "ckpt_every": every, "first_save": a.first_save, "saves": saves, "timed_saves": len(window_saves),
+         "first_save_blocking_s": saves[0]["blocking_s"] if saves else None,
+         "later_save_blocking_s": float(np.median(mid)) if mid else None,
+         "final_save_s": saves[-1]["blocking_s"] if saves and saves[-1]["step"] == a.steps - 1 else None,
          "time_to_steps_s": window_s, "loop_s": loop_s,
          "lost_per_ckpt_s": lost / len(window_saves) if window_saves and lost is not None else None,
          "mtbf": a.mtbf, "restart_cost": a.restart_cost, "plan_ckpt": plan_report,
