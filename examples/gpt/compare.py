@@ -40,12 +40,16 @@ def main(argv=None):
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     p, b = load(a.pacer), load(a.baseline)
+    for s in (p, b):  # a later save's cost over the interval's steps: the share a long run settles at
+        later, every, step = s.get("later_save_blocking_s"), s.get("ckpt_every"), s.get("median_step_s")
+        s["steady_ckpt_blocking_fraction"] = later / (later + every * step) if later is not None and every and step else None
     plan = load(a.plan) if a.plan and os.path.exists(a.plan) else None
     score = load(a.score) if a.score and os.path.exists(a.score) else None
     rows = [("median step time (s, no save)", "median_step_s", num),
             ("tokens/s", "tokens_per_s", lambda x: num(x, "{:,.0f}")),
             ("data wait (% of step time)", "data_wait_fraction", pct),
             ("checkpoint blocking (% of training time, last save aside)", "ckpt_blocking_fraction", pct),
+            ("checkpoint blocking at that interval, later saves' cost (steady state)", "steady_ckpt_blocking_fraction", pct),
             ("checkpoint every (steps)", "ckpt_every", lambda x: str(x)),
             ("saves during training (timed)", "timed_saves", lambda x: str(x)),
             ("first save blocking (s)", "first_save_blocking_s", num),
