@@ -87,10 +87,20 @@ def main():
     ap.add_argument("--max-mb", type=float, default=8.0, help="corpus size bound in MiB (default 8)")
     ap.add_argument("--vocab-size", type=int, default=4000, help="SentencePiece pieces (default 4000)")
     ap.add_argument("--threads", type=int, default=None, help="tokenizer threads (default: every CPU)")
+    ap.add_argument("--tokenizer", help="an existing SentencePiece model to tokenize with (default: train one)")
     a = ap.parse_args()
     if a.vocab_size < 100 or a.vocab_size > 65536:
         fail(2, f"--vocab-size {a.vocab_size}: between 100 and 65536")
-    spm_train = find_tool("spm_train", "SPM_TRAIN")
+    if a.tokenizer:
+        if not os.path.isfile(a.tokenizer):
+            fail(2, f"--tokenizer {a.tokenizer}: no such file (a SentencePiece .model; leave --tokenizer out "
+                    "to train one on the corpus with spm_train)")
+        with open(a.tokenizer, "rb") as f:
+            head = f.read(4096)
+        # A SentencePiece model is a protobuf whose first field (pieces, field 1, length-delimited) is tag 0x0a.
+        if not head or head[0] != 0x0A:
+            fail(2, f"--tokenizer {a.tokenizer}: not a SentencePiece model (it does not start as one)")
+    spm_train = None if a.tokenizer else find_tool("spm_train", "SPM_TRAIN")
     pacer = find_tool("pacer", "PACER_BIN")
 
     files = collect(a.input, int(a.max_mb * (1 << 20)))
@@ -111,14 +121,19 @@ def main():
             f.write(data if data.endswith(b"\n") else data + b"\n")
 
     prefix = os.path.join(a.out, "tok")
+    if a.tokenizer:
+        if os.path.realpath(a.tokenizer) != os.path.realpath(prefix + ".model"):
+            shutil.copyfile(a.tokenizer, prefix + ".model")  # the dataset's manifest names the copy beside it
+        os.unlink(joined)
     # Deterministic: one thread, no sampling of sentences, so the same corpus gives the same model.
     cmd = [spm_train, f"--input={joined}", f"--model_prefix={prefix}", f"--vocab_size={a.vocab_size}",
            "--model_type=bpe", "--byte_fallback=true", "--character_coverage=1.0", "--num_threads=1",
            "--input_sentence_size=0", "--shuffle_input_sentence=false", "--minloglevel=2"]
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    if r.returncode != 0:
-        fail(3, f"spm_train exited {r.returncode}:\n" + r.stdout.decode(errors="replace")[-2000:])
-    os.unlink(joined)
+    if not a.tokenizer:
+        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        if r.returncode != 0:
+            fail(3, f"spm_train exited {r.returncode}:\n" + r.stdout.decode(errors="replace")[-2000:])
+        os.unlink(joined)
 
     cmd = [pacer, "shard", "tokenize", *names, os.path.join(a.out, "data"), "--model", prefix + ".model",
            "--document", "file", "--bad-utf8", "fail"]
@@ -130,7 +145,8 @@ def main():
         fail(3 if r.returncode == 3 else 2,
              f"pacer shard tokenize exited {r.returncode}:\n" + r.stdout.decode(errors="replace"))
     size = sum(len(d) for _, d in files)
-    print(f"prepare: {len(files)} files, {size / (1 << 20):.1f} MiB -> {prefix}.model ({a.vocab_size} pieces), "
+    pieces = "given" if a.tokenizer else f"{a.vocab_size} pieces"
+    print(f"prepare: {len(files)} files, {size / (1 << 20):.1f} MiB -> {prefix}.model ({pieces}), "
           f"{os.path.join(a.out, 'data')} (.bin/.idx/.manifest.json)")
 
 

@@ -109,6 +109,11 @@ nlohmann::json to_json(const IndexReport& report);
 Expected<std::vector<std::string>> expand_shard_spec(const std::string& spec);
 
 class BatchBuffer;
+}  // namespace pacer::data
+namespace pacer {
+class MappedFile;
+}  // namespace pacer
+namespace pacer::data {
 
 // An opened set of shards: samples are numbered 0..size()-1 across shards in
 // shard order. Thread-safe for reads.
@@ -135,6 +140,16 @@ class Dataset {
   // when they are scattered) and returns its key and fields, their offsets
   // now into `buf`.
   Expected<SampleEntry> read_into(std::uint64_t i, BatchBuffer& buf) const;
+  // Shards are read through a mapping, and whether a shard was truncated
+  // under a read is known only from its size afterwards (docs/data.md,
+  // "Reading mapped shards"). read() and read_into(i, buf) check it per
+  // sample; read_into with a ReadCheck leaves it to one confirm() for many
+  // samples, whose bytes are the shards' only once confirm() passes.
+  struct ReadCheck {
+    std::vector<std::pair<std::size_t, std::uint64_t>> ends;  // shard, end of the furthest byte read
+  };
+  Expected<SampleEntry> read_into(std::uint64_t i, BatchBuffer& buf, ReadCheck* check) const;
+  Status confirm(const ReadCheck& check) const;
 
   struct Impl;
 
@@ -142,8 +157,8 @@ class Dataset {
   struct Located;
   Expected<Located> locate(std::uint64_t i) const;
   // Reads sample i's span (its first field's data to the end of its last)
-  // with one pread into room(bytes); field offsets are relative to the span.
-  Expected<SampleEntry> read_span(std::uint64_t i, const std::function<unsigned char*(std::uint64_t)>& room) const;
+  // with one copy into room(bytes); field offsets are relative to the span.
+  Expected<SampleEntry> read_span(std::uint64_t i, const std::function<unsigned char*(std::uint64_t)>& room, ReadCheck* check = nullptr) const;
   Dataset() = default;
   std::string name_;
   std::vector<std::string> shards_;
@@ -156,8 +171,8 @@ class Dataset {
 // ---------------------------------------------------------------------------
 // Token datasets: Megatron-Core indexed datasets (PREFIX.bin + PREFIX.idx,
 // the "MMIDIDX" layout). The .idx is read whole; the .bin stays open and
-// tokens are read from it with pread, not through a mapping, so a .bin
-// truncated while it is open is an error naming it, never a SIGBUS.
+// mapped, and tokens are read through a SIGBUS-guarded MappedFile, so a
+// .bin truncated while it is open is an error naming it, never a SIGBUS.
 //
 // PREFIX.idx: 9-byte header "MMIDIDX\0\0", u64 version 1, u8 dtype code
 // (1 uint8, 2 int8, 3 int16, 4 int32, 5 int64, 6 float64, 7 float32,
@@ -192,6 +207,12 @@ class TokenDataset {
   // Copies tokens [offset, offset + count) of document d, widened to int64,
   // to `out`. Float datasets and ranges past the document are refused.
   Status copy_tokens(std::uint64_t d, std::uint64_t offset, std::uint64_t count, std::int64_t* out) const;
+  // The same with the .bin's size check left to check_size(*furthest) (one
+  // system call for many copies; docs/data.md, "Token datasets"): *furthest
+  // grows to the end of the bytes read, which are the file's only once
+  // check_size has passed.
+  Status copy_tokens(std::uint64_t d, std::uint64_t offset, std::uint64_t count, std::int64_t* out, std::uint64_t* furthest) const;
+  Status check_size(std::uint64_t furthest) const;
   // The loss mask of an SFT dataset (sft_mask_prefix(prefix) exists beside
   // it), else null: a uint8 dataset of the same shape, 1 for trained tokens.
   const TokenDataset* loss_mask() const { return mask_.get(); }
@@ -208,10 +229,12 @@ class TokenDataset {
   std::uint64_t total_tokens_ = 0;
   int bin_fd_ = -1;
   std::uint64_t bin_size_ = 0;  // when opened
+  std::unique_ptr<MappedFile> bin_map_;  // the .bin mapped, or null (read with pread)
   // Reads n bytes of the .bin at `offset` (of sequence `seq`, for messages).
   Status read_bin(std::uint64_t offset, std::size_t n, void* out, std::uint64_t seq) const;
-  // Elements [first, first + n) of sequence seq, widened to int64.
-  Status widen(std::uint64_t seq, std::uint64_t first, std::uint64_t n, std::int64_t* out) const;
+  // Elements [first, first + n) of sequence seq, widened to int64; with
+  // `furthest`, the mapped read's size check is the caller's.
+  Status widen(std::uint64_t seq, std::uint64_t first, std::uint64_t n, std::int64_t* out, std::uint64_t* furthest = nullptr) const;
 };
 
 // One packed training sequence: pieces of documents laid end to end.

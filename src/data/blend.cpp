@@ -275,18 +275,17 @@ class BlendSource : public Loader::Source {
     return {};
   }
 
-  // Each child fills its rows into a batch of its own, in runs of
-  // consecutive positions; the rows are then laid out in blend order,
-  // padded to the longest (unpacked rows), as one source would lay them.
+  // Each child writes its rows, in runs of consecutive positions, straight
+  // into their places in the batch (padded to the longest of the batch,
+  // unpacked rows), as one source would lay them.
   Status fill_rows(const std::vector<Draw>& draws, Batch& b, std::uint64_t& bytes) {
-    struct Part {
-      Batch batch;
-      std::vector<std::size_t> first_segment;  // per row
+    struct Run {
+      std::size_t child;
+      std::uint64_t epoch, lo, hi;
+      std::vector<std::uint64_t> dest;  // batch rows, in the run's order
     };
-    std::vector<Part> parts;
-    std::vector<std::pair<std::size_t, std::uint64_t>> in_order(draws.size());  // (part, row) of each draw
+    std::vector<Run> runs;
     std::vector<bool> placed(draws.size(), false);
-    std::uint64_t ignored = 0;
     for (std::size_t k = 0; k < draws.size(); ++k) {
       if (placed[k]) continue;
       Child& c = kids_[draws[k].child];
@@ -294,77 +293,29 @@ class BlendSource : public Loader::Source {
       if (!where) return where.error();
       // The run: this child's later draws of the batch have the next counts;
       // they join while they stay in the same epoch of it.
-      std::vector<std::size_t> run{k};
-      const std::uint64_t e = where->first, lo = where->second;
-      std::uint64_t hi = lo + 1;
+      Run run{draws[k].child, where->first, where->second, where->second + 1, {k}};
       for (std::size_t j = k + 1; j < draws.size(); ++j) {
         if (draws[j].child != draws[k].child) continue;
         auto w = locate(c, draws[j].count);
         if (!w) return w.error();
-        if (w->first != e || w->second != hi) break;
-        run.push_back(j);
-        ++hi;
+        if (w->first != run.epoch || w->second != run.hi) break;
+        run.dest.push_back(j);
+        ++run.hi;
       }
-      Part part;
-      // Scratch buffers of this reader thread, reused so their pages stay mapped.
-      thread_local std::vector<std::shared_ptr<BatchBuffer>> scratch;
-      if (scratch.size() <= parts.size()) scratch.push_back(std::make_shared<BatchBuffer>());
-      part.batch.buffer = scratch[parts.size()];
-      part.batch.buffer->clear();
-      if (Status st = c.src->fill(c.seed, e, lo, hi, part.batch, ignored, ignored); !st) return st;
-      std::size_t seg = 0;
-      for (std::uint64_t r = 0; r < part.batch.rows; ++r) {
-        part.first_segment.push_back(seg);
-        while (seg + 1 < part.batch.cu_seqlens.size() && static_cast<std::uint64_t>(part.batch.cu_seqlens[seg + 1]) <= (r + 1) * part.batch.cols) ++seg;
-      }
-      for (std::size_t r = 0; r < run.size(); ++r) {
-        in_order[run[r]] = {parts.size(), r};
-        placed[run[r]] = true;
-      }
-      parts.push_back(std::move(part));
+      for (auto r : run.dest) placed[r] = true;
+      runs.push_back(std::move(run));
     }
-
-    const bool labels = !parts.empty() && parts[0].batch.has_labels;
     std::uint64_t cols = o_.pack ? o_.seq_len : 0;
-    for (const auto& p : parts) cols = std::max(cols, p.batch.cols);
+    for (const auto& r : runs) cols = std::max(cols, kids_[r.child].src->token_cols(kids_[r.child].seed, r.epoch, r.lo, r.hi));
     const std::uint64_t nrows = draws.size();
-    allocate_token_rows(b, nrows, cols, labels);
-    auto* tokens = reinterpret_cast<std::int64_t*>(b.buffer->data() + b.tokens_offset);
-    auto* positions = reinterpret_cast<std::int32_t*>(b.buffer->data() + b.positions_offset);
-    std::int64_t* lab = labels ? reinterpret_cast<std::int64_t*>(b.buffer->data() + b.labels_offset) : nullptr;
-    std::uint8_t* mask = labels ? b.buffer->data() + b.loss_mask_offset : nullptr;
-    b.cu_seqlens.assign(1, 0);
-    for (std::uint64_t r = 0; r < nrows; ++r) {
-      const Part& p = parts[in_order[r].first];
-      const std::uint64_t pr = in_order[r].second;
-      const Batch& src = p.batch;
-      const auto len = static_cast<std::uint64_t>(src.lengths[pr]);
-      const std::uint64_t from = pr * src.cols, to = r * cols;
-      std::copy_n(src.tokens() + from, len, tokens + to);
-      std::fill(tokens + to + len, tokens + to + cols, o_.pad_id);
-      std::copy_n(src.position_ids() + from, len, positions + to);
-      for (std::uint64_t i = len; i < cols; ++i) positions[to + i] = static_cast<std::int32_t>(i - len);
-      if (labels) {
-        std::copy_n(src.labels() + from, len, lab + to);
-        std::fill(lab + to + len, lab + to + cols, kIgnoreLabel);
-        std::copy_n(src.loss_mask() + from, len, mask + to);
-        std::fill(mask + to + len, mask + to + cols, std::uint8_t{0});
-      }
-      for (std::size_t s = p.first_segment[pr]; s + 1 < src.cu_seqlens.size() && src.documents[s] >= 0 &&
-                                                 static_cast<std::uint64_t>(src.cu_seqlens[s + 1]) <= (pr + 1) * src.cols;
-           ++s) {
-        b.cu_seqlens.push_back(static_cast<std::int32_t>(to + (static_cast<std::uint64_t>(src.cu_seqlens[s + 1]) - from)));
-        b.documents.push_back(src.documents[s]);
-      }
-      if (len < cols) {
-        b.cu_seqlens.push_back(static_cast<std::int32_t>(to + cols));
-        b.documents.push_back(-1);
-        b.padding += cols - len;
-      }
-      b.lengths.push_back(static_cast<std::int64_t>(len));
-      b.datasets.push_back(static_cast<std::int32_t>(draws[r].child));
+    allocate_token_rows(b, nrows, cols, !kids_.empty() && kids_[0].src->token_labels());
+    std::vector<Loader::Source::TokenRow> meta(nrows);
+    for (const auto& r : runs) {
+      Child& c = kids_[r.child];
+      if (Status st = c.src->fill_token_rows(c.seed, r.epoch, r.lo, r.hi, b, cols, r.dest.data(), meta.data()); !st) return st;
     }
-    for (const auto& p : parts) b.truncated += p.batch.truncated;
+    append_token_rows(b, cols, meta);
+    for (std::uint64_t r = 0; r < nrows; ++r) b.datasets.push_back(static_cast<std::int32_t>(draws[r].child));
     bytes += nrows * cols * sizeof(std::int64_t);
     return {};
   }

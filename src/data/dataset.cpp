@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "pacer/core/atomic_file.hpp"
+#include "pacer/core/mapped_file.hpp"
 #include "pacer/core/posix_io.hpp"
 #include "pacer/data.hpp"
 #include "tar_internal.hpp"
@@ -187,6 +188,8 @@ struct Dataset::Impl {
     std::mutex mu;
     std::shared_ptr<const std::vector<SampleEntry>> entries;
     std::shared_ptr<const pacer::Fd> file;
+    // The same file mapped (see read_span), or null where mapping failed.
+    std::shared_ptr<const MappedFile> map;
     // Its place in the LRU list of open shards (guarded by lru_mu).
     std::list<std::size_t>::iterator lru_pos;
     bool in_lru = false;
@@ -194,6 +197,11 @@ struct Dataset::Impl {
     // many times it was decompressed (guarded by mu).
     std::uint64_t in_memory = 0;
     std::uint64_t decompressions = 0;
+    // Set once entries and file are loaded in a dataset that never closes a
+    // shard (no more shards than max_open, none decompressed): from then on
+    // they are read without the lock or reference counts, which two reader
+    // threads on the same shard otherwise contend for on every sample.
+    std::atomic<bool> settled{false};
   };
   std::vector<std::unique_ptr<Shard>> shards;
   // Open descriptors are bounded: thousands of shards must not exhaust the
@@ -263,9 +271,14 @@ Expected<std::shared_ptr<Dataset>> Dataset::open(const std::vector<std::string>&
 // Finds sample i's index entry and an open descriptor for its shard.
 struct Dataset::Located {
   std::size_t shard = 0;
-  std::shared_ptr<const std::vector<SampleEntry>> entries;  // keeps `entry` alive
   const SampleEntry* entry = nullptr;
-  std::shared_ptr<const pacer::Fd> file;
+  const pacer::Fd* file = nullptr;
+  const MappedFile* map = nullptr;  // when the shard is mapped
+  // Keep the above alive while the shard may be closed under the reader
+  // (empty for a settled shard, which the dataset keeps open).
+  std::shared_ptr<const std::vector<SampleEntry>> entries;
+  std::shared_ptr<const pacer::Fd> file_ref;
+  std::shared_ptr<const MappedFile> map_ref;
 };
 
 Expected<Dataset::Located> Dataset::locate(std::uint64_t i) const {
@@ -274,20 +287,18 @@ Expected<Dataset::Located> Dataset::locate(std::uint64_t i) const {
   const std::size_t s = static_cast<std::size_t>(std::upper_bound(starts_.begin(), starts_.end(), i) - starts_.begin() - 1);
   loc.shard = s;
   Impl::Shard& sh = *impl_->shards[s];
+  const std::uint64_t local = i - starts_[s];
+  if (sh.settled.load(std::memory_order_acquire)) {
+    // Sizes were checked when the shard settled.
+    loc.entry = &(*sh.entries)[local];
+    loc.file = sh.file.get();
+    loc.map = sh.map.get();
+    return loc;
+  }
   std::uint64_t gained = 0;  // decompressed bytes this call brought into memory
   bool held_in_memory = false;
   {
     std::lock_guard g(sh.mu);
-    if (!sh.entries) {
-      // Reading the entries checks the shard's member headers too; a shard
-      // rewritten under its index is rebuilt here (or refused, read-only).
-      auto idx = load_or_build_index(shards_[s], false);
-      if (!idx) return idx.error();
-      if (idx->entries.size() != counts_[s])
-        return Error{ErrorKind::kConfig, fmt::format("{}: changed since the dataset was opened ({} samples then, {} now; open it again)", shards_[s],
-                                                     counts_[s], idx->entries.size())};
-      sh.entries = std::make_shared<const std::vector<SampleEntry>>(std::move(idx->entries));
-    }
     if (!sh.file) {
       auto d = open_shard_data(shards_[s]);
       if (!d) return d.error();
@@ -301,12 +312,28 @@ Expected<Dataset::Located> Dataset::locate(std::uint64_t i) const {
       } else {
         ::posix_fadvise(d->fd.get(), 0, 0, POSIX_FADV_WILLNEED);
       }
+      // A mapping that fails (address space, a file system without mmap)
+      // leaves the shard to pread.
+      if (auto m = MappedFile::map(d->fd.get(), shards_[s])) sh.map = std::make_shared<const MappedFile>(std::move(*m));
       sh.file = std::make_shared<const pacer::Fd>(std::move(d->fd));
       gained = sh.in_memory;
     }
+    if (!sh.entries) {
+      // Reading the entries checks the shard's member headers too (through
+      // the mapping just made); a shard rewritten under its index is rebuilt
+      // here (or refused, read-only).
+      auto idx = load_or_build_index(shards_[s], false, sh.map.get());
+      if (!idx) return idx.error();
+      if (idx->entries.size() != counts_[s])
+        return Error{ErrorKind::kConfig, fmt::format("{}: changed since the dataset was opened ({} samples then, {} now; open it again)", shards_[s],
+                                                     counts_[s], idx->entries.size())};
+      sh.entries = std::make_shared<const std::vector<SampleEntry>>(std::move(idx->entries));
+    }
     loc.entries = sh.entries;
-    loc.file = sh.file;
+    loc.file_ref = sh.file;
+    loc.map_ref = sh.map;
     held_in_memory = sh.in_memory > 0;
+    if (shards_.size() <= impl_->max_open && !held_in_memory && sh.entries->size() == counts_[s]) sh.settled.store(true, std::memory_order_release);
   }
   if (shards_.size() > impl_->max_open || held_in_memory) {
     // Close the least recently used shards beyond the bounds. With fewer
@@ -328,11 +355,13 @@ Expected<Dataset::Located> Dataset::locate(std::uint64_t i) const {
       if (&old == &sh) continue;
       std::lock_guard g2(old.mu);
       old.file.reset();
+      old.map.reset();
       impl_->in_memory -= std::min(impl_->in_memory, old.in_memory);
       old.in_memory = 0;
     }
   }
-  const std::uint64_t local = i - starts_[s];
+  loc.file = loc.file_ref.get();
+  loc.map = loc.map_ref.get();
   if (local >= loc.entries->size())
     return Error{ErrorKind::kConfig, fmt::format("{}: index has {} samples, asked for {}", shards_[s], loc.entries->size(), local)};
   loc.entry = &(*loc.entries)[local];
@@ -341,7 +370,15 @@ Expected<Dataset::Located> Dataset::locate(std::uint64_t i) const {
 
 namespace {
 // Reads exactly n bytes at `offset`; a short read is a truncated shard.
-Status pread_all(int fd, unsigned char* dst, std::uint64_t n, std::uint64_t offset, const std::string& shard, const std::string& key) {
+// Mapped shards are copied from the mapping: one memcpy per sample where
+// pread costs a system call and a page-cache lookup per page, which measured
+// 3x cat's CPU time (docs/data.md, "Reading mapped shards").
+Status pread_all(int fd, const MappedFile* map, unsigned char* dst, std::uint64_t n, std::uint64_t offset, const std::string& shard,
+                 const std::string& key) {
+  if (map) {
+    if (Status st = map->copy(offset, n, dst); !st) return Error{ErrorKind::kIo, fmt::format("{} (sample '{}')", st.error().message, key)};
+    return {};
+  }
   auto got = pread_full(fd, dst, n, offset, shard);
   if (!got) return Error{ErrorKind::kIo, fmt::format("{} (sample '{}')", got.error().message, key)};
   if (*got < n)
@@ -351,10 +388,28 @@ Status pread_all(int fd, unsigned char* dst, std::uint64_t n, std::uint64_t offs
 }
 }  // namespace
 
-Expected<SampleEntry> Dataset::read_span(std::uint64_t i, const std::function<unsigned char*(std::uint64_t)>& room) const {
+Expected<SampleEntry> Dataset::read_span(std::uint64_t i, const std::function<unsigned char*(std::uint64_t)>& room, ReadCheck* check) const {
   auto loc = locate(i);
   if (!loc) return loc.error();
   const SampleEntry& e = *loc->entry;
+  // After a mapped read, the bytes up to `end` are the shard's only if it
+  // still has them: checked here, or recorded for confirm() when the shard
+  // stays open (its mapping is the one confirm() asks).
+  std::uint64_t end = 0;
+  auto checked = [&]() -> Status {
+    if (!loc->map || end == 0) return {};
+    if (!check || !impl_->shards[loc->shard]->settled.load(std::memory_order_acquire)) {
+      if (Status st = loc->map->check_size(end); !st) return Error{ErrorKind::kIo, fmt::format("{} (sample '{}')", st.error().message, e.key)};
+      return {};
+    }
+    for (auto& [s, furthest] : check->ends)
+      if (s == loc->shard) {
+        furthest = std::max(furthest, end);
+        return {};
+      }
+    check->ends.emplace_back(loc->shard, end);
+    return {};
+  };
   SampleEntry out;
   out.key = e.key;
   if (e.fields.empty()) return out;
@@ -370,17 +425,21 @@ Expected<SampleEntry> Dataset::read_span(std::uint64_t i, const std::function<un
   // by field, so the members of other samples in between are not read.
   const std::uint64_t slack = 3 * kTarBlock * e.fields.size();
   if (hi - lo <= total + slack) {
-    if (Status st = pread_all(loc->file->get(), room(hi - lo), hi - lo, lo, shards_[loc->shard], e.key); !st) return st.error();
+    if (Status st = pread_all(loc->file->get(), loc->map, room(hi - lo), hi - lo, lo, shards_[loc->shard], e.key); !st) return st.error();
     for (const auto& f : e.fields) out.fields.push_back({f.ext, f.offset - lo, f.size});
+    end = hi;
+    if (Status st = checked(); !st) return st.error();
     return out;
   }
   unsigned char* dst = room(total);
   std::uint64_t at = 0;
   for (const auto& f : e.fields) {
-    if (Status st = pread_all(loc->file->get(), dst + at, f.size, f.offset, shards_[loc->shard], e.key); !st) return st.error();
+    if (Status st = pread_all(loc->file->get(), loc->map, dst + at, f.size, f.offset, shards_[loc->shard], e.key); !st) return st.error();
     out.fields.push_back({f.ext, at, f.size});
     at += f.size;
+    end = std::max(end, f.offset + f.size);
   }
+  if (Status st = checked(); !st) return st.error();
   return out;
 }
 
@@ -399,15 +458,27 @@ Expected<Dataset::Sample> Dataset::read(std::uint64_t i) const {
   return out;
 }
 
-Expected<SampleEntry> Dataset::read_into(std::uint64_t i, BatchBuffer& buf) const {
+Expected<SampleEntry> Dataset::read_into(std::uint64_t i, BatchBuffer& buf) const { return read_into(i, buf, nullptr); }
+
+Expected<SampleEntry> Dataset::read_into(std::uint64_t i, BatchBuffer& buf, ReadCheck* check) const {
   std::size_t base = 0;
-  auto e = read_span(i, [&](std::uint64_t n) {
-    base = buf.append(n);
-    return buf.data() + base;
-  });
+  auto e = read_span(
+      i,
+      [&](std::uint64_t n) {
+        base = buf.append(n);
+        return buf.data() + base;
+      },
+      check);
   if (!e) return e.error();
   for (auto& f : e->fields) f.offset += base;
   return e;
+}
+
+Status Dataset::confirm(const ReadCheck& check) const {
+  // Only settled shards are recorded: their mapping stays.
+  for (const auto& [s, end] : check.ends)
+    if (Status st = impl_->shards[s]->map->check_size(end); !st) return st;
+  return {};
 }
 
 // ---------------------------------------------------------------------------

@@ -3,6 +3,8 @@
 
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -38,6 +40,28 @@ struct Loader::Source {
     return {};
   }
   virtual void apply_state(const nlohmann::json& /*state*/, std::uint64_t /*epoch*/, std::uint64_t /*position*/) {}
+
+  // Token sources. One row's metadata: its real tokens, those cut by
+  // seq_len, and its segments as (end within the row, document; -1 for the
+  // padded tail).
+  struct TokenRow {
+    std::uint64_t length = 0;
+    std::uint64_t truncated = 0;
+    std::vector<std::pair<std::uint64_t, std::int64_t>> segments;
+  };
+  // Whether rows carry labels and a loss mask.
+  virtual bool token_labels() const { return false; }
+  // The columns rows [lo, hi) need: seq_len packed, else their longest
+  // document cut to seq_len.
+  virtual std::uint64_t token_cols(std::uint64_t /*seed*/, std::uint64_t /*epoch*/, std::uint64_t /*lo*/, std::uint64_t /*hi*/) { return 0; }
+  // Writes rows [lo, hi) straight into rows dest[0 .. hi-lo) of b (laid out
+  // by allocate_token_rows with `cols` >= token_cols columns), padding each,
+  // and their metadata into rows[dest[k]]. A blend fills its batch this way,
+  // each child its own rows, with no scratch batch and second copy.
+  virtual Status fill_token_rows(std::uint64_t /*seed*/, std::uint64_t /*epoch*/, std::uint64_t /*lo*/, std::uint64_t /*hi*/, Batch& /*b*/,
+                                 std::uint64_t /*cols*/, const std::uint64_t* /*dest*/, TokenRow* /*rows*/) {
+    return Error{ErrorKind::kRuntime, "not a token source"};
+  }
 };
 
 // The sources of one dataset, with the option checks Loader::open makes
@@ -58,6 +82,21 @@ inline void allocate_token_rows(Batch& b, std::uint64_t rows, std::uint64_t cols
   b.has_labels = true;
   b.labels_offset = b.buffer->append(rows * cols * sizeof(std::int64_t));
   b.loss_mask_offset = b.buffer->append(rows * cols);
+}
+
+// Appends the metadata of rows (in batch order) to b: cu_seqlens over the
+// flattened rows x cols, documents, lengths, padding and truncation.
+inline void append_token_rows(Batch& b, std::uint64_t cols, const std::vector<Loader::Source::TokenRow>& rows) {
+  b.cu_seqlens.assign(1, 0);
+  for (std::uint64_t r = 0; r < rows.size(); ++r) {
+    for (const auto& [end, doc] : rows[r].segments) {
+      b.cu_seqlens.push_back(static_cast<std::int32_t>(r * cols + end));
+      b.documents.push_back(doc);
+    }
+    b.lengths.push_back(static_cast<std::int64_t>(rows[r].length));
+    b.padding += cols - rows[r].length;
+    b.truncated += rows[r].truncated;
+  }
 }
 
 // Opens sft_mask_prefix(tokens.prefix()) into `mask` when it exists (not for

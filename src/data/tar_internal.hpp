@@ -7,7 +7,9 @@
 #include <string_view>
 
 #include "pacer/core/error.hpp"
+#include "pacer/core/mapped_file.hpp"
 #include "pacer/core/posix_io.hpp"
+#include "pacer/data.hpp"
 
 namespace pacer::data {
 
@@ -59,5 +61,9 @@ struct ShardData {
   bool gzip = false;
 };
 Expected<ShardData> open_shard_data(const std::string& path);
+
+// load_or_build_index(shard, false) whose member-header check reads `map`
+// (the shard as the loader will read it) instead of a pread per member.
+Expected<ShardIndex> load_or_build_index(const std::string& shard, bool header_only, const MappedFile* map);
 
 }  // namespace pacer::data

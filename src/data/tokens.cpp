@@ -12,6 +12,7 @@
 
 #include "pacer/core/atomic_file.hpp"
 #include "pacer/core/posix_io.hpp"
+#include "pacer/core/mapped_file.hpp"
 #include "pacer/data.hpp"
 #include "loader_internal.hpp"
 
@@ -134,6 +135,9 @@ Expected<std::shared_ptr<TokenDataset>> TokenDataset::open(const std::string& pr
   if (::fstat(ds->bin_fd_, &st) != 0) return Error{ErrorKind::kIo, fmt::format("{}: cannot stat: {}", bin_path, std::strerror(errno))};
   if (!S_ISREG(st.st_mode)) return Error{ErrorKind::kConfig, fmt::format("{}: not a regular file", bin_path)};
   ds->bin_size_ = static_cast<std::uint64_t>(st.st_size);
+  // Read through a guarded mapping (docs/data.md, "Token datasets"); one that
+  // cannot be made leaves the .bin to pread.
+  if (auto m = MappedFile::map(ds->bin_fd_, bin_path)) ds->bin_map_ = std::make_unique<MappedFile>(std::move(*m));
   for (std::uint64_t i = 0; i < seqs; ++i) {
     const auto len = ds->lengths_[i];
     const auto ptr = ds->pointers_[i];
@@ -165,9 +169,36 @@ Status TokenDataset::read_bin(std::uint64_t offset, std::size_t n, void* out, st
   return {};
 }
 
-Status TokenDataset::widen(std::uint64_t seq, std::uint64_t first, std::uint64_t n, std::int64_t* out) const {
+namespace {
+struct WidenTo {
+  int code;
+  std::size_t n;
+  std::int64_t* out;
+};
+void widen_mapped(const unsigned char* p, std::size_t, void* ctx) {
+  const auto* w = static_cast<const WidenTo*>(ctx);
+  widen_into(p, w->n, w->code, w->out);
+}
+}  // namespace
+
+Status TokenDataset::check_size(std::uint64_t furthest) const {
+  if (!bin_map_ || furthest == 0) return {};
+  return bin_map_->check_size(furthest);
+}
+
+Status TokenDataset::widen(std::uint64_t seq, std::uint64_t first, std::uint64_t n, std::int64_t* out, std::uint64_t* furthest) const {
   const DtypeInfo* dt = by_name(dtype_);
   const std::uint64_t base = static_cast<std::uint64_t>(pointers_[seq]) + first * itemsize_;
+  if (bin_map_) {
+    // Straight from the mapping into `out`: no system call and no bounce buffer.
+    const std::size_t bytes = static_cast<std::size_t>(n * itemsize_);
+    WidenTo w{dt->code, static_cast<std::size_t>(n), out};
+    Status st = dt->code == 5 ? bin_map_->copy(base, bytes, out) : bin_map_->read(base, bytes, widen_mapped, &w);
+    if (st && furthest) *furthest = std::max(*furthest, base + bytes);
+    else if (st) st = bin_map_->check_size(base + bytes);
+    if (!st) return Error{ErrorKind::kIo, fmt::format("{} (sequence {})", st.error().message, seq)};
+    return {};
+  }
   if (dt->code == 5) return read_bin(base, static_cast<std::size_t>(n * 8), out, seq);
   unsigned char buf[64 << 10];
   const std::uint64_t per = sizeof(buf) / itemsize_;
@@ -250,6 +281,10 @@ std::uint64_t TokenDataset::document_tokens(std::uint64_t d) const {
 }
 
 Status TokenDataset::copy_tokens(std::uint64_t d, std::uint64_t offset, std::uint64_t count, std::int64_t* out) const {
+  return copy_tokens(d, offset, count, out, nullptr);
+}
+
+Status TokenDataset::copy_tokens(std::uint64_t d, std::uint64_t offset, std::uint64_t count, std::int64_t* out, std::uint64_t* furthest) const {
   if (d >= documents()) return Error{ErrorKind::kUsage, fmt::format("{}: document {} of {}", prefix_, d, documents())};
   const DtypeInfo* dt = by_name(dtype_);
   if (!dt->integer) return Error{ErrorKind::kUsage, fmt::format("{}: dtype {} holds no token ids", prefix_, dtype_)};
@@ -261,7 +296,7 @@ Status TokenDataset::copy_tokens(std::uint64_t d, std::uint64_t offset, std::uin
       continue;
     }
     const std::uint64_t n = std::min(count, len - offset);
-    if (Status st = widen(q, offset, n, out); !st) return st;
+    if (Status st = widen(q, offset, n, out, furthest); !st) return st;
     out += n;
     count -= n;
     offset = 0;

@@ -106,6 +106,13 @@ TEST_F(TokenizeSpm, TextAndJsonLinesRoundTripInOrderWhateverTheThreads) {
   const auto r5 = tokenize(o, *tok_).value();
   EXPECT_EQ(slurp(dir.path() + "/one.bin"), slurp(dir.path() + "/five.bin"));
   EXPECT_EQ(slurp(dir.path() + "/one.idx"), slurp(dir.path() + "/five.idx"));
+  // The default, sized to the input and the threads (16 KiB chunks here).
+  o.threads = 2;
+  o.chunk_bytes = TokenizeOptions{}.chunk_bytes;
+  o.prefix = dir.path() + "/two";
+  ASSERT_TRUE(tokenize(o, *tok_));
+  EXPECT_EQ(slurp(dir.path() + "/one.bin"), slurp(dir.path() + "/two.bin"));
+  EXPECT_EQ(slurp(dir.path() + "/one.idx"), slurp(dir.path() + "/two.idx"));
 
   const auto lines = nonempty_lines(text);
   ASSERT_EQ(r5.inputs.size(), 2u);

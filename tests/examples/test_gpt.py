@@ -4,6 +4,7 @@
 """
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -147,6 +148,57 @@ class GptExample(Prepared):
                             "--ckpt", os.path.join(self.tmp, "none")], capture_output=True, text=True, env=self.env())
         self.assertEqual(r.returncode, 2)
         self.assertIn("run prepare.py first", r.stderr)
+
+    def test_out_of_memory_prints_the_plan_memory_estimate(self):
+        r = self.train(os.path.join(self.tmp, "oom"), "--fake-oom-at", "2")
+        self.assertEqual(r.returncode, 3, r.stdout + r.stderr)
+        self.assertIn("train: out of memory on cpu with --config tiny --batch-size 4 --seq-len 64: CUDA out of memory", r.stderr)
+        self.assertIn("pacer plan memory's estimate", r.stderr)
+        self.assertRegex(r.stderr, r"total +[\d.]+ [KMG]iB")  # the table itself, not just its heading
+        self.assertIn("lower --batch-size or --seq-len", r.stderr)
+        self.assertNotIn("Traceback", r.stderr)
+
+    def test_planned_interval_and_the_usual_loop_summaries(self):
+        # No --ckpt-every: the save after step 3 is timed and pacer plan ckpt turns it into N steps.
+        ckpt = os.path.join(self.tmp, "planned")
+        summary = os.path.join(self.tmp, "planned.json")
+        cmd = self.train_cmd(ckpt, "--steps", "10", "--first-save", "3", "--mtbf", "1m", "--summary", summary)
+        cmd.remove("--ckpt-every")
+        cmd.remove(str(EVERY))
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=self.env())
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertRegex(r.stdout, r"checkpoint every (\d+) steps \(pacer plan ckpt: a save blocks [\d.]+ s")
+        with open(summary) as f:
+            s = json.load(f)
+        every = int(re.search(r"checkpoint every (\d+) steps", r.stdout).group(1))
+        self.assertEqual(s["ckpt_every"], every)
+        self.assertEqual(s["plan_ckpt"]["schema"], "pacer.plan.ckpt/1")
+        want = sorted({3, 9} | {x for x in range(4, 10) if (x - 3) % every == 0})
+        self.assertEqual([x["step"] for x in s["saves"]], want)
+        self.assertTrue(0 <= s["data_wait_fraction"] < 1 and s["median_step_s"] > 0)
+        # The usual loop at the same interval: DataLoader windows and torch.save files, the same save steps.
+        base = os.path.join(self.tmp, "baseline")
+        bsum = os.path.join(self.tmp, "baseline.json")
+        r = self.train(base, "--baseline", "--steps", "10", "--first-save", "3", "--ckpt-every", str(every),
+                       "--workers", "1", "--summary", bsum, "--keep-last", "1")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        with open(bsum) as f:
+            b = json.load(f)
+        self.assertEqual(b["mode"], "baseline")
+        self.assertEqual([x["step"] for x in b["saves"]], want)
+        self.assertEqual(sorted(f for f in os.listdir(base) if f.endswith(".pt")), ["torch-000000000009.pt"])
+        out = subprocess.run([sys.executable, os.path.join(EXAMPLE, "compare.py"), "--pacer", summary, "--baseline", bsum,
+                              "--name", "cmp", "--out", self.tmp], capture_output=True, text=True)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("GPU seconds lost per checkpoint", out.stdout)
+
+    def test_missing_or_bad_tokenizer_model_is_a_clear_error(self):
+        r = self.prepare(os.path.join(self.tmp, "notok"), "--tokenizer", os.path.join(self.tmp, "none.model"))
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("none.model: no such file (a SentencePiece .model", r.stderr)
+        r = self.prepare(os.path.join(self.tmp, "notok"), "--tokenizer", os.path.join(self.data, "data.idx"))
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("not a SentencePiece model", r.stderr)
 
     def test_binary_corpus_file_is_refused(self):
         bad = os.path.join(self.tmp, "binary.txt")

@@ -9,10 +9,13 @@ import io
 import json
 import math
 import os
+import re
+import signal
 import subprocess
 import sys
 import tarfile
 import tempfile
+import textwrap
 import threading
 import time
 import unittest
@@ -562,6 +565,89 @@ class LoaderTest(DataTestCase):
             keys = keys_of(loader)
             self.assertEqual(len(keys), 40 - lost)
             self.assertEqual(loader.stats()["skipped"], lost)
+
+    def test_shard_truncated_while_mapped_is_an_error_not_a_crash(self):
+        # Shards are read through a mapping: a shard cut while a loader reads
+        # it would raise SIGBUS; it must be an error naming the shard, and the
+        # samples it kept still read. In a child process (also with
+        # faulthandler on, as pytest and `python -X faulthandler` run), so a
+        # crash fails this test instead of ending the run.
+        with tempfile.TemporaryDirectory(prefix="pacer-data-cut-") as tmp:
+            src = os.path.join(tmp, "src")
+            write_tree(src, n=40)
+            child = textwrap.dedent("""
+                import faulthandler, os, sys
+                import pacer, pacer.data
+                ds = pacer.data.open(sys.argv[1])
+                loader = pacer.data.Loader(ds, batch_size=2, seed=0, shuffle=False, prefetch=1, threads=1)
+                it = iter(loader)
+                next(it)  # shard 0 is mapped now
+                if sys.argv[2] == "faulthandler":
+                    faulthandler.enable()  # after pacer's handler: it prints a dump, then pacer's handler runs
+                os.truncate(ds.shards[0], 4096 * 2 + 100)
+                try:
+                    for _ in it:
+                        pass
+                    print("no error")
+                except pacer.Error as e:
+                    print("error:", e)
+                print("after:", bytes(ds[0]["__key__"], "ascii") != b"")
+                skipped = pacer.data.Loader(ds, batch_size=2, seed=0, shuffle=False, skip_bad=True)
+                n = sum(len(b["__key__"]) for b in skipped)
+                print("read", n, "skipped", skipped.stats()["skipped"], "of", len(ds))
+            """)
+            for mode in ("plain", "faulthandler"):
+                out = os.path.join(tmp, mode)
+                r = subprocess.run([PACER, "shard", "pack", src, out, "--target-size", "24KB"], capture_output=True, text=True)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                r = subprocess.run([sys.executable, "-c", child, os.path.join(out, "manifest.json"), mode],
+                                   capture_output=True, text=True, timeout=120)
+                self.assertEqual(r.returncode, 0, f"{mode}: {r.returncode} {r.stdout} {r.stderr}")
+                self.assertIn("error:", r.stdout, r.stdout)
+                self.assertIn("truncated", r.stdout)
+                self.assertIn("train-000000.tar", r.stdout)
+                self.assertIn("after: True", r.stdout)
+                m = re.search(r"read (\d+) skipped (\d+) of (\d+)", r.stdout)
+                self.assertIsNotNone(m, r.stdout)
+                read, skipped, total = map(int, m.groups())
+                self.assertEqual(read + skipped, total)
+                self.assertGreater(skipped, 0)
+                self.assertGreater(read, 0)
+
+    def test_a_sigbus_outside_pacer_still_ends_the_process(self):
+        # pacer's SIGBUS handler only catches its own guarded copies: a fault
+        # elsewhere (here a plain Python mmap of a truncated file) still ends
+        # the process with SIGBUS, also with faulthandler installed between
+        # two of pacer's installations (each chaining to the other), and
+        # without looping.
+        with tempfile.TemporaryDirectory(prefix="pacer-data-bus-") as tmp:
+            src = os.path.join(tmp, "src")
+            write_tree(src, n=20)
+            for i in (0, 1):
+                r = subprocess.run([PACER, "shard", "pack", src, os.path.join(tmp, f"out{i}")], capture_output=True, text=True)
+                self.assertEqual(r.returncode, 0, r.stderr)
+            child = textwrap.dedent("""
+                import faulthandler, mmap, os, sys
+                import pacer.data
+                a = pacer.data.open(os.path.join(sys.argv[1], "out0", "manifest.json"))
+                a[0]
+                faulthandler.enable()
+                b = pacer.data.open(os.path.join(sys.argv[1], "out1", "manifest.json"))
+                b[0]
+                path = os.path.join(sys.argv[1], "victim")
+                with open(path, "wb") as f:
+                    f.write(b"x" * 3 * 4096)
+                f = open(path, "rb")
+                m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+                os.truncate(path, 0)
+                print(m[2 * 4096])
+            """)
+            # Under the sanitized tree ASan would catch the SIGBUS itself and
+            # abort: let the default action happen there too.
+            env = dict(os.environ)
+            env["ASAN_OPTIONS"] = ":".join(filter(None, [env.get("ASAN_OPTIONS"), "handle_sigbus=0"]))
+            r = subprocess.run([sys.executable, "-c", child, tmp], capture_output=True, text=True, timeout=60, env=env)
+            self.assertEqual(r.returncode, -signal.SIGBUS, r.stdout + r.stderr)
 
 
 class TokenData(unittest.TestCase):

@@ -67,7 +67,8 @@ struct TokenizeOptions {
   std::optional<std::int64_t> eod_id;
   BadUtf8 bad_utf8 = BadUtf8::kReplace;
   // Text per chunk handed to a thread (cut after the last whole line; a
-  // longer line makes a longer chunk).
+  // longer line makes a longer chunk): at most this, and less for inputs
+  // too small to give every thread 32 chunks of it (down to 16 KiB).
   std::size_t chunk_bytes = 256u << 10;
 };
 

@@ -1,0 +1,160 @@
+#include "pacer/core/mapped_file.hpp"
+
+#include <fmt/format.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+#include <utility>
+
+#include "pacer/core/posix_io.hpp"
+
+namespace pacer {
+
+namespace {
+
+// The copy a thread is inside, if any. Set only around the memcpy; the
+// handler reads it on the faulting thread.
+struct Guard {
+  sigjmp_buf env;
+};
+thread_local Guard* t_guard = nullptr;
+
+struct sigaction g_previous {};
+std::mutex g_install_mu;
+std::atomic<bool> g_chaining{false};
+
+void on_sigbus(int sig, siginfo_t* info, void* ctx) {
+  if (Guard* g = t_guard) {
+    // Not checking si_addr: a handler installed after this one that chains
+    // to it (faulthandler) re-raises the signal, with no fault address.
+    t_guard = nullptr;
+    siglongjmp(g->env, 1);
+  }
+  // Not a guarded copy: what would have happened without this handler. A
+  // handler that chains back here (installed after this one, and this one
+  // installed again over it) would loop: the second time round, the default.
+  const bool again = g_chaining.exchange(true);
+  if (!again && (g_previous.sa_flags & SA_SIGINFO)) {
+    if (g_previous.sa_sigaction) g_previous.sa_sigaction(sig, info, ctx);
+    g_chaining = false;
+    return;
+  }
+  if (!again && g_previous.sa_handler == SIG_IGN) {
+    g_chaining = false;
+    return;
+  }
+  if (!again && g_previous.sa_handler != SIG_DFL) {
+    g_previous.sa_handler(sig);
+    g_chaining = false;
+    return;
+  }
+  ::signal(sig, SIG_DFL);
+  // A fault re-executes the instruction and dies of the default action; a
+  // sent signal has to be sent again.
+  if (again || info == nullptr || info->si_code <= 0) ::raise(sig);
+}
+
+// Installs the handler unless it is the one in place: at every mapping, so
+// one installed since without chaining to it (PyTorch's DataLoader workers
+// install theirs) does not leave later mappings unguarded.
+void install_handler() {
+  std::lock_guard lock(g_install_mu);
+  struct sigaction now {};
+  if (::sigaction(SIGBUS, nullptr, &now) == 0 && (now.sa_flags & SA_SIGINFO) && now.sa_sigaction == on_sigbus) return;
+  struct sigaction sa {};
+  sa.sa_sigaction = on_sigbus;
+  // SA_NODEFER: siglongjmp leaves the handler without restoring the signal
+  // mask (sigsetjmp(env, 0) is cheaper than saving it), so SIGBUS must not
+  // be blocked while it runs. SA_ONSTACK: a thread with an alternate signal
+  // stack keeps using it.
+  sa.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK | SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGBUS, &sa, &g_previous);
+}
+
+// Kept out of line and free of objects with destructors: siglongjmp skips
+// whatever lies between it and the sigsetjmp.
+[[gnu::noinline]] bool guarded(MappedFile::Reader fn, const unsigned char* src, std::size_t n, void* ctx) {
+  Guard g;
+  if (sigsetjmp(g.env, 0) != 0) return false;
+  // A chained handler that left by longjmp (another library's guard) never
+  // cleared the loop flag; a copy here is outside any handler. Read first:
+  // a store per copy would bounce the line between the reader threads.
+  if (g_chaining.load(std::memory_order_relaxed)) g_chaining.store(false, std::memory_order_relaxed);
+  t_guard = &g;
+  // The handler runs on this thread: a signal fence keeps the stores to
+  // t_guard on their side of the reads.
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  fn(src, n, ctx);
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  t_guard = nullptr;
+  return true;
+}
+
+void copy_to(const unsigned char* src, std::size_t n, void* dst) { std::memcpy(dst, src, n); }
+
+}  // namespace
+
+MappedFile::~MappedFile() {
+  if (data_) ::munmap(const_cast<unsigned char*>(data_), size_);
+}
+
+MappedFile::MappedFile(MappedFile&& o) noexcept
+    : fd_(std::exchange(o.fd_, -1)), data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)), path_(std::move(o.path_)) {}
+
+MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
+  if (this != &o) {
+    if (data_) ::munmap(const_cast<unsigned char*>(data_), size_);
+    fd_ = std::exchange(o.fd_, -1);
+    data_ = std::exchange(o.data_, nullptr);
+    size_ = std::exchange(o.size_, 0);
+    path_ = std::move(o.path_);
+  }
+  return *this;
+}
+
+Expected<MappedFile> MappedFile::map(int fd, const std::string& path) {
+  install_handler();
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return io_error("fstat", path, errno);
+  MappedFile m;
+  m.fd_ = fd;
+  m.path_ = path;
+  if (st.st_size <= 0) return m;
+  if (static_cast<std::uint64_t>(st.st_size) > SIZE_MAX) return Error{ErrorKind::kIo, fmt::format("{}: too large to map", path)};
+  void* p = ::mmap(nullptr, static_cast<std::size_t>(st.st_size), PROT_READ, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) return io_error("mmap", path, errno);
+  m.data_ = static_cast<const unsigned char*>(p);
+  m.size_ = static_cast<std::uint64_t>(st.st_size);
+  return m;
+}
+
+Status MappedFile::check_size(std::uint64_t end) const {
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) return io_error("fstat", path_, errno);
+  const auto now = static_cast<std::uint64_t>(st.st_size);
+  if (now >= end) return {};
+  return Error{ErrorKind::kIo, fmt::format("{}: offset {}: unexpected end of file: truncated while open (it had {} bytes when opened)", path_, now, size_)};
+}
+
+Status MappedFile::copy(std::uint64_t offset, std::size_t n, void* dst) const { return read(offset, n, copy_to, dst); }
+
+Status MappedFile::read(std::uint64_t offset, std::size_t n, Reader fn, void* ctx) const {
+  if (offset > size_ || n > size_ - offset)
+    return Error{ErrorKind::kIo, fmt::format("{}: offset {}: unexpected end of file ({} bytes asked for at offset {}; it had {} bytes when opened)", path_,
+                                             size_, n, offset, size_)};
+  if (n == 0) return {};
+  if (!guarded(fn, data_ + offset, n, ctx)) {
+    if (Status st = check_size(offset + n); !st) return st;
+    return Error{ErrorKind::kIo, fmt::format("{}: offset {}: {} bytes: unreadable (SIGBUS reading its mapping)", path_, offset, n)};
+  }
+  return {};
+}
+
+}  // namespace pacer

@@ -1,0 +1,155 @@
+#include "pacer/core/mapped_file.hpp"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "pacer/core/posix_io.hpp"
+#include "test_util.hpp"
+
+namespace pacer {
+namespace {
+
+namespace fs = std::filesystem;
+using test::contains;
+
+constexpr std::size_t kPage = 4096;
+
+std::string pattern(std::size_t n) {
+  std::string s(n, '\0');
+  for (std::size_t i = 0; i < n; ++i) s[i] = static_cast<char>(i * 131 + 7);
+  return s;
+}
+
+struct Mapped {
+  test::TempDir dir{"pacer_mapped_file_"};
+  std::string path = (fs::path(dir.path()) / "f.bin").string();
+  std::string data = pattern(5 * kPage + 123);
+  Fd fd;
+  MappedFile map;
+  Mapped() {
+    dir.file("f.bin", data);
+    auto f = open_fd(path, O_RDONLY);
+    if (!f) throw std::runtime_error(f.error().message);
+    fd = std::move(*f);
+    auto m = MappedFile::map(fd.get(), path);
+    if (!m) throw std::runtime_error(m.error().message);
+    map = std::move(*m);
+  }
+};
+
+TEST(MappedFile, CopiesExactBytesAndRefusesRangesPastTheSizeMapped) {
+  Mapped m;
+  ASSERT_EQ(m.map.size(), m.data.size());
+  std::string got(1000, '\0');
+  ASSERT_TRUE(m.map.copy(3 * kPage - 10, got.size(), got.data()));
+  EXPECT_EQ(got, m.data.substr(3 * kPage - 10, got.size()));
+  EXPECT_TRUE(m.map.check_size(m.data.size()));
+  auto past = m.map.copy(m.data.size() - 10, 11, got.data());
+  ASSERT_FALSE(past);
+  EXPECT_TRUE(contains(past.error().message, m.path));
+  EXPECT_TRUE(contains(past.error().message, "unexpected end of file"));
+  // An offset near 2^64 does not wrap past the check.
+  EXPECT_FALSE(m.map.copy(~std::uint64_t{0} - 5, 10, got.data()));
+}
+
+TEST(MappedFile, TruncatedWhileMappedIsAnErrorNamingTheFileNeverASigbus) {
+  Mapped m;
+  const std::uint64_t cut = kPage + 100;
+  fs::resize_file(m.path, cut);
+  std::string got(2 * kPage, '\0');
+  // Whole pages past the new end fault: the guard turns it into an error.
+  auto gone = m.map.copy(3 * kPage, kPage, got.data());
+  ASSERT_FALSE(gone);
+  EXPECT_TRUE(contains(gone.error().message, m.path)) << gone.error().message;
+  EXPECT_TRUE(contains(gone.error().message, "truncated while open")) << gone.error().message;
+  EXPECT_TRUE(contains(gone.error().message, fmt::format("offset {}", cut))) << gone.error().message;
+  // A copy that crosses from the kept bytes into the lost pages fails too.
+  EXPECT_FALSE(m.map.copy(kPage - 10, 2 * kPage, got.data()));
+  // Inside the new last page the mapping reads zeros without faulting:
+  // only the size check tells.
+  ASSERT_TRUE(m.map.copy(cut - 10, 50, got.data()));
+  EXPECT_FALSE(m.map.check_size(cut + 40));
+  EXPECT_TRUE(m.map.check_size(cut));
+  // The bytes the file kept still read exactly, and the guard stays armed
+  // for the next fault.
+  ASSERT_TRUE(m.map.copy(0, cut, got.data()));
+  EXPECT_EQ(got.substr(0, cut), m.data.substr(0, cut));
+  EXPECT_FALSE(m.map.copy(4 * kPage, 10, got.data()));
+}
+
+TEST(MappedFile, ThreadsFaultingAtOnceEachGetTheirError) {
+  Mapped m;
+  fs::resize_file(m.path, kPage);
+  std::vector<int> errors(4, 0);
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 4; ++t)
+    ts.emplace_back([&, t] {
+      std::string got(kPage, '\0');
+      for (int i = 0; i < 200; ++i) {
+        if (!m.map.copy((1 + (i + t) % 4) * kPage, kPage, got.data())) ++errors[t];
+        if (!m.map.copy(0, 100, got.data()) || got.substr(0, 100) != m.data.substr(0, 100)) errors[t] += 1000;
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (int t = 0; t < 4; ++t) EXPECT_EQ(errors[t], 200) << t;
+}
+
+// A SIGBUS outside a guarded copy is not swallowed: the process dies of it
+// as it would without the guard's handler.
+TEST(MappedFile, ASigbusOutsideACopyStillKillsTheProcess) {
+  Mapped m;  // installs the handler
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    void* p = ::mmap(nullptr, 2 * kPage, PROT_READ, MAP_SHARED, m.fd.get(), 0);
+    if (p == MAP_FAILED) ::_exit(3);
+    if (::ftruncate(::open(m.path.c_str(), O_WRONLY), 0) != 0) ::_exit(4);
+    volatile const char* c = static_cast<const char*>(p) + kPage;
+    (void)*c;
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  // Killed by the signal, or, under a sanitizer whose handler came first,
+  // its report and a failing exit; never the 0 of a swallowed fault.
+  const bool killed = WIFSIGNALED(status) && WTERMSIG(status) == SIGBUS;
+  const bool reported = WIFEXITED(status) && WEXITSTATUS(status) != 0 && WEXITSTATUS(status) != 3 && WEXITSTATUS(status) != 4;
+  EXPECT_TRUE(killed || reported) << status;
+}
+
+// A handler installed over the guard's that does not chain to it (as
+// PyTorch's DataLoader workers install) is replaced again by the next map().
+TEST(MappedFile, TheNextMapInstallsTheGuardAgainOverAnotherHandler) {
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    Mapped first;
+    struct sigaction other {};
+    other.sa_handler = [](int) { ::_exit(7); };
+    sigemptyset(&other.sa_mask);
+    ::sigaction(SIGBUS, &other, nullptr);
+    Mapped second;
+    fs::resize_file(second.path, kPage);
+    std::string got(kPage, '\0');
+    auto st = second.map.copy(3 * kPage, kPage, got.data());
+    ::_exit(!st && contains(st.error().message, "truncated while open") ? 0 : 5);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+}  // namespace
+}  // namespace pacer
