@@ -19,6 +19,7 @@ Handler register_monitor(CLI::App& app);
 Handler register_query(CLI::App& app);
 Handler register_catalog(CLI::App& app);
 Handler register_run(CLI::App& app);
+Handler register_run_agent(CLI::App& app);
 Handler register_ports(CLI::App& app);
 Handler register_bcast(CLI::App& app);
 Handler register_score(CLI::App& app);

@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   add(pacer::cli::register_query(app));
   add(pacer::cli::register_catalog(app));
   add(pacer::cli::register_run(app));
+  add(pacer::cli::register_run_agent(app));
   add(pacer::cli::register_ports(app));
   add(pacer::cli::register_bcast(app));
   add(pacer::cli::register_score(app));

@@ -82,7 +82,46 @@ struct RunArgs {
   bool monitor = false;
   std::string monitor_db;
   std::string monitor_interval = "1s";
+  // Several nodes (--nodes).
+  int nodes = 0;
+  int min_nodes = 0;
+  std::vector<std::string> node_list;
+  std::string launcher;
+  std::string vet_launcher;
+  std::string leader_addr;
+  std::string connect_timeout = "2m";
 };
+
+// The --vet-* options as `pacer vet` takes them, for the leader's per-node vets.
+std::vector<std::string> vet_argv(const VetArgs& va) {
+  std::vector<std::string> v;
+  auto add = [&](const char* flag, const std::string& value) {
+    if (!value.empty()) v.insert(v.end(), {flag, value});
+  };
+  add("--profile", va.profile);
+  add("--baseline", va.baseline);
+  add("--only", fmt::format("{}", fmt::join(va.only, ",")));
+  add("--skip", fmt::format("{}", fmt::join(va.skip, ",")));
+  for (const auto& i : va.inject) add("--inject", i);
+  add("--timeout", va.timeout);
+  if (va.expect_gpus >= 0) add("--expect-gpus", std::to_string(va.expect_gpus));
+  return v;
+}
+
+// A launch prefix as words (no shell: quoting is not interpreted).
+std::vector<std::string> split_words(const std::string& text) {
+  std::vector<std::string> out;
+  std::string w;
+  for (char ch : text + ' ') {
+    if (ch == ' ' || ch == '\t') {
+      if (!w.empty()) out.push_back(w);
+      w.clear();
+    } else {
+      w += ch;
+    }
+  }
+  return out;
+}
 
 // This executable, so `--monitor` can start `pacer monitor` around CMD.
 std::string self_exe() {
@@ -150,11 +189,29 @@ int run(const RunArgs& a) {
       usage_error(fmt::format("--vet-profile {}: {}", vo.profile, p.error().message));
     if (auto st = vet::check_options(vo); !st) usage_error(vet_flag_message(st.error().message));
     o.vet_quick = [vo] { return vet_quick(vo); };
+    if (a.nodes > 0) o.vet_quick = nullptr;  // the leader vets every node through the vet launcher
   } else if (a.vet != "none") {
     usage_error(fmt::format("--vet {}: expected quick or none", a.vet));
   } else if (a.vet_args.any()) {
     usage_error("--vet-profile, --vet-baseline, --vet-only, --vet-skip, --vet-timeout, --vet-expect-gpus and "
                 "--vet-inject need --vet quick");
+  }
+  if (a.nodes > 0) {
+    run::ClusterOptions c;
+    c.nodes = a.nodes;
+    c.min_nodes = a.min_nodes;
+    c.node_list = a.node_list;
+    c.launcher = split_words(a.launcher);
+    c.vet_launcher = split_words(a.vet_launcher);
+    if (a.vet == "quick") c.vet_args = vet_argv(a.vet_args);
+    c.pacer = self_exe();
+    c.leader_addr = a.leader_addr;
+    c.connect_timeout_s = duration_arg("--connect-timeout", a.connect_timeout);
+    if (a.monitor) usage_error("--monitor is for one node; with --nodes, run `pacer monitor` inside CMD on each node");
+    o.cluster = std::move(c);
+  } else if (a.min_nodes || !a.node_list.empty() || !a.launcher.empty() || !a.vet_launcher.empty() ||
+             !a.leader_addr.empty()) {
+    usage_error("--min-nodes, --node-list, --launcher, --vet-launcher and --leader-addr need --nodes");
   }
   o.log_path = a.log;
   // --monitor: every attempt of CMD runs under `pacer monitor` (which passes
@@ -246,19 +303,42 @@ Handler register_run(CLI::App& app) {
   cmd->add_option("--vet-profile", args->vet_args.profile, "--vet quick: pacer vet's --profile (built-in name or TOML file)");
   cmd->add_option("--vet-baseline", args->vet_args.baseline, "--vet quick: pacer vet's --baseline (JSON report)");
   cmd->add_option("--vet-only", args->vet_args.only, "--vet quick: run only these checks or categories (comma-separated)")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->allow_extra_args(false);
   cmd->add_option("--vet-skip", args->vet_args.skip, "--vet quick: skip these checks or categories (comma-separated)")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->allow_extra_args(false);
   cmd->add_option("--vet-timeout", args->vet_args.timeout, "--vet quick: timeout for every check, e.g. 30s");
   cmd->add_option("--vet-expect-gpus", args->vet_args.expect_gpus, "--vet quick: GPUs this node must have (0 = any)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--vet-inject", args->vet_args.inject,
-                  "--vet quick: pacer vet's --inject CHECK=hang|crash|VALUE (repeatable; testing the gate)");
+                  "--vet quick: pacer vet's --inject [NODE:]CHECK=hang|crash|VALUE (repeatable; testing the gate)")
+      ->allow_extra_args(false);
   cmd->add_option("--log", args->log, "Append every decision to this file as JSON lines (pacer.run.event/1)");
   cmd->add_flag("--quiet", args->quiet, "No decision lines on stderr (the final line stays)");
   cmd->add_flag("--monitor", args->monitor, "Run CMD under `pacer monitor` and record every decision as a catalog event");
   cmd->add_option("--monitor-db", args->monitor_db, "Catalog for --monitor (default: pacer monitor's)");
   cmd->add_option("--monitor-interval", args->monitor_interval, "Sampling interval for --monitor")->capture_default_str();
+  cmd->add_option("--nodes", args->nodes,
+                  "Run CMD on this many nodes of the allocation, one `pacer run-agent` each; the others are spares "
+                  "(docs/run.md, \"Several nodes\")")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--min-nodes", args->min_nodes, "--nodes: relaunch on fewer nodes, down to this many, when too few good "
+                                                  "ones remain (default: --nodes, no shrinking)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--node-list", args->node_list, "--nodes: the allocation's nodes (default: $SLURM_JOB_NODELIST)")
+      ->delimiter(',')
+      ->allow_extra_args(false);
+  cmd->add_option("--launcher", args->launcher,
+                  fmt::format("--nodes: launch prefix for the agents; {{nodes}} and {{count}} are the chosen nodes "
+                              "(default: {})", run::kDefaultLauncher));
+  cmd->add_option("--vet-launcher", args->vet_launcher,
+                  fmt::format("--nodes: launch prefix for one node's vet (default: {})", run::kDefaultVetLauncher));
+  cmd->add_option("--leader-addr", args->leader_addr, "--nodes: the address agents connect to (default: host name)");
+  cmd->add_option("--connect-timeout", args->connect_timeout, "--nodes: from the launch to every agent's connection")
+      ->capture_default_str();
+  // One value per occurrence (repeat the option for more): a list option
+  // must not swallow what follows it, such as `--` and CMD.
   cmd->add_option("command", args->argv, "CMD and its arguments, after --")->required();
   return [args] { return run(*args); };
 }

@@ -95,6 +95,56 @@ struct VetQuickVerdict {
   std::vector<std::string> failed;  // checks that failed or errored
 };
 
+// `pacer run --nodes N`: the leader of a job on several nodes (docs/run.md,
+// "Several nodes"). Per attempt it starts one `pacer run-agent` per chosen
+// node through `launcher`, watches every rank's progress through the agents,
+// and after a crash, a hang or a lost node re-vets the nodes implicated,
+// excludes the bad ones and relaunches on the good ones (spares fill in).
+struct ClusterOptions {
+  int nodes = 0;       // N: nodes per attempt
+  int min_nodes = 0;   // M: the attempt may shrink to this many; 0: N
+  std::vector<std::string> node_list;  // the allocation, in order; empty: $SLURM_JOB_NODELIST via scontrol
+  // The launch prefix, before `PACER run-agent ...`; {nodes} and {count}
+  // in its words become the chosen nodes (comma-separated) and their number.
+  // Empty: kDefaultLauncher.
+  std::vector<std::string> launcher;
+  // How `pacer vet --quick` reaches one node ({nodes}: that node); empty: kDefaultVetLauncher.
+  std::vector<std::string> vet_launcher;
+  // `pacer vet` arguments after --quick (the --vet-* options); nullopt: no vet.
+  std::optional<std::vector<std::string>> vet_args;
+  std::string pacer;        // this executable, as the nodes find it
+  std::string leader_addr;  // how agents reach the leader; empty: this host's name
+  double connect_timeout_s = 120;  // from the launch to every agent's hello
+  double vet_timeout_s = 600;      // one node's vet, launch included
+};
+inline constexpr const char* kDefaultLauncher =
+    "srun --nodes={count} --ntasks={count} --ntasks-per-node=1 --nodelist={nodes} --overlap --kill-on-bad-exit=0 "
+    "--immediate=60";
+inline constexpr const char* kDefaultVetLauncher =
+    "srun --nodes=1 --ntasks=1 --nodelist={nodes} --overlap --immediate=30";
+// Set for the launcher and, through it, the agents: the chosen nodes in node
+// rank order, their number, and the token an agent proves itself with.
+inline constexpr const char* kRunNodesEnv = "PACER_RUN_NODES";
+inline constexpr const char* kRunTokenEnv = "PACER_RUN_TOKEN";
+// Set for CMD by its agent: the node's rank in this attempt, the number of
+// nodes, and the rendezvous of this attempt (its first node).
+inline constexpr const char* kNodeRankEnv = "PACER_NODE_RANK";
+inline constexpr const char* kNNodesEnv = "PACER_NNODES";
+// The node's name as an agent reports it (else SLURMD_NODENAME, else the host name).
+inline constexpr const char* kNodeNameEnv = "PACER_NODE_NAME";
+// `pacer run --nodes`: fewer good nodes than --min-nodes remain.
+inline constexpr int kExitTooFewNodes = 1;
+
+struct AgentOptions {
+  std::string leader;  // HOST:PORT
+  int attempt = 0;
+  std::string node_name;  // empty: $PACER_NODE_NAME, $SLURMD_NODENAME, the host name
+  std::vector<std::string> argv;
+};
+// `pacer run-agent`: CMD on this node for a leader. Returns the exit status
+// for the agent (CMD's, or 3 when the leader is gone or unreachable).
+int run_agent(const AgentOptions& options);
+
 struct Options {
   std::vector<std::string> argv;  // CMD, run by path search without a shell
   std::string ckpt_dir;           // where CMD commits checkpoints (pacer checkpoint layout); empty: none
@@ -122,6 +172,7 @@ struct Options {
   // this long; empty: derived once kAutoHangAfter heartbeat intervals were
   // seen, max(5 x p99 interval, 120 s); 0: off (no heartbeat file for CMD).
   std::optional<double> hang_timeout_s;
+  std::optional<ClusterOptions> cluster;  // several nodes (--nodes); nullopt: this node only
   std::string log_path;            // JSON lines, appended; empty: none
   // Every decision, after it is written to log_path (human log lines).
   std::function<void(const nlohmann::json& event)> on_event;

@@ -32,7 +32,6 @@ namespace {
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-double mono_now() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
 
 std::string join(const std::vector<std::string>& v) {
   std::string s;
@@ -53,88 +52,8 @@ bool newer(const std::optional<std::uint64_t>& now, const std::optional<std::uin
   return now && (!before || *now > *before);
 }
 
-// Every decision goes to the JSON lines log (when set) and to on_event.
-class Log {
- public:
-  explicit Log(const Options& o) : o_(o) {}
-  Status open() {
-    if (o_.log_path.empty()) return {};
-    fd_ = ::open(o_.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (fd_ < 0) return Error{ErrorKind::kUsage, fmt::format("--log {}: {}", o_.log_path, std::strerror(errno))};
-    reserve();
-    return {};
-  }
-  ~Log() {
-    if (fd_ >= 0) close(fd_);
-  }
-  void operator()(const std::string& event, const std::string& message, json extra = json::object()) {
-    const double t = wall_now();
-    json j = {{"schema", kEventSchema}, {"time", utc_iso(t, true)}, {"unix", t}, {"event", event}, {"message", message}};
-    for (auto& [k, v] : extra.items()) j[k] = v;
-    if (fd_ >= 0) {
-      // One write per line with O_APPEND: lines from several supervisors sharing
-      // a log never interleave.
-      const std::string line = j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
-      if (write(fd_, line.data(), line.size()) != static_cast<ssize_t>(line.size()) && !write_failed_) {
-        write_failed_ = true;
-        if (o_.on_event)
-          o_.on_event({{"schema", kEventSchema}, {"time", utc_iso(t, true)}, {"unix", t}, {"event", "log-failed"},
-                       {"message", fmt::format("--log {}: {}", o_.log_path, std::strerror(errno))}});
-      }
-      reserve();
-    }
-    if (o_.on_event) o_.on_event(j);
-  }
 
- private:
-  // Keeps blocks allocated past the end of the log (FALLOC_FL_KEEP_SIZE:
-  // the file's size does not change), renewed after every line, so the lines
-  // that record how the run ended (exited, done, give-up, with exit_code)
-  // still land when CMD has filled the disk. Fails quietly where the file
-  // system cannot preallocate.
-  void reserve() {
-    struct stat st {};
-    if (fstat(fd_, &st) == 0) (void)fallocate(fd_, FALLOC_FL_KEEP_SIZE, st.st_size, kReserveBytes);
-  }
-  static constexpr off_t kReserveBytes = 64 << 10;
-  const Options& o_;
-  int fd_ = -1;
-  bool write_failed_ = false;
-};
 
-// The signals the supervisor waits for, blocked while it runs.
-sigset_t watched_signals() {
-  sigset_t s;
-  sigemptyset(&s);
-  for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2}) sigaddset(&s, sig);
-  return s;
-}
-
-class MaskGuard {
- public:
-  explicit MaskGuard(const sigset_t& set) : set_(set) {
-    pthread_sigmask(SIG_BLOCK, &set_, &old_);
-    // Children must be reapable: an inherited SIG_IGN would reap them for us.
-    struct sigaction sa {};
-    sa.sa_handler = SIG_DFL;
-    sigaction(SIGCHLD, &sa, &old_chld_);
-  }
-  ~MaskGuard() {
-    // Signals that arrive as we finish (Slurm's SIGTERM after `scontrol
-    // requeue`) were answered already; they must not kill the caller now.
-    timespec zero{};
-    while (sigtimedwait(&set_, nullptr, &zero) > 0) {
-    }
-    sigaction(SIGCHLD, &old_chld_, nullptr);
-    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
-  }
-  const sigset_t& old() const { return old_; }
-
- private:
-  sigset_t set_;
-  sigset_t old_;
-  struct sigaction old_chld_ {};
-};
 
 // A directory where files appear only by this user's hand: owned by the user
 // (or root), and not writable by others unless sticky (others can then add
@@ -150,49 +69,7 @@ Status check_base_dir(const std::string& dir) {
   return {};
 }
 
-// The default request file lives in a directory of its own, made with
-// mkdtemp (mode 0700, an unpredictable name) under the first usable one of
-// $XDG_RUNTIME_DIR, $SLURM_TMPDIR, $TMPDIR and /tmp: nobody else can plant a
-// request there, or a symlink where pacer writes it.
-Expected<std::string> make_request_dir() {
-  std::vector<std::string> bases;
-  for (const char* v : {"XDG_RUNTIME_DIR", "SLURM_TMPDIR", "TMPDIR"})
-    if (const char* p = std::getenv(v); p && *p) bases.push_back(p);
-  bases.push_back("/tmp");
-  std::string why;
-  for (const auto& base : bases) {
-    Status ok = check_base_dir(base);
-    std::string dir = base + "/pacer-run-XXXXXX";
-    if (ok && !::mkdtemp(dir.data())) ok = Error{ErrorKind::kIo, fmt::format("{}: mkdtemp: {}", base, std::strerror(errno))};
-    if (ok) {
-      struct stat st {};
-      if (::lstat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == geteuid() && (st.st_mode & 077) == 0)
-        return dir;
-      ::rmdir(dir.c_str());
-      ok = Error{ErrorKind::kIo, fmt::format("{}: not a private directory after mkdtemp", dir)};
-    }
-    why += (why.empty() ? "" : "; ") + ok.error().message;
-  }
-  return Error{ErrorKind::kIo, "no private directory for the checkpoint request file: " + why};
-}
 
-// Creates the request file; never follows a symlink or takes over a file
-// someone else put there (O_EXCL|O_NOFOLLOW: the supervisor removed its own
-// before the attempt started).
-Status create_request(const std::string& path, const std::string& body) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd < 0)
-    return Error{ErrorKind::kIo, fmt::format("{}: {}", path,
-                                             errno == EEXIST ? "exists already, not created by this pacer run"
-                                                             : std::strerror(errno))};
-  // One small write: readers only test that the file exists.
-  const ssize_t n = ::write(fd, body.data(), body.size());
-  const int e = errno;
-  ::close(fd);
-  if (n != static_cast<ssize_t>(body.size()))
-    return Error{ErrorKind::kIo, fmt::format("{}: write: {}", path, n < 0 ? std::strerror(e) : "short write")};
-  return {};
-}
 
 // The checks on Options that need nothing else.
 Status check_options(const Options& o) {
@@ -222,37 +99,6 @@ Expected<std::optional<Outcome>> vet_node(const Options& o, Log& log) {
   return std::optional<Outcome>();
 }
 
-Walltime find_walltime(const Options& o, Log& log) {
-  Walltime wt;
-  if (o.end_time) {
-    wt.end_time = o.end_time;
-    wt.source = WalltimeSource::kOverride;
-    wt.note = "--end-time";
-  } else {
-    wt = learn_walltime(o.scontrol);
-  }
-  if (wt.end_time) {
-    // Slurm's warning may have come before pacer run blocked it (a batch
-    // script's `trap '' USR1` discards it, and nothing can block it in bash).
-    // With --before at least the warning's lead, the end time stands in for
-    // it: the first attempt is asked to checkpoint as soon as it starts.
-    const double left = *wt.end_time - wall_now();
-    const bool inside = o.before_s > 0 && left <= o.before_s;
-    log("walltime", fmt::format("job ends at {} ({} s from now, from {}){}", utc_iso(*wt.end_time, true),
-                                static_cast<long long>(left), wt.note,
-                                inside ? fmt::format("; already inside the --before window of {} s: CMD is asked to "
-                                                     "checkpoint as soon as it starts, as if {} had come (it may have "
-                                                     "come before pacer run could receive it)",
-                                                     o.before_s, signal_name(o.slurm_signal))
-                                : o.before_s > 0 ? fmt::format("; checkpoint {} s before", o.before_s)
-                                               : "; --before 0: checkpoint on the signal only"),
-        {{"end_time", *wt.end_time}, {"inside_window", inside}});
-  } else {
-    log("walltime", fmt::format("end time unknown: {}; checkpoint on {} only", wt.note, signal_name(o.slurm_signal)),
-        {{"end_time", nullptr}});
-  }
-  return wt;
-}
 
 // The private directory made for the request file (removed at the end), or
 // "" when --request-file names one, whose directory is checked.
@@ -268,15 +114,6 @@ Expected<std::string> prepare_request_dir(const Options& o) {
   return std::string();
 }
 
-void log_checkpoints(const Options& o, Log& log, const std::optional<std::uint64_t>& best) {
-  if (o.ckpt_dir.empty())
-    log("checkpoints", "no --ckpt-dir: commits cannot be seen, so a checkpoint request waits the whole grace period "
-                       "and crashes never count as progress");
-  else
-    log("checkpoints", best ? fmt::format("latest committed step in {}: {}", o.ckpt_dir, *best)
-                            : fmt::format("no committed step in {} yet", o.ckpt_dir),
-        {{"committed_step", best ? json(*best) : json(nullptr)}});
-}
 
 // Attempts without progress count across requeues: a job whose every
 // allocation ends without a new committed step must stop being requeued.
@@ -299,57 +136,8 @@ int load_no_progress(const std::string& state_path, const std::optional<std::uin
   return no_progress;
 }
 
-// The heartbeat file and the stack files of one attempt; the directory stays.
-void clear_progress_files(const std::string& dir) {
-  if (dir.empty()) return;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (name == "heartbeat" || (name.rfind("stacks-", 0) == 0 && e.path().extension() == ".txt"))
-      std::filesystem::remove(e.path(), ec);
-  }
-}
 
-// The start of a stack file: faulthandler writes the current thread first,
-// most recent call first, so the head is what matters.
-json read_stacks(const std::string& path, int rank, int pid) {
-  constexpr std::size_t kMax = 8192;
-  json j = {{"rank", rank}, {"pid", pid}, {"file", path}};
-  auto fd = open_fd(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-  if (!fd) {
-    j["text"] = nullptr;
-    j["note"] = "no stack file: the rank is not a Python process that called pacer.run.heartbeat or watch";
-    return j;
-  }
-  std::string buf(kMax + 1, '\0');
-  auto n = read_full(fd->get(), buf.data(), buf.size(), path);
-  buf.resize(n ? *n : 0);
-  j["truncated"] = buf.size() > kMax;
-  if (buf.size() > kMax) buf.resize(kMax);
-  j["text"] = buf;
-  return j;
-}
 
-// Utilization and memory per GPU, where NVML answers; a note otherwise.
-json gpu_state() {
-  auto nvml = hw::Nvml::open();
-  if (!nvml) return {{"note", nvml.error().message}};
-  auto count = (*nvml)->device_count();
-  if (!count) return {{"note", count.error().message}};
-  json gpus = json::array();
-  for (unsigned i = 0; i < *count; ++i) {
-    auto g = (*nvml)->query(i, hw::Nvml::QueryScope::kFast);
-    if (!g) {
-      gpus.push_back({{"index", i}, {"note", g.error().message}});
-      continue;
-    }
-    auto opt = [](const auto& v) { return v ? json(*v) : json(nullptr); };
-    gpus.push_back({{"index", i}, {"utilization_gpu_pct", opt(g->utilization_gpu_pct)},
-                    {"utilization_memory_pct", opt(g->utilization_memory_pct)}, {"memory_used", opt(g->memory_used)},
-                    {"memory_total", opt(g->memory_total)}});
-  }
-  return {{"gpus", gpus}};
-}
 
 // One attempt of CMD, from its start to its exit.
 struct Attempt {
@@ -482,30 +270,8 @@ struct Supervisor {
   }
 
   void requeue(const std::string& why) {
-    out.exit_code = kExitRequeued;
-    out.requeued = true;
-    out.committed_step = latest_committed_step(o.ckpt_dir);
-    out.reason = why;
-    if (!in_slurm) {
-      log("requeue", fmt::format("{}; not requeued: no Slurm job (bare); exit {}", why, kExitRequeued));
-      return;
-    }
-    if (o.requeue == RequeueMode::kExit) {
-      log("requeue", fmt::format("{}; exit {} for the next job of an sbatch --dependency=singleton chain", why,
-                                 kExitRequeued));
-      return;
-    }
-    log("requeue", fmt::format("{}; requeueing job {} with '{} requeue {}'", why, job, o.scontrol, job));
-    auto c = capture({o.scontrol, "requeue", job}, 30, &mask.old());
-    if (!c || c->status != 0) {
-      const std::string err = !c ? c.error().message
-                                 : fmt::format("exit {}: {}", c->status, c->output.substr(0, c->output.find('\n')));
-      log("requeue-failed", fmt::format("'{} requeue {}' failed ({}); exit {} so a singleton chain can continue",
-                                        o.scontrol, job, err, kExitRequeued));
-      out.reason += fmt::format("; scontrol requeue failed ({})", err);
-      return;
-    }
-    log("requeued", fmt::format("job {} requeued; exit {}", job, kExitRequeued));
+    requeue_job(o, [this](const std::string& e, const std::string& m) { log(e, m); }, job, in_slurm, &mask.old(), out,
+                why);
   }
 
   Outcome give_up(int exit_code, const std::string& why) {
@@ -739,6 +505,174 @@ struct Supervisor {
 
 }  // namespace
 
+double mono_now() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
+
+// The default request file lives in a directory of its own, made with
+// mkdtemp (mode 0700, an unpredictable name) under the first usable one of
+// $XDG_RUNTIME_DIR, $SLURM_TMPDIR, $TMPDIR and /tmp: nobody else can plant a
+// request there, or a symlink where pacer writes it.
+Expected<std::string> make_request_dir() {
+  std::vector<std::string> bases;
+  for (const char* v : {"XDG_RUNTIME_DIR", "SLURM_TMPDIR", "TMPDIR"})
+    if (const char* p = std::getenv(v); p && *p) bases.push_back(p);
+  bases.push_back("/tmp");
+  std::string why;
+  for (const auto& base : bases) {
+    Status ok = check_base_dir(base);
+    std::string dir = base + "/pacer-run-XXXXXX";
+    if (ok && !::mkdtemp(dir.data())) ok = Error{ErrorKind::kIo, fmt::format("{}: mkdtemp: {}", base, std::strerror(errno))};
+    if (ok) {
+      struct stat st {};
+      if (::lstat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == geteuid() && (st.st_mode & 077) == 0)
+        return dir;
+      ::rmdir(dir.c_str());
+      ok = Error{ErrorKind::kIo, fmt::format("{}: not a private directory after mkdtemp", dir)};
+    }
+    why += (why.empty() ? "" : "; ") + ok.error().message;
+  }
+  return Error{ErrorKind::kIo, "no private directory for the checkpoint request file: " + why};
+}
+
+// The heartbeat file and the stack files of one attempt; the directory stays.
+void clear_progress_files(const std::string& dir) {
+  if (dir.empty()) return;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name == "heartbeat" || (name.rfind("stacks-", 0) == 0 && e.path().extension() == ".txt"))
+      std::filesystem::remove(e.path(), ec);
+  }
+}
+
+// The start of a stack file: faulthandler writes the current thread first,
+// most recent call first, so the head is what matters.
+json read_stacks(const std::string& path, int rank, int pid) {
+  constexpr std::size_t kMax = 8192;
+  json j = {{"rank", rank}, {"pid", pid}, {"file", path}};
+  auto fd = open_fd(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (!fd) {
+    j["text"] = nullptr;
+    j["note"] = "no stack file: the rank is not a Python process that called pacer.run.heartbeat or watch";
+    return j;
+  }
+  std::string buf(kMax + 1, '\0');
+  auto n = read_full(fd->get(), buf.data(), buf.size(), path);
+  buf.resize(n ? *n : 0);
+  j["truncated"] = buf.size() > kMax;
+  if (buf.size() > kMax) buf.resize(kMax);
+  j["text"] = buf;
+  return j;
+}
+
+// Utilization and memory per GPU, where NVML answers; a note otherwise.
+json gpu_state() {
+  auto nvml = hw::Nvml::open();
+  if (!nvml) return {{"note", nvml.error().message}};
+  auto count = (*nvml)->device_count();
+  if (!count) return {{"note", count.error().message}};
+  json gpus = json::array();
+  for (unsigned i = 0; i < *count; ++i) {
+    auto g = (*nvml)->query(i, hw::Nvml::QueryScope::kFast);
+    if (!g) {
+      gpus.push_back({{"index", i}, {"note", g.error().message}});
+      continue;
+    }
+    auto opt = [](const auto& v) { return v ? json(*v) : json(nullptr); };
+    gpus.push_back({{"index", i}, {"utilization_gpu_pct", opt(g->utilization_gpu_pct)},
+                    {"utilization_memory_pct", opt(g->utilization_memory_pct)}, {"memory_used", opt(g->memory_used)},
+                    {"memory_total", opt(g->memory_total)}});
+  }
+  return {{"gpus", gpus}};
+}
+
+void requeue_job(const Options& o, const std::function<void(const std::string&, const std::string&)>& log,
+                 const std::string& job, bool in_slurm, const sigset_t* child_mask, Outcome& out, const std::string& why) {
+  out.exit_code = kExitRequeued;
+  out.requeued = true;
+  out.committed_step = latest_committed_step(o.ckpt_dir);
+  out.reason = why;
+  if (!in_slurm) {
+    log("requeue", fmt::format("{}; not requeued: no Slurm job (bare); exit {}", why, kExitRequeued));
+    return;
+  }
+  if (o.requeue == RequeueMode::kExit) {
+    log("requeue", fmt::format("{}; exit {} for the next job of an sbatch --dependency=singleton chain", why,
+                               kExitRequeued));
+    return;
+  }
+  log("requeue", fmt::format("{}; requeueing job {} with '{} requeue {}'", why, job, o.scontrol, job));
+  auto c = capture({o.scontrol, "requeue", job}, 30, child_mask);
+  if (!c || c->status != 0) {
+    const std::string err = !c ? c.error().message
+                               : fmt::format("exit {}: {}", c->status, c->output.substr(0, c->output.find('\n')));
+    log("requeue-failed", fmt::format("'{} requeue {}' failed ({}); exit {} so a singleton chain can continue",
+                                      o.scontrol, job, err, kExitRequeued));
+    out.reason += fmt::format("; scontrol requeue failed ({})", err);
+    return;
+  }
+  log("requeued", fmt::format("job {} requeued; exit {}", job, kExitRequeued));
+}
+
+// Creates the request file; never follows a symlink or takes over a file
+// someone else put there (O_EXCL|O_NOFOLLOW: the supervisor removed its own
+// before the attempt started).
+Status create_request(const std::string& path, const std::string& body) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0)
+    return Error{ErrorKind::kIo, fmt::format("{}: {}", path,
+                                             errno == EEXIST ? "exists already, not created by this pacer run"
+                                                             : std::strerror(errno))};
+  // One small write: readers only test that the file exists.
+  const ssize_t n = ::write(fd, body.data(), body.size());
+  const int e = errno;
+  ::close(fd);
+  if (n != static_cast<ssize_t>(body.size()))
+    return Error{ErrorKind::kIo, fmt::format("{}: write: {}", path, n < 0 ? std::strerror(e) : "short write")};
+  return {};
+}
+
+Walltime find_walltime(const Options& o, Log& log) {
+  Walltime wt;
+  if (o.end_time) {
+    wt.end_time = o.end_time;
+    wt.source = WalltimeSource::kOverride;
+    wt.note = "--end-time";
+  } else {
+    wt = learn_walltime(o.scontrol);
+  }
+  if (wt.end_time) {
+    // Slurm's warning may have come before pacer run blocked it (a batch
+    // script's `trap '' USR1` discards it, and nothing can block it in bash).
+    // With --before at least the warning's lead, the end time stands in for
+    // it: the first attempt is asked to checkpoint as soon as it starts.
+    const double left = *wt.end_time - wall_now();
+    const bool inside = o.before_s > 0 && left <= o.before_s;
+    log("walltime", fmt::format("job ends at {} ({} s from now, from {}){}", utc_iso(*wt.end_time, true),
+                                static_cast<long long>(left), wt.note,
+                                inside ? fmt::format("; already inside the --before window of {} s: CMD is asked to "
+                                                     "checkpoint as soon as it starts, as if {} had come (it may have "
+                                                     "come before pacer run could receive it)",
+                                                     o.before_s, signal_name(o.slurm_signal))
+                                : o.before_s > 0 ? fmt::format("; checkpoint {} s before", o.before_s)
+                                               : "; --before 0: checkpoint on the signal only"),
+        {{"end_time", *wt.end_time}, {"inside_window", inside}});
+  } else {
+    log("walltime", fmt::format("end time unknown: {}; checkpoint on {} only", wt.note, signal_name(o.slurm_signal)),
+        {{"end_time", nullptr}});
+  }
+  return wt;
+}
+
+void log_checkpoints(const Options& o, Log& log, const std::optional<std::uint64_t>& best) {
+  if (o.ckpt_dir.empty())
+    log("checkpoints", "no --ckpt-dir: commits cannot be seen, so a checkpoint request waits the whole grace period "
+                       "and crashes never count as progress");
+  else
+    log("checkpoints", best ? fmt::format("latest committed step in {}: {}", o.ckpt_dir, *best)
+                            : fmt::format("no committed step in {} yet", o.ckpt_dir),
+        {{"committed_step", best ? json(*best) : json(nullptr)}});
+}
+
 std::optional<std::uint64_t> latest_committed_step(const std::string& dir) {
   if (dir.empty()) return std::nullopt;
   std::error_code ec;
@@ -753,7 +687,9 @@ std::string format_event(const json& e) {
   // A hang's stacks follow its line, indented: where each rank was.
   if (auto it = e.find("stacks"); it != e.end() && it->is_array())
     for (const auto& s : *it) {
-      line += fmt::format("\n  rank {} (pid {}) stacks:", s.value("rank", -1), s.value("pid", 0));
+      const std::string host = s.value("host", std::string());
+      line += fmt::format("\n  rank {}{} (pid {}) stacks:", s.value("rank", -1), host.empty() ? "" : " on " + host,
+                          s.value("pid", 0));
       const auto text = s.find("text");
       if (text == s.end() || !text->is_string()) {
         line += " " + s.value("note", std::string("none"));
@@ -783,6 +719,15 @@ Expected<Outcome> supervise(const Options& o) {
                            join(o.argv)),
       {{"argv", o.argv}, {"slurm_job", in_slurm ? json(job) : json(nullptr)}, {"host", hw::hostname()}});
 
+  // Slurm's warning is blocked from here on, so that one arriving while
+  // `--vet quick` runs stays pending (a blocked signal is queued even where
+  // the batch script left it ignored) and the first attempt is asked at once.
+  // SIGINT and SIGTERM stay deliverable: they interrupt the vet.
+  sigset_t early;
+  sigemptyset(&early);
+  sigaddset(&early, o.slurm_signal);
+  MaskGuard mask(early);
+  if (o.cluster) return lead_cluster(o, log, mask);
   auto vetted = vet_node(o, log);
   if (!vetted) return vetted.error();
   if (*vetted) return **vetted;
@@ -799,7 +744,7 @@ Expected<Outcome> supervise(const Options& o) {
   const int no_progress = load_no_progress(state_path, best, log);
 
   const sigset_t set = watched_signals();
-  MaskGuard mask(set);
+  mask.extend(set);
   // A request belongs to one attempt: none is left behind.
   // Heartbeats and stacks live in the request's private directory; with
   // --request-file, in one of their own.

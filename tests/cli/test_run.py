@@ -379,6 +379,30 @@ class RunTest(unittest.TestCase):
         self.assertTrue(os.path.exists(marker))
         self.assertIn("passed (1 checks)", self.logged("vet")[-1]["message"])
 
+    def test_walltime_signal_during_the_vet_is_deferred_not_lost(self):
+        # A vet that takes 2 s (cpu.flops for 2 s, any speed passes); USR1
+        # sent while it runs must reach the first attempt as a request.
+        profile = os.path.join(self.d, "slow.toml")
+        with open(profile, "w") as f:
+            f.write('name = "slow"\n[checks."cpu.flops"]\nfail_below = 1e-9\n'
+                    '[checks."cpu.flops".quick]\nduration = "2s"\n')
+        wait_for_request = ('for i in $(seq 100); do [ -e "$PACER_CKPT_REQUEST_FILE" ] && { echo asked; exit 0; }; '
+                            'sleep 0.1; done; echo never; exit 0')
+        p = subprocess.Popen([PACER, "run", "--log", self.log, "--vet", "quick", "--vet-profile", profile,
+                              "--vet-only", "cpu.flops", "--grace", "30s", "--", "/bin/sh", "-c", wait_for_request],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=bare_env())
+        deadline = time.monotonic() + 30
+        while not (os.path.exists(self.log) and "start" in self.kinds()):
+            self.assertLess(time.monotonic(), deadline)
+            time.sleep(0.02)
+        p.send_signal(signal.SIGUSR1)
+        out, err = p.communicate(timeout=60)
+        self.assertEqual(p.returncode, 0, err)
+        self.assertEqual(self.kinds().index("vet") + 1, self.kinds().index("walltime"))  # the vet ran to its end
+        self.assertEqual(out.strip(), "asked", err)
+        [req] = self.logged("checkpoint-request")
+        self.assertIn("USR1 received", req["message"])
+
     def test_bad_vet_options_are_usage_errors_naming_the_option(self):
         cases = [
             (["--vet-skip", "nosuch"], "--vet-skip 'nosuch'"),

@@ -1,0 +1,196 @@
+"""`pacer run --nodes` without Slurm: the leader, agents on fake nodes of this machine (fake_launcher.py), real processes.
+
+Each fake node is a process tree with its own PACER_NODE_NAME; hangs are
+injected with hang_train.py, lost nodes by SIGKILL of an agent, nodes that
+fail their vet with `pacer vet --inject NODE:CHECK=VALUE`, unreachable ones
+with fake_launcher.py's $FAKE_DOWN_FILE.
+"""
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PACER = os.environ.get("PACER_BIN", os.path.join(HERE, os.pardir, os.pardir, "build", "bin", "pacer"))
+PYTHON = os.environ.get("PACER_PYTHON", "/usr/bin/python3")
+PYTHONPATH = os.environ.get("PACER_PYTHONPATH", os.path.join(os.path.dirname(os.path.abspath(PACER)), os.pardir, "python"))
+HANG_TRAIN = os.path.join(HERE, "hang_train.py")
+LAUNCHER = f"{PYTHON} {os.path.join(HERE, 'fake_launcher.py')}"
+# Every node's vet passes on this machine whatever its state (an injected
+# value), unless a test injects a failing one for a node.
+VET = ["--vet", "quick", "--vet-only", "system.nofile", "--vet-inject", "system.nofile=1048576"]
+
+
+def read_log(path):
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+class ClusterTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.d = self.tmp.name
+        self.log = os.path.join(self.d, "run.jsonl")
+        self.down = os.path.join(self.d, "down")
+        self.events = os.path.join(self.d, "train.jsonl")
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def env(self):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        env.update(PYTHONPATH=PYTHONPATH, FAKE_DOWN_FILE=self.down)
+        return env
+
+    def argv(self, *args, nodes="n1,n2,n3"):
+        return [PACER, "run", "--log", self.log, "--node-list", nodes, "--launcher", LAUNCHER, "--vet-launcher",
+                LAUNCHER, "--leader-addr", "127.0.0.1", "--restart-delay", "0.1s", "--stop-timeout", "5s", *args]
+
+    def run_pacer(self, *args, nodes="n1,n2,n3", timeout=120):
+        return subprocess.run(self.argv(*args, nodes=nodes), capture_output=True, text=True, env=self.env(),
+                              timeout=timeout)
+
+    def train(self, *extra):
+        return [PYTHON, HANG_TRAIN, "--events", self.events, *extra]
+
+    def logged(self, kind):
+        return [e for e in read_log(self.log) if e["event"] == kind]
+
+    def wait_for(self, pred, timeout=60, proc=None):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc and proc.poll() is not None:
+                self.fail(f"pacer run ended ({proc.returncode}): {proc.stderr.read()[-3000:]}")
+            got = pred()
+            if got:
+                return got
+            time.sleep(0.05)
+        self.fail(f"timed out; log: {[e['event'] for e in read_log(self.log)]}")
+
+    def lose(self, node, proc):
+        """The node goes down: its agent is SIGKILLed and the launcher cannot reach it any more."""
+        agent = self.wait_for(lambda: next((e for e in self.logged("agent") if e["host"] == node), None), proc=proc)
+        with open(self.down, "w") as f:
+            f.write(node + "\n")
+        os.kill(agent["agent_pid"], signal.SIGKILL)
+
+    def test_hang_on_one_node_is_named_killed_everywhere_and_relaunched(self):
+        r = self.run_pacer("--nodes", "2", "--hang-timeout", "2s", "--",
+                           *self.train("--ranks", "2", "--hang-rank", "3", "--steps", "250", "--hang-at", "4",
+                                       "--step-s", "0.02"))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        [hang] = self.logged("hang")
+        # Global rank 3 is local rank 1 of node rank 1 (n2); the others kept stepping.
+        self.assertEqual((hang["rank"], hang["host"], hang["node_rank"], hang["local_rank"], hang["step"]),
+                         (3, "n2", 1, 1, 3))
+        self.assertFalse(hang["all_stalled"])
+        self.assertGreaterEqual(hang["idle_s"], 2)
+        self.assertEqual(sorted((x["host"], x["rank"]) for x in hang["ranks"]),
+                         [("n1", 0), ("n1", 1), ("n2", 2), ("n2", 3)])
+        texts = {(x["host"], x["rank"]): x["text"] for x in hang["stacks"]}
+        self.assertIn("stuck_in_collective", texts[("n2", 3)])
+        self.assertNotIn("stuck_in_collective", texts[("n1", 0)])
+        self.assertEqual(set(hang["gpu"]), {"n1", "n2"})
+        self.assertIn("rank 3 on n2", r.stderr)
+        # Both nodes of attempt 0 were stopped (SIGTERM), then attempt 1 ran on both to the end.
+        exits = [(e["host"], e["attempt"], e["exit_code"]) for e in self.logged("node-exited")]
+        self.assertEqual(sorted(x for x in exits if x[1] == 0), [("n1", 0, 143), ("n2", 0, 143)])
+        self.assertEqual(sorted(x for x in exits if x[1] == 1), [("n1", 1, 0), ("n2", 1, 0)])
+        self.assertEqual([e["attempt"] for e in self.logged("started")], [0, 1])
+        self.assertEqual(self.logged("started")[1]["nodes"], ["n1", "n2"])  # no --vet: a hung node is kept
+
+    def test_lost_node_is_revetted_excluded_and_replaced_by_a_spare(self):
+        # n4 fails its vet before the first attempt; n2's agent is SIGKILLed
+        # mid-run and n2 cannot be reached any more: the next attempt runs on n1, n3.
+        p = subprocess.Popen(self.argv("--nodes", "2", *VET, "--vet-inject", "n4:system.nofile=1", "--hang-timeout",
+                                       "30s", "--", *self.train("--ranks", "1", "--steps", "60", "--step-s", "0.05"),
+                                       nodes="n1,n2,n3,n4"),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env())
+        self.lose("n2", p)
+        out, err = p.communicate(timeout=120)
+        self.assertEqual(p.returncode, 0, err)
+        [spare] = [e for e in self.logged("exclude") if e["node"] == "n4"]
+        self.assertIn("system.nofile", spare["reason"])
+        [lost] = self.logged("node-lost")
+        self.assertEqual(lost["host"], "n2")
+        self.assertIn("connection closed", lost["message"])
+        n2_vet = [e for e in self.logged("vet") if e.get("node") == "n2"][-1]
+        self.assertEqual(n2_vet["verdict"], "error")
+        self.assertIn("unreachable", n2_vet["message"])
+        self.assertEqual([e["nodes"] for e in self.logged("started")], [["n1", "n2"], ["n1", "n3"]])
+        self.assertEqual(self.logged("shrink"), [])
+
+    def test_shrink_to_min_nodes_then_give_up_below(self):
+        # n2 is lost and unreachable: with --min-nodes 1 the job goes on on n1 alone.
+        train = self.train("--ranks", "1", "--steps", "60", "--step-s", "0.05")
+        for min_nodes, code in (("1", 0), ("2", 1)):
+            if os.path.exists(self.log):
+                os.unlink(self.log)
+            if os.path.exists(self.down):
+                os.unlink(self.down)
+            p = subprocess.Popen(self.argv("--nodes", "2", "--min-nodes", min_nodes, *VET, "--", *train, nodes="n1,n2"),
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env())
+            self.lose("n2", p)
+            out, err = p.communicate(timeout=120)
+            self.assertEqual(p.returncode, code, err)
+            if code == 0:
+                [shrink] = self.logged("shrink")
+                self.assertEqual((shrink["from"], shrink["to"], shrink["nodes"]), (2, 1, ["n1"]))
+                self.assertEqual(self.logged("started")[-1]["nodes"], ["n1"])
+            else:
+                [give_up] = self.logged("give-up")
+                self.assertIn("1 good node(s) left (n1), --min-nodes 2", give_up["message"])
+                self.assertIn("n2 (vet unreachable", give_up["message"])
+
+    def test_walltime_signal_reaches_every_node_then_requeue(self):
+        # Slurm's warning to the leader becomes a request on the node; CMD
+        # commits, the attempt is stopped and pacer exits 75 (bare: not requeued).
+        train = [PYTHON, os.path.join(HERE, "train.py"), "--steps", "400", "--every", "1000", "--sleep", "0.05",
+                 "--events", self.events]
+        p = subprocess.Popen(self.argv("--nodes", "1", "--ckpt-dir", os.path.join(self.d, "ckpt"), "--grace", "30s",
+                                       "--", *train, "--ckpt", os.path.join(self.d, "ckpt"), nodes="n1,n2"),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env())
+        self.wait_for(lambda: os.path.exists(self.events), proc=p)
+        p.send_signal(signal.SIGUSR1)
+        out, err = p.communicate(timeout=60)
+        self.assertEqual(p.returncode, 75, err)
+        [req] = self.logged("checkpoint-request")
+        self.assertIn("SIGUSR1 received", req["message"])
+        self.assertEqual(len(self.logged("committed")), 1)
+        self.assertIn("not requeued: no Slurm job", self.logged("requeue")[0]["message"])
+        with open(self.events) as f:
+            saves = [json.loads(line) for line in f if '"save"' in line]
+        self.assertTrue(saves and saves[0]["requested"], saves)
+
+    def test_bad_agents_get_error_events_and_never_hang_the_leader(self):
+        bad = f"{PYTHON} {os.path.join(HERE, 'bad_agent.py')}"
+        r = subprocess.run([PACER, "run", "--log", self.log, "--node-list", "n1", "--nodes", "1", "--launcher", bad,
+                            "--leader-addr", "127.0.0.1", "--max-restarts", "0", "--", "true"],
+                           capture_output=True, text=True, env=self.env(), timeout=60)
+        self.assertEqual(r.returncode, 3, r.stderr)
+        [refused] = self.logged("agent-refused")
+        self.assertIn("wrong token", refused["message"])
+        [error] = self.logged("agent-error")
+        self.assertIn("n1: bad progress report", error["message"])
+        self.assertEqual(self.logged("node-lost")[0]["host"], "n1")
+        self.assertIn("restart limit of 0", self.logged("give-up")[0]["message"])
+
+    def test_usage_errors(self):
+        for extra, expect in ((["--nodes", "4"], "the allocation has only 3 node(s)"),
+                              (["--nodes", "2", "--min-nodes", "3"], "--min-nodes 3 must lie between 1 and --nodes 2"),
+                              (["--min-nodes", "1"], "need --nodes")):
+            r = self.run_pacer(*extra, "--", "true")
+            self.assertEqual(r.returncode, 2, (extra, r.stderr))
+            self.assertIn(expect, r.stderr)
+        r = subprocess.run([PACER, "run", "--nodes", "2", "--", "true"], capture_output=True, text=True, env=self.env())
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("SLURM_JOB_NODELIST unset", r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
