@@ -6,7 +6,7 @@
 # that need a GPU, the Python tests (CUDA ones included), the CLI's GPU paths
 # (vet --quick, comm bench over NCCL with one rank, a hang caught by pacer run
 # with the GPU's state in its event) and the data benchmarks on
-# a quiet many-core host. Everything goes to $OUT; the exit code is 0 even when
+# a quiet many-core host (and the tokenizer on every CPU when spm_encode is carried). Everything goes to $OUT; the exit code is 0 even when
 # a step fails, so that every step's log comes back (grep FAILED / rc= lines);
 # the logs are also packed into $OUT/logs.tgz, since few files come back.
 set -uo pipefail
@@ -28,7 +28,11 @@ step comm bash -c 'mpirun --allow-run-as-root -np 1 .device/bin/pacer comm bench
 step hang .device/bin/pacer run --hang-timeout 3s --log "$OUT/hang.jsonl" -- python3 tests/run/hang_train.py --steps 20 --hang-at 5
 step tokens python3 bench/tokens_vs_memcpy.py --rounds 5 --threads 4 --name tokens_vs_memcpy-h200
 step loader python3 bench/loader_vs_torch.py --rounds 5 --open-shards 10000 --name loader_vs_torch-h200
-cp bench/results/tokens_vs_memcpy-h200.* bench/results/loader_vs_torch-h200.* "$OUT/" 2>/dev/null
+# The tokenizer on every CPU of the host (spm_train and spm_encode carried in .device/bin).
+if [ -x .device/bin/spm_encode ]; then
+  step tokenize env PATH="$PWD/.device/bin:$PATH" ROUNDS=5 MB=12 NAME=tokenize_vs_spm-h200 bash bench/tokenize_vs_spm.sh .device
+fi
+cp bench/results/tokens_vs_memcpy-h200.* bench/results/loader_vs_torch-h200.* bench/results/tokenize_vs_spm-h200.* "$OUT/" 2>/dev/null
 { date -u; uptime; } >> "$OUT/machine.txt"
 tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz .
 exit 0
