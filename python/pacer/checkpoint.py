@@ -1050,6 +1050,10 @@ class Checkpointer:
     `keep_last` checkpoints and every step that is a multiple of `keep_every`.
     Saving copies the data into a bounded staging area (`staging_bytes`) and
     returns; tensors and arrays may be modified right after `save` returns.
+    A state larger than the staging area makes save() wait for the disk,
+    unless `overflow_bytes` allows that much ordinary memory beyond it (kept
+    for later saves, handed back to the kernel lazily between them; see
+    docs/checkpoint.md).
 
     Several ranks: with torch.distributed initialised (world size > 1) every
     rank of `group` (default: the whole world) constructs the Checkpointer and
@@ -1060,10 +1064,10 @@ class Checkpointer:
     """
 
     def __init__(self, root, fast_tier=None, keep_last=3, keep_every=0, staging_bytes=1 << 30, chunk_bytes=64 << 20,
-                 group=None, timeout=300.0):
+                 group=None, timeout=300.0, overflow_bytes=0):
         self._comm = _communicator(group, timeout)
         self._impl = _Checkpointer(str(root), None if fast_tier is None else str(fast_tier), keep_last, keep_every,
-                                   staging_bytes, chunk_bytes, self._comm)
+                                   staging_bytes, chunk_bytes, self._comm, overflow_bytes)
 
     @property
     def rank(self):
@@ -1176,11 +1180,14 @@ class Checkpointer:
         self._impl.flush()
 
     def stats(self):
-        """{saves, bytes_staged, staging_bytes, pinned_bytes, blocked_s}: what saving has cost this process so far.
+        """{saves, bytes_staged, staging_bytes, pinned_bytes, overflow_bytes, pool_waits, blocked_s}: what saving has cost.
 
         blocked_s is the time save() held the caller inside the library
         (the Python flattening of the state not included); pinned_bytes the
-        staging memory page-locked for copies from the GPU.
+        staging memory page-locked for copies from the GPU; overflow_bytes the
+        ordinary memory taken beyond staging_bytes (of staging_bytes);
+        pool_waits how often save() found the staging full and waited for
+        the writer (the disk).
         """
         return self._impl.stats()
 

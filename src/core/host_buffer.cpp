@@ -30,6 +30,11 @@ HostBuffer::HostBuffer(std::size_t bytes, bool huge) : size_(bytes) {
   if (huge) ::madvise(data_, mapped_, MADV_HUGEPAGE);
 }
 
+void HostBuffer::release_lazily() {
+  // MADV_FREE needs Linux 4.5; without it the pages simply stay.
+  if (data_) (void)::madvise(data_, mapped_, MADV_FREE);
+}
+
 HostBuffer::~HostBuffer() {
   if (data_) ::munmap(data_, mapped_);
 }

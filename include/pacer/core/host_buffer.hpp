@@ -24,6 +24,11 @@ class HostBuffer {
   std::size_t size() const { return size_; }          // as asked for
   std::size_t capacity() const { return mapped_; }    // as mapped (>= size)
   explicit operator bool() const { return data_ != nullptr; }
+  // Hands the pages back to the kernel lazily (MADV_FREE): they stay mapped
+  // and are written again without a fault, unless memory ran short
+  // meanwhile and the kernel took them (they then come back zeroed). For a
+  // buffer that is idle for now and whose contents no longer matter.
+  void release_lazily();
 
  private:
   unsigned char* data_ = nullptr;
