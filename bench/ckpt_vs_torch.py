@@ -248,6 +248,25 @@ def pacer_load_split(ck, root, step, names_sizes, state):
             r.read_into(name, b)
         out[label] = now() - t0
         del bufs, r
+    # load() with and without its thread that faults the new arrays in ahead
+    # of the readers, alternated, 3 each (the private switch is the size from
+    # which load() starts that thread).
+    keep = pacer.checkpoint._PREFAULT_FROM
+    runs = {"load_fault_ahead_cold_s": [], "load_no_fault_ahead_cold_s": []}
+    try:
+        for i in range(6):
+            key = list(runs)[(i + i // 2) % 2]
+            pacer.checkpoint._PREFAULT_FROM = keep if key == "load_fault_ahead_cold_s" else 1 << 62
+            cold()
+            t0 = now()
+            loaded = ck.load(step)
+            runs[key].append(now() - t0)
+            del loaded
+    finally:
+        pacer.checkpoint._PREFAULT_FROM = keep
+    for key, v in runs.items():
+        out[key] = statistics.median(v)
+        out[key.replace("_s", "_runs_s")] = v
     cold()
     t0 = now()
     r = ck.open(step)
@@ -559,7 +578,9 @@ def write_results(a, rows, total, n, per, memcpy_s, warmup_s, split, src_residen
         f"blob into `np.empty` arrays, as `load()` does: {f3(split['read_into_np_empty_cold_s'])} s; the same into "
         f"`torch.empty` buffers: {f3(split['read_into_torch_empty_cold_s'])} s; `open()`, which checks every "
         f"checksum into two reused buffers: {f3(split['open_verify_cold_s'])} s; `verify()` again with the files "
-        f"read into the page cache first: {f3(split['verify_warm_s'])} s.",
+        f"read into the page cache first: {f3(split['verify_warm_s'])} s. `load()` with its thread that faults the new "
+        f"arrays in ahead of the readers: {f3(split['load_fault_ahead_cold_s'])} s, without it: "
+        f"{f3(split['load_no_fault_ahead_cold_s'])} s (medians of 3 each, alternated).",
         "",
         "## Per round",
         "",

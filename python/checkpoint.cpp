@@ -4,6 +4,7 @@
 #include "bindings.hpp"
 #include "pacer/checkpoint.hpp"
 #include "pacer/comm/communicator.hpp"
+#include "pacer/core/host_buffer.hpp"
 
 namespace py = pybind11;
 using namespace pybind11::literals;
@@ -264,6 +265,13 @@ void register_checkpoint(py::module_& m) {
         "Daly's optimal checkpoint interval in seconds");
   m.def("dtype_size", &ckpt::dtype_size, py::arg("dtype"), "Bytes per element of a blob dtype; 0 when unknown");
   m.def("built_with_mpi", &comm::built_with_mpi);
+  m.def("_prefault", [](py::buffer dst) {
+    py::buffer_info info = dst.request(true);
+    void* p = info.ptr;
+    const auto size = static_cast<std::size_t>(info.size * info.itemsize);
+    py::gil_scoped_release nogil;
+    return prefault_for_write(p, size);
+  }, py::arg("dst"), "Fault the pages of a writable buffer in ahead of a read into it; False where the kernel cannot");
 }
 
 }  // namespace pacer::python

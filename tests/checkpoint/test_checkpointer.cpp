@@ -9,6 +9,7 @@
 
 #include "blobs.hpp"
 #include "pacer/checkpoint.hpp"
+#include "pacer/core/host_buffer.hpp"
 #include "blob_data.hpp"
 #include "test_util.hpp"
 #include "thread_comm.hpp"
@@ -155,6 +156,25 @@ TEST(Checkpointer, OverflowStagesACheckpointLargerThanThePoolWithoutWaitingForTh
     auto r2 = ck->open_reader(2).value();
     EXPECT_EQ(read_all(r2, "x", data.size()), data);
   }
+}
+
+// What load() and the overflow staging do to memory: faulting a range in
+// ahead of a read leaves its contents alone (also the bytes around it, on
+// the same pages), and a buffer handed back lazily is written again as before.
+TEST(Checkpointer, PrefaultKeepsContentsAndLazyReleaseKeepsTheBufferUsable) {
+  HostBuffer b(1 << 20);
+  ASSERT_TRUE(b);
+  const auto data = pattern(b.size(), 51);
+  std::memcpy(b.data(), data.data(), data.size());
+  if (!prefault_for_write(b.data() + 5, 100000)) GTEST_SKIP() << "no MADV_POPULATE_WRITE (Linux < 5.14)";
+  EXPECT_EQ(std::memcmp(b.data(), data.data(), data.size()), 0);
+  HostBuffer fresh(3 << 20);
+  ASSERT_TRUE(prefault_for_write(fresh.data(), fresh.size()));
+  EXPECT_EQ(fresh.data()[fresh.size() - 1], 0) << "new memory stays zeroed";
+  b.release_lazily();
+  const auto again = pattern(b.size(), 52);
+  std::memcpy(b.data(), again.data(), again.size());
+  EXPECT_EQ(std::memcmp(b.data(), again.data(), again.size()), 0);
 }
 
 TEST(Checkpointer, RejectsBadSaves) {

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 
 #include <filesystem>
 #include <fstream>
@@ -432,6 +433,35 @@ TEST(CheckpointerLoad, LargeChunksAlignedAndNotReadBackWhole) {
 
 namespace pacer::ckpt {
 namespace {
+
+// A load of 64 MiB and more runs a thread that faults the destinations in
+// ahead of the readers: the bytes still come out the same, in several pieces
+// and into new memory, and a corrupt copy still fails the load.
+TEST(CheckpointerLoad, ALargeLoadFaultsItsDestinationsInAheadAndReadsTheSameBytes) {
+  TempDir dir("pacer-ckpt-load-");
+  Options o;
+  o.root = dir.path();
+  o.chunk_bytes = 4 << 20;
+  o.staging_bytes = 16 << 20;
+  o.warn = [](const std::string&) {};
+  auto ck = Checkpointer::open(o).value();
+  const auto a = pattern((48 << 20) + 4096 + 7, 61), b = pattern(20 << 20, 62);
+  BlobView va, vb;
+  va.name = "a", va.data = a.data(), va.size = a.size();
+  vb.name = "b", vb.data = b.data(), vb.size = b.size();
+  ASSERT_TRUE(ck->save(1, {va, vb})->wait());
+  HostBuffer ba(a.size()), bb(b.size());
+  auto dest = [&](const Reader::Logical& l) -> LoadTarget {
+    return l.name == "a" ? LoadTarget{ba.data(), 0, a.size()} : LoadTarget{bb.data(), 0, b.size()};
+  };
+  auto r = ck->load(dest);
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_EQ(std::memcmp(ba.data(), a.data(), a.size()), 0);
+  EXPECT_EQ(std::memcmp(bb.data(), b.data(), b.size()), 0);
+  const std::string file = r->dir() + "/rank-00000.bin";
+  flip_byte(file, 30 << 20);
+  EXPECT_FALSE(ck->load(dest)) << "a checksum fails in the faulted-in memory";
+}
 
 // Ranks on different nodes merge their parts on different fast tiers: a rank
 // given another replicated list must still fail the step everywhere, before
