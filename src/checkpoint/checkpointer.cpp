@@ -1,5 +1,6 @@
 // The asynchronous checkpoint writer: staging, background persistence, commit, tiers and retention.
 #include <fcntl.h>
+#include <sys/file.h>
 #include <fmt/chrono.h>
 #include <fmt/format.h>
 #include <stdio.h>
@@ -643,7 +644,18 @@ struct Checkpointer::Impl {
         const std::string dir = (fs::path(tier) / step_dir_name(step)).string();
         std::error_code ec;
         if (!fs::exists(dir, ec)) return;
-        if (Status valid = verify_step(dir); !valid) move_aside(tier, dir, valid.error().message);
+        // The ranks of one node take turns (a lock on the node's tier): two
+        // checking at once would each hold the step's shared lock and keep
+        // the other from moving it aside.
+        struct Turn {
+          int fd;
+          ~Turn() {
+            if (fd >= 0) ::close(fd);
+          }
+        } turn{::open(tier.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
+        if (turn.fd >= 0) (void)retry_eintr([&] { return ::flock(turn.fd, LOCK_EX); });
+        if (fs::exists(dir, ec))
+          if (Status valid = verify_step(dir); !valid) move_aside(tier, dir, valid.error().message);
       });
     }
     if (!several || comm->rank() == 0) {

@@ -493,18 +493,21 @@ TEST(CheckpointerFastTierRanks, OtherReplicatedBlobsOnAnotherNodeCommitNothing) 
 // what rank 0 can see, or the ranks on the other node refuse the step as
 // "already committed" and every rank's save fails, again at every restart.
 TEST(CheckpointerFastTierRanks, AStepDamagedOnEveryNodeIsSavedAnew) {
-  Cluster c(2, 2);
-  auto first = c.run([&](int r, Checkpointer& ck) { return save_all(c, r, ck, 5, true); });
-  for (const auto& e : first) ASSERT_EQ(e, "");
-  for (const auto& d : {c.root(), c.fast(0), c.fast(1)})
-    for (const auto& f : fs::directory_iterator(d + "/" + step_dir_name(5)))
-      if (f.path().extension() == ".bin") flip_byte(f.path().string(), 100);
-  auto again = c.run([&](int r, Checkpointer& ck) { return save_all(c, r, ck, 5, true); });
-  for (int r = 0; r < 2; ++r) EXPECT_EQ(again[static_cast<std::size_t>(r)], "") << "rank " << r;
-  for (const auto& d : {c.root(), c.fast(0), c.fast(1)}) {
-    auto r = Reader::open(d + "/" + step_dir_name(5));
-    ASSERT_TRUE(r) << d << ": " << r.error().message;
-    EXPECT_TRUE(r->verify_all()) << d;
+  for (int ranks : {2, 4}) {  // 4: two ranks of each node check its copy
+    SCOPED_TRACE(ranks);
+    Cluster c(ranks, 2);
+    auto first = c.run([&](int r, Checkpointer& ck) { return save_all(c, r, ck, 5, true); });
+    for (const auto& e : first) ASSERT_EQ(e, "");
+    for (const auto& d : {c.root(), c.fast(0), c.fast(1)})
+      for (const auto& f : fs::directory_iterator(d + "/" + step_dir_name(5)))
+        if (f.path().extension() == ".bin") flip_byte(f.path().string(), 100);
+    auto again = c.run([&](int r, Checkpointer& ck) { return save_all(c, r, ck, 5, true); });
+    for (int r = 0; r < ranks; ++r) EXPECT_EQ(again[static_cast<std::size_t>(r)], "") << "rank " << r;
+    for (const auto& d : {c.root(), c.fast(0), c.fast(1)}) {
+      auto r = Reader::open(d + "/" + step_dir_name(5));
+      ASSERT_TRUE(r) << d << ": " << r.error().message;
+      EXPECT_TRUE(r->verify_all()) << d;
+    }
   }
 }
 
