@@ -230,14 +230,15 @@ class StagingPool {
   // nullptr instead of blocking.
   unsigned char* try_acquire(int device = -1) { return get(device, false); }
   void release(unsigned char* b) {
+    HostBuffer* lazy = nullptr;  // an overflow buffer (they live as long as the pool)
     {
       std::lock_guard g(mu_);
-      if (auto it = overflow_.find(b); it != overflow_.end()) {
-        it->second->release_lazily();
-        free_overflow_.push_back(b);
-      } else {
-        free_.push_back(b);
-      }
+      if (auto it = overflow_.find(b); it != overflow_.end()) lazy = it->second.get();
+    }
+    if (lazy) lazy->release_lazily();  // outside the lock: it walks the buffer's pages
+    {
+      std::lock_guard g(mu_);
+      (lazy ? free_overflow_ : free_).push_back(b);
     }
     cv_.notify_one();
   }
