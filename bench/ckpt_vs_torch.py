@@ -196,11 +196,13 @@ def pacer_round(ck, root, step, tensors, state, check):
         if name.startswith("step-"):
             shutil.rmtree(os.path.join(root, name))
     settle()
+    waits0 = ck.stats()["pool_waits"]
     t0 = now()
     h = ck.save(step, tensors)
     t1 = now()
     h.wait()
     t2 = now()
+    pool_waits = ck.stats()["pool_waits"] - waits0
     step_dir = os.path.join(root, f"step-{step:012d}")
     res = evict(step_dir, state)
     settle()
@@ -213,7 +215,7 @@ def pacer_round(ck, root, step, tensors, state, check):
             np.array_equal(loaded[k], tensors[k].numpy()) for k in tensors)
     del loaded
     file_bytes = sum(os.path.getsize(f) for f in files_under(step_dir))
-    return {"save_blocking_s": t1 - t0, "save_durable_s": t2 - t0, "load_cold_s": t4 - t3,
+    return {"save_blocking_s": t1 - t0, "save_durable_s": t2 - t0, "load_cold_s": t4 - t3, "pool_waits": pool_waits,
             "resident_before_load": res, "file_bytes": file_bytes, "load_equal": ok}
 
 
@@ -224,8 +226,8 @@ def pacer_load_split(ck, root, step, names_sizes, state):
       module's candidate list (the private _impl.candidates: no verify pass);
     - the same into torch.empty buffers (numpy asks the kernel for transparent
       huge pages for large arrays, torch does not);
-    - open(): verifies every checksum into two reused buffers (disk + hashing,
-      no new memory);
+    - verify() of a candidate Reader: every checksum into two reused buffers
+      (disk + hashing, no new memory);
     - verify() again with the files read into the page cache first (hashing +
       copying; open() reads with O_DIRECT and leaves nothing cached)."""
     step_dir = os.path.join(root, f"step-{step:012d}")
@@ -246,9 +248,31 @@ def pacer_load_split(ck, root, step, names_sizes, state):
             r.read_into(name, b)
         out[label] = now() - t0
         del bufs, r
+    # load() with and without its thread that faults the new arrays in ahead
+    # of the readers, alternated, 3 each (the private switch is the size from
+    # which load() starts that thread).
+    keep = pacer.checkpoint._PREFAULT_FROM
+    runs = {"load_fault_ahead_cold_s": [], "load_no_fault_ahead_cold_s": []}
+    try:
+        for i in range(6):
+            key = list(runs)[(i + i // 2) % 2]
+            pacer.checkpoint._PREFAULT_FROM = keep if key == "load_fault_ahead_cold_s" else 1 << 62
+            cold()
+            t0 = now()
+            loaded = ck.load(step)
+            runs[key].append(now() - t0)
+            del loaded
+    finally:
+        pacer.checkpoint._PREFAULT_FROM = keep
+    for key, v in runs.items():
+        out[key] = statistics.median(v)
+        out[key.replace("_s", "_runs_s")] = v
     cold()
     t0 = now()
-    r = ck.open(step)
+    # Reader.verify() of a candidate, not ck.open(): open() answers from the
+    # process's cache of checks for a step this process wrote.
+    r = ck._impl.candidates(step)[0]
+    r.verify()
     out["open_verify_cold_s"] = now() - t0
     for f in files_under(step_dir):
         warm(f)
@@ -272,6 +296,8 @@ def main():
     ap.add_argument("--out-md", required=True)
     ap.add_argument("--staging", type=int, default=0,
                     help="pacer's staging budget in bytes (0: the tensors plus a chunk each, so save() never waits for the disk)")
+    ap.add_argument("--overflow", type=int, default=0,
+                    help="pacer's overflow_bytes: ordinary memory beyond the staging budget (0: none, save() waits for the disk)")
     ap.add_argument("--settle", type=float, default=3.0, help="idle seconds before every timed step")
     ap.add_argument("--facts", default="{}", help="JSON of machine facts gathered by the wrapper")
     ap.add_argument("--command", default="", help="how the benchmark was invoked")
@@ -334,8 +360,8 @@ def main():
 
         # Default >= total: save() never waits for the writer; smaller measures a checkpoint larger than the pool.
         staging = a.staging or total + (64 << 20) * (n + 1)
-        ck = pacer.Checkpointer(pacer_root, keep_last=0, staging_bytes=staging)
-        # Warm-up: allocates and faults in the staging buffers.
+        ck = pacer.Checkpointer(pacer_root, keep_last=0, staging_bytes=staging, overflow_bytes=a.overflow)
+        # Warm-up: allocates and faults in the staging buffers (and the overflow's).
         t0 = now()
         ck.save(0, tensors).wait()
         warmup_s = now() - t0
@@ -456,7 +482,8 @@ def write_results(a, rows, total, n, per, memcpy_s, warmup_s, split, src_residen
                     "pacer": pacer.__version__, **facts},
         "params": {"rounds": a.rounds, "tensors": n, "tensor_bytes": per, "total_bytes": total, "dtype": "float32",
                    "data": "numpy default_rng(20261129).standard_normal, zeros replaced by 1.0",
-                   "pacer_options": {"keep_last": 0, "staging_bytes": staging, "chunk_bytes": 64 << 20},
+                   "pacer_options": {"keep_last": 0, "staging_bytes": staging, "overflow_bytes": a.overflow,
+                                     "chunk_bytes": 64 << 20},
                    "order": "rotates each round: dd, torch, pacer / torch, pacer, dd / pacer, dd, torch"},
         "method": {
             "bytes": "MB/s = total tensor bytes / seconds / 1e6 for every tool (file overheads not counted)",
@@ -465,9 +492,11 @@ def write_results(a, rows, total, n, per, memcpy_s, warmup_s, split, src_residen
                   "(dd of=/dev/null) are recorded for information",
             "torch": "torch.save(dict, path) (then fsync of the file and of its directory: save_fsync_s); "
                      "torch.load(path) after evicting the file",
-            "pacer": f"Checkpointer(root, keep_last=0, staging_bytes={staging}, {'>=' if staging >= total else '<'} total); "
+            "pacer": f"Checkpointer(root, keep_last=0, staging_bytes={staging}, {'>=' if staging >= total else '<'} total, "
+                     f"overflow_bytes={a.overflow}); "
                      "one warm-up save first; "
-                     "save_blocking_s = save() returning; save_durable_s = save() + wait(); load_cold_s = "
+                     "save_blocking_s = save() returning; save_durable_s = save() + wait(); pool_waits = times "
+                     "that save() found staging full and waited for the writer; load_cold_s = "
                      "ck.load(step) after evicting the step directory",
             "cold_cache": "each file: fsync, posix_fadvise(POSIX_FADV_DONTNEED); then echo 1 > "
                           "/proc/sys/vm/drop_caches where permitted. fincore(1) records the bytes still resident",
@@ -550,21 +579,23 @@ def write_results(a, rows, total, n, per, memcpy_s, warmup_s, split, src_residen
         "",
         "Where a cold pacer load goes (after the rounds, last step, each from a cold cache): `read_into` of every "
         f"blob into `np.empty` arrays, as `load()` does: {f3(split['read_into_np_empty_cold_s'])} s; the same into "
-        f"`torch.empty` buffers: {f3(split['read_into_torch_empty_cold_s'])} s; `open()`, which checks every "
+        f"`torch.empty` buffers: {f3(split['read_into_torch_empty_cold_s'])} s; `verify()` of the step, which checks every "
         f"checksum into two reused buffers: {f3(split['open_verify_cold_s'])} s; `verify()` again with the files "
-        f"read into the page cache first: {f3(split['verify_warm_s'])} s.",
+        f"read into the page cache first: {f3(split['verify_warm_s'])} s. `load()` with its thread that faults the new "
+        f"arrays in ahead of the readers: {f3(split['load_fault_ahead_cold_s'])} s, without it: "
+        f"{f3(split['load_no_fault_ahead_cold_s'])} s (medians of 3 each, alternated).",
         "",
         "## Per round",
         "",
         "| round | order | dd s | dd direct s | dd read s | torch.save s | +fsync s | torch.load s | "
-        "pacer blocking s | pacer durable s | pacer load s |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "pacer blocking s | pool waits | pacer durable s | pacer load s |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         md.append(f"| {row['round']} | {', '.join(row['order'])} | {f3(row['dd']['dd_s'])} | "
                   f"{f3(row['dd_direct']['dd_s'])} | {f3(row['dd_read_cold']['dd_s'])} | {f3(row['torch']['save_s'])} | "
                   f"{f3(row['torch']['save_fsync_s'])} | {f3(row['torch']['load_cold_s'])} | "
-                  f"{f3(row['pacer']['save_blocking_s'])} | {f3(row['pacer']['save_durable_s'])} | "
+                  f"{f3(row['pacer']['save_blocking_s'])} | {row['pacer']['pool_waits']} | {f3(row['pacer']['save_durable_s'])} | "
                   f"{f3(row['pacer']['load_cold_s'])} |")
     md += [
         "",
@@ -580,8 +611,8 @@ def write_results(a, rows, total, n, per, memcpy_s, warmup_s, split, src_residen
         f"dd direct: {rows[0]['dd_direct']['cmd']}",
         f"dd read:   {rows[0]['dd_read_cold']['cmd']}",
         "torch:     torch.save(tensors, path); fsync(path); fsync(dir) | evict | torch.load(path)",
-        "pacer:     ck = pacer.Checkpointer(root, keep_last=0, staging_bytes=%d); ck.save(step, tensors).wait() "
-        "| evict | ck.load(step)" % staging,
+        "pacer:     ck = pacer.Checkpointer(root, keep_last=0, staging_bytes=%d, overflow_bytes=%d); "
+        "ck.save(step, tensors).wait() | evict | ck.load(step)" % (staging, a.overflow),
         "```",
     ]
     with open(a.out_md, "w") as f:

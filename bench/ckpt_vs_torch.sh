@@ -13,6 +13,8 @@
 #   CKPT_BENCH_STAGING=N  pacer's staging budget in bytes (default: the tensors plus a chunk each,
 #                         so save() never waits for the disk; smaller measures a checkpoint larger
 #                         than the pool)
+#   CKPT_BENCH_OVERFLOW=N pacer's overflow_bytes: ordinary memory staging may take beyond the
+#                         budget, so that save() need not wait for the disk (default 0)
 #   CKPT_BENCH_NAME=NAME  result file names, NAME.json and NAME.md (default ckpt_vs_torch-DAY)
 #   BENCH_DIR=DIR         where the files are written (default: a temporary
 #                         directory under the repository root, removed at exit)
@@ -35,6 +37,7 @@ BYTES=${CKPT_BENCH_BYTES:-2147483648}
 TENSORS=${CKPT_BENCH_TENSORS:-8}
 SETTLE=${CKPT_BENCH_SETTLE_S:-3}
 STAGING=${CKPT_BENCH_STAGING:-0}
+OVERFLOW=${CKPT_BENCH_OVERFLOW:-0}
 RESULTS=$REPO/bench/results
 DAY=$(date -u +%Y-%m-%d)
 NAME=${CKPT_BENCH_NAME:-ckpt_vs_torch-$DAY}
@@ -50,6 +53,7 @@ for tool in dd fincore findmnt; do command -v "$tool" >/dev/null || die "$tool n
 [[ $TENSORS =~ ^[1-9][0-9]*$ ]] || die "CKPT_BENCH_TENSORS must be a positive integer"
 [[ $SETTLE =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "CKPT_BENCH_SETTLE_S must be a number of seconds"
 [[ $STAGING =~ ^[0-9]+$ ]] || die "CKPT_BENCH_STAGING must be a number of bytes"
+[[ $OVERFLOW =~ ^[0-9]+$ ]] || die "CKPT_BENCH_OVERFLOW must be a number of bytes"
 [[ $NAME =~ ^[A-Za-z0-9._-]+$ ]] || die "CKPT_BENCH_NAME must be letters, digits, '.', '_' and '-'"
 PYTHONPATH=$BUILD/python "$PY" -c 'import numpy, torch, pacer' || die "$PY cannot import numpy, torch and pacer from $BUILD/python"
 
@@ -105,6 +109,6 @@ PY
 
 mkdir -p "$RESULTS"
 PYTHONPATH=$BUILD/python "$PY" "$REPO/bench/ckpt_vs_torch.py" --scratch "$SCRATCH/run" --bytes "$BYTES" \
-  --tensors "$TENSORS" --rounds "$ROUNDS" --settle "$SETTLE" --staging "$STAGING" --out-json "$OUT_JSON" --out-md "$OUT_MD" --facts "$FACTS" \
-  --command "ROUNDS=$ROUNDS CKPT_BENCH_BYTES=$BYTES CKPT_BENCH_TENSORS=$TENSORS CKPT_BENCH_SETTLE_S=$SETTLE CKPT_BENCH_STAGING=$STAGING bash bench/ckpt_vs_torch.sh ${1:-}"
+  --tensors "$TENSORS" --rounds "$ROUNDS" --settle "$SETTLE" --staging "$STAGING" --overflow "$OVERFLOW" --out-json "$OUT_JSON" --out-md "$OUT_MD" --facts "$FACTS" \
+  --command "ROUNDS=$ROUNDS CKPT_BENCH_BYTES=$BYTES CKPT_BENCH_TENSORS=$TENSORS CKPT_BENCH_SETTLE_S=$SETTLE CKPT_BENCH_STAGING=$STAGING CKPT_BENCH_OVERFLOW=$OVERFLOW bash bench/ckpt_vs_torch.sh ${1:-}"
 echo "ckpt_vs_torch: wrote $OUT_JSON and $OUT_MD"

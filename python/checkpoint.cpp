@@ -4,6 +4,7 @@
 #include "bindings.hpp"
 #include "pacer/checkpoint.hpp"
 #include "pacer/comm/communicator.hpp"
+#include "pacer/core/host_buffer.hpp"
 
 namespace py = pybind11;
 using namespace pybind11::literals;
@@ -99,7 +100,7 @@ class PyCheckpointer {
  public:
   // comm: None (one rank), "mpi" (MPI_COMM_WORLD) or a Python communicator.
   PyCheckpointer(const std::string& root, std::optional<std::string> fast_tier, int keep_last, int keep_every,
-                 std::uint64_t staging_bytes, std::uint64_t chunk_bytes, py::object comm) {
+                 std::uint64_t staging_bytes, std::uint64_t chunk_bytes, py::object comm, std::uint64_t overflow_bytes) {
     if (py::isinstance<py::str>(comm) && comm.cast<std::string>() == "mpi") {
       comm_ = unwrap(comm::mpi_world());
     } else if (!comm.is_none()) {
@@ -112,6 +113,7 @@ class PyCheckpointer {
     o.keep_every = keep_every;
     o.staging_bytes = staging_bytes;
     o.chunk_bytes = chunk_bytes;
+    o.overflow_bytes = overflow_bytes;
     o.comm = comm_.get();
     impl_ = call_nogil([&] { return ckpt::Checkpointer::open(std::move(o)); });  // opening may already be collective
   }
@@ -184,7 +186,8 @@ class PyCheckpointer {
   py::dict stats() const {
     const auto s = impl_->stats();
     return py::dict("saves"_a = s.saves, "bytes_staged"_a = s.bytes_staged, "staging_bytes"_a = s.staging_bytes,
-                    "pinned_bytes"_a = s.pinned_bytes, "blocked_s"_a = s.blocked_s);
+                    "pinned_bytes"_a = s.pinned_bytes, "overflow_bytes"_a = s.overflow_bytes, "pool_waits"_a = s.pool_waits,
+                    "blocked_s"_a = s.blocked_s);
   }
 
  private:
@@ -223,9 +226,10 @@ void register_checkpoint(py::module_& m) {
       .def("verify", [](ckpt::Reader& r) { call_nogil([&] { return r.verify_all(); }); });
 
   py::class_<PyCheckpointer>(m, "_Checkpointer")
-      .def(py::init<const std::string&, std::optional<std::string>, int, int, std::uint64_t, std::uint64_t, py::object>(),
+      .def(py::init<const std::string&, std::optional<std::string>, int, int, std::uint64_t, std::uint64_t, py::object, std::uint64_t>(),
            py::arg("root"), py::arg("fast_tier") = py::none(), py::arg("keep_last") = 3, py::arg("keep_every") = 0,
-           py::arg("staging_bytes") = 1ull << 30, py::arg("chunk_bytes") = 64ull << 20, py::arg("comm") = py::none())
+           py::arg("staging_bytes") = 1ull << 30, py::arg("chunk_bytes") = 64ull << 20, py::arg("comm") = py::none(),
+           py::arg("overflow_bytes") = 0)
       .def_property_readonly("rank", &PyCheckpointer::rank)
       .def_property_readonly("size", &PyCheckpointer::size)
       .def("save", &PyCheckpointer::save, py::arg("step"), py::arg("blobs"), py::arg("meta_json"),
@@ -261,6 +265,13 @@ void register_checkpoint(py::module_& m) {
         "Daly's optimal checkpoint interval in seconds");
   m.def("dtype_size", &ckpt::dtype_size, py::arg("dtype"), "Bytes per element of a blob dtype; 0 when unknown");
   m.def("built_with_mpi", &comm::built_with_mpi);
+  m.def("_prefault", [](py::buffer dst) {
+    py::buffer_info info = dst.request(true);
+    void* p = info.ptr;
+    const auto size = static_cast<std::size_t>(info.size * info.itemsize);
+    py::gil_scoped_release nogil;
+    return prefault_for_write(p, size);
+  }, py::arg("dst"), "Fault the pages of a writable buffer in ahead of a read into it; False where the kernel cannot");
 }
 
 }  // namespace pacer::python

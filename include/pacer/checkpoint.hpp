@@ -135,6 +135,9 @@ class Reader {
   bool covers(const std::string& name, std::uint64_t size, std::uint64_t offset = 0) const;
   // Reads and checks every byte of every blob.
   Status verify_all();
+  // verify_all() of a share: the stored blobs i with i % ranks == rank, for
+  // several ranks checking one step together.
+  Status verify_share(int rank, int ranks);
 
  private:
   struct File;
@@ -243,6 +246,13 @@ struct Options {
   int keep_last = 3;                     // per tier; 0 keeps all
   int keep_every = 0;
   std::uint64_t staging_bytes = 1ull << 30;  // copy budget; save() blocks when it is full
+  // Ordinary (never page-locked) memory that staging may take beyond
+  // staging_bytes when a checkpoint is larger than the pool, so that save()
+  // copies and returns instead of waiting for the disk to free the pool.
+  // Allocated in chunk_bytes buffers by the first save that needs them, at
+  // most this much, and kept for later saves; each is handed back to the
+  // kernel lazily (MADV_FREE) once written. 0: save() waits for the writer.
+  std::uint64_t overflow_bytes = 0;
   std::uint64_t chunk_bytes = 64ull << 20;   // staging and checksum granularity
   bool pin_staging = true;               // page-lock staging with cudaHostRegister where CUDA exists
   comm::Communicator* comm = nullptr;    // several ranks: a collective commit (nullptr: one rank)
@@ -332,6 +342,8 @@ class Checkpointer {
     std::uint64_t bytes_staged = 0;   // bytes copied into staging
     std::uint64_t staging_bytes = 0;  // staging memory allocated so far
     std::uint64_t pinned_bytes = 0;   // of which page-locked for the GPU
+    std::uint64_t overflow_bytes = 0; // of which overflow beyond the pool (Options::overflow_bytes)
+    std::uint64_t pool_waits = 0;     // times save() waited for the writer to hand staging back
     double blocked_s = 0;             // total time save() held the caller
   };
   Stats stats() const;

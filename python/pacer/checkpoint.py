@@ -24,7 +24,7 @@ import warnings
 
 import numpy as np
 
-from ._pacer import Error, HostBuffer, _Checkpointer, _export_safetensors, _prune, built_with_mpi, dtype_size
+from ._pacer import Error, HostBuffer, _Checkpointer, _export_safetensors, _prefault, _prune, built_with_mpi, dtype_size
 
 SCHEMA = "pacer.state/1"
 META_KEY = "pacer"
@@ -743,24 +743,59 @@ class _Plan:
             group_bytes += j[4]
         if group:
             groups.append(group)
+        # One more thread faults the destinations in, group by group in the
+        # order the groups are read, ahead of the readers: a reader whose
+        # destination is new memory otherwise faults it in (slow on a VM,
+        # where each first touch goes to the host) before its read goes out,
+        # while the disk idles (bench/results/ckpt_load_alloc-2026-12-01.md).
+        ready, stop, faulter = None, threading.Event(), None
+        if len(groups) > 1 and sum(j[4] for j in jobs) >= _PREFAULT_FROM:
+            ready = [threading.Event() for _ in groups]
+            faulter = threading.Thread(target=self._fault_ahead, args=(groups, ready, stop), daemon=True)
+            faulter.start()
         dev = _DeviceCopies(self, workers) if self.device else None
         with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-            futures = [pool.submit(self._read_host, g) for g in groups]
+            futures = [pool.submit(self._read_host, g, ready[i] if ready else None) for i, g in enumerate(groups)]
             if dev is not None:
                 futures += [pool.submit(dev.copy, *j) for j in dev.jobs()]
             try:
                 for f in concurrent.futures.as_completed(futures):
                     f.result()
             except BaseException:
+                stop.set()
                 for f in futures:
                     f.cancel()
                 raise
+            finally:
+                if faulter is not None:
+                    stop.set()
+                    faulter.join()
         for f in self.after:
             f()
 
-    def _read_host(self, group):
+    @staticmethod
+    def _fault_ahead(groups, ready, stop):
+        try:
+            for group, done in zip(groups, ready):
+                if stop.is_set():
+                    break
+                for _, buf, _, lo, n in group:
+                    if not _prefault(buf[lo:lo + n]):
+                        return  # the kernel cannot: the readers fault their own
+                done.set()
+        finally:
+            for done in ready:
+                done.set()
+
+    def _read_host(self, group, ready=None):
+        if ready is not None:
+            ready.wait()
         for name, buf, offset, lo, n in group:
             self.reader.read_into(name, buf[lo:lo + n], offset + lo)
+
+
+# Loads smaller than this are not worth a faulting thread.
+_PREFAULT_FROM = 64 << 20
 
 
 class _DeviceCopies:
@@ -1050,6 +1085,10 @@ class Checkpointer:
     `keep_last` checkpoints and every step that is a multiple of `keep_every`.
     Saving copies the data into a bounded staging area (`staging_bytes`) and
     returns; tensors and arrays may be modified right after `save` returns.
+    A state larger than the staging area makes save() wait for the disk,
+    unless `overflow_bytes` allows that much ordinary memory beyond it (kept
+    for later saves, handed back to the kernel lazily between them; see
+    docs/checkpoint.md).
 
     Several ranks: with torch.distributed initialised (world size > 1) every
     rank of `group` (default: the whole world) constructs the Checkpointer and
@@ -1060,10 +1099,10 @@ class Checkpointer:
     """
 
     def __init__(self, root, fast_tier=None, keep_last=3, keep_every=0, staging_bytes=1 << 30, chunk_bytes=64 << 20,
-                 group=None, timeout=300.0):
+                 group=None, timeout=300.0, overflow_bytes=0):
         self._comm = _communicator(group, timeout)
         self._impl = _Checkpointer(str(root), None if fast_tier is None else str(fast_tier), keep_last, keep_every,
-                                   staging_bytes, chunk_bytes, self._comm)
+                                   staging_bytes, chunk_bytes, self._comm, overflow_bytes)
 
     @property
     def rank(self):
@@ -1176,11 +1215,14 @@ class Checkpointer:
         self._impl.flush()
 
     def stats(self):
-        """{saves, bytes_staged, staging_bytes, pinned_bytes, blocked_s}: what saving has cost this process so far.
+        """{saves, bytes_staged, staging_bytes, pinned_bytes, overflow_bytes, pool_waits, blocked_s}: what saving has cost.
 
         blocked_s is the time save() held the caller inside the library
         (the Python flattening of the state not included); pinned_bytes the
-        staging memory page-locked for copies from the GPU.
+        staging memory page-locked for copies from the GPU; overflow_bytes the
+        ordinary memory taken beyond staging_bytes (of staging_bytes);
+        pool_waits how often save() found the staging full and waited for
+        the writer (the disk).
         """
         return self._impl.stats()
 

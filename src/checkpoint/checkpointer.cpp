@@ -1,5 +1,6 @@
 // The asynchronous checkpoint writer: staging, background persistence, commit, tiers and retention.
 #include <fcntl.h>
+#include <sys/file.h>
 #include <fmt/chrono.h>
 #include <fmt/format.h>
 #include <stdio.h>
@@ -19,7 +20,9 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <set>
@@ -206,11 +209,17 @@ std::string check_replicated(const json& part, int r, int ref, const std::string
 }
 
 // Fixed-size staging buffers, reused across saves so that steady-state saves
-// copy into memory that is already faulted in (and pinned, with CUDA).
+// copy into memory that is already faulted in (and pinned, with CUDA). Beyond
+// the pool's budget, up to `overflow` bytes of ordinary buffers (never
+// pinned) take what does not fit; the writer hands each back to the kernel
+// lazily once it is written, and later saves reuse it.
 class StagingPool {
  public:
-  StagingPool(std::uint64_t budget, std::uint64_t buffer_bytes, bool pin)
-      : buffer_bytes_(buffer_bytes), max_buffers_(std::max<std::uint64_t>(1, budget / buffer_bytes)), pin_(pin) {}
+  StagingPool(std::uint64_t budget, std::uint64_t overflow, std::uint64_t buffer_bytes, bool pin)
+      : buffer_bytes_(buffer_bytes),
+        max_buffers_(std::max<std::uint64_t>(1, budget / buffer_bytes)),
+        max_overflow_(overflow / buffer_bytes),
+        pin_(pin) {}
   ~StagingPool() {
     for (auto& b : all_)
       if (pinned_.count(b.data())) hw::unpin_host_memory(b.data());
@@ -221,38 +230,58 @@ class StagingPool {
   // nullptr instead of blocking.
   unsigned char* try_acquire(int device = -1) { return get(device, false); }
   void release(unsigned char* b) {
+    HostBuffer* lazy = nullptr;  // an overflow buffer (they live as long as the pool)
     {
       std::lock_guard g(mu_);
-      free_.push_back(b);
+      if (auto it = overflow_.find(b); it != overflow_.end()) lazy = it->second.get();
+    }
+    if (lazy) lazy->release_lazily();  // outside the lock: it walks the buffer's pages
+    {
+      std::lock_guard g(mu_);
+      (lazy ? free_overflow_ : free_).push_back(b);
     }
     cv_.notify_one();
   }
   std::uint64_t buffer_bytes() const { return buffer_bytes_; }
-  std::pair<std::uint64_t, std::uint64_t> allocated_and_pinned() {
+  struct Allocated {
+    std::uint64_t bytes = 0, pinned = 0, overflow = 0;
+  };
+  Allocated allocated() {
     std::lock_guard g(mu_);
-    return {all_.size() * buffer_bytes_, pinned_.size() * buffer_bytes_};
+    return {(all_.size() + overflow_.size()) * buffer_bytes_, pinned_.size() * buffer_bytes_, overflow_.size() * buffer_bytes_};
   }
 
  private:
   unsigned char* get(int device, bool block) {
     std::unique_lock lock(mu_);
-    auto ready = [&] { return !free_.empty() || all_.size() < max_buffers_; };
+    auto ready = [&] {
+      return !free_.empty() || all_.size() < max_buffers_ || !free_overflow_.empty() || overflow_.size() < max_overflow_;
+    };
     if (!block && !ready()) return nullptr;
     cv_.wait(lock, ready);
-    if (!free_.empty()) {
-      auto* b = free_.back();
-      free_.pop_back();
+    auto take = [](std::vector<unsigned char*>& from) {
+      auto* b = from.back();
+      from.pop_back();
+      return b;
+    };
+    if (!free_.empty()) return take(free_);
+    if (all_.size() < max_buffers_) {
+      HostBuffer buf(buffer_bytes_, /*huge=*/true);  // faulted once, reused by every save
+      if (!buf) throw std::bad_alloc();
+      unsigned char* b = buf.data();
+      all_.push_back(std::move(buf));
+      lock.unlock();
+      if (pin_ && hw::pin_host_memory(b, buffer_bytes_, device)) {
+        std::lock_guard g(mu_);
+        pinned_.insert(b);
+      }
       return b;
     }
-    HostBuffer buf(buffer_bytes_, /*huge=*/true);  // faulted once, reused by every save
-    if (!buf) throw std::bad_alloc();
-    unsigned char* b = buf.data();
-    all_.push_back(std::move(buf));
-    lock.unlock();
-    if (pin_ && hw::pin_host_memory(b, buffer_bytes_, device)) {
-      std::lock_guard g(mu_);
-      pinned_.insert(b);
-    }
+    if (!free_overflow_.empty()) return take(free_overflow_);
+    auto buf = std::make_unique<HostBuffer>(buffer_bytes_);
+    if (!*buf) throw std::bad_alloc();
+    unsigned char* b = buf->data();
+    overflow_.emplace(b, std::move(buf));
     return b;
   }
 
@@ -261,8 +290,11 @@ class StagingPool {
   std::vector<HostBuffer> all_;
   std::vector<unsigned char*> free_;
   std::set<unsigned char*> pinned_;
+  std::map<unsigned char*, std::unique_ptr<HostBuffer>> overflow_;
+  std::vector<unsigned char*> free_overflow_;
   std::uint64_t buffer_bytes_;
   std::uint64_t max_buffers_;
+  std::uint64_t max_overflow_;
   bool pin_;
 };
 
@@ -560,37 +592,90 @@ struct Checkpointer::Impl {
   // step can be saved again; a valid one stays and save() refuses the step.
   // Higher committed steps are warned about once: latest() and a resume go by
   // step number and would pick those.
+  //
+  // Several ranks: the persistent tier's copy is checked by every rank, each
+  // reading its share of the blobs, so that the others wait for a share and
+  // not for one rank reading the whole step (a communicator with a timeout
+  // would give up on them); rank 0 moves it aside. Each node's fast tier is
+  // checked by its own ranks: a damaged copy there, which rank 0 cannot see,
+  // would otherwise make those ranks refuse the step at every restart. No
+  // exception leaves a rank's own part of this, so every rank reaches the
+  // collectives.
   void prepare_step(std::uint64_t step, const std::vector<std::string>& tiers) {
     const bool several = comm->size() > 1;
+    auto guarded = [&](const char* what, const std::function<void()>& f) {
+      try {
+        f();
+      } catch (const std::exception& e) {
+        warn(fmt::format("step {}: {}: {}", step, what, e.what()));
+      }
+    };
+    auto move_aside = [&](const std::string& tier, const std::string& dir, const std::string& why) {
+      std::error_code ec;
+      auto moved = move_aside_damaged(dir, step);
+      if (moved)
+        warn(fmt::format("step {} in {} is damaged ({}); moved it aside to {} and saving it anew", step, tier, why, *moved));
+      else if (fs::exists(dir, ec))
+        warn(fmt::format("step {} in {} is damaged ({}) and cannot be moved aside: {}", step, tier, why, moved.error().message));
+    };
+    const std::string root_dir = (fs::path(opt.root) / step_dir_name(step)).string();
+    std::string root_problem;
+    guarded("checking the persistent tier's copy", [&] {
+      std::error_code ec;
+      if (!fs::exists(root_dir, ec)) return;
+      if (!several) {
+        if (Status st = verify_step(root_dir); !st) root_problem = st.error().message;
+        return;
+      }
+      auto r = Reader::open(root_dir);
+      if (!r) root_problem = r.error().message;
+      else if (Status st = r->verify_share(comm->rank(), comm->size()); !st) root_problem = st.error().message;
+    });
+    const bool root_valid = several ? comm->all_ok(root_problem.empty()) : root_problem.empty();
     if (!several || comm->rank() == 0) {
-      for (const auto& tier : tiers) {
+      guarded("moving the persistent tier's damaged copy aside", [&] {
+        std::error_code ec;
+        if (!root_valid && fs::exists(root_dir, ec))
+          move_aside(opt.root, root_dir, root_problem.empty() ? "a checksum fails in another rank's share" : root_problem);
+      });
+    }
+    for (const auto& tier : tiers) {
+      if (tier == opt.root) continue;
+      guarded("checking the fast tier's copy", [&] {
         const std::string dir = (fs::path(tier) / step_dir_name(step)).string();
         std::error_code ec;
-        if (!fs::exists(dir, ec)) continue;
-        Status valid = verify_step(dir);
-        if (valid) continue;  // save() refuses it: "already committed"
-        auto moved = move_aside_damaged(dir, step);
-        if (moved)
-          warn(fmt::format("step {} in {} is damaged ({}); moved it aside to {} and saving it anew", step, tier,
-                           valid.error().message, *moved));
-        else if (fs::exists(dir, ec))
-          warn(fmt::format("step {} in {} is damaged ({}) and cannot be moved aside: {}", step, tier, valid.error().message,
-                           moved.error().message));
-      }
-      std::uint64_t higher = 0;
-      for (const auto& tier : tiers) {
-        std::error_code ec;
-        for (const auto& e : fs::directory_iterator(tier, ec))
-          if (auto s = parse_step_dir_name(e.path().filename().string()); s && *s > step) higher = std::max(higher, *s);
-      }
-      if (higher > warned_higher) {
-        warned_higher = higher;
-        warn(fmt::format("saving step {}, but {} holds step {}: latest() and a resume pick the highest valid step, and "
-                         "retention counts the higher steps first (use a new root for a new step count)",
-                         step, opt.root, higher));
-      }
+        if (!fs::exists(dir, ec)) return;
+        // The ranks of one node take turns (a lock on the node's tier): two
+        // checking at once would each hold the step's shared lock and keep
+        // the other from moving it aside.
+        struct Turn {
+          int fd;
+          ~Turn() {
+            if (fd >= 0) ::close(fd);
+          }
+        } turn{::open(tier.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
+        if (turn.fd >= 0) (void)retry_eintr([&] { return ::flock(turn.fd, LOCK_EX); });
+        if (fs::exists(dir, ec))
+          if (Status valid = verify_step(dir); !valid) move_aside(tier, dir, valid.error().message);
+      });
     }
-    if (several) comm->barrier();  // rank 0 has moved any damaged directory aside
+    if (!several || comm->rank() == 0) {
+      guarded("listing higher steps", [&] {
+        std::uint64_t higher = 0;
+        for (const auto& tier : tiers) {
+          std::error_code ec;
+          for (auto it = fs::directory_iterator(tier, ec); !ec && it != fs::directory_iterator(); it.increment(ec))
+            if (auto s = parse_step_dir_name(it->path().filename().string()); s && *s > step) higher = std::max(higher, *s);
+        }
+        if (higher > warned_higher) {
+          warned_higher = higher;
+          warn(fmt::format("saving step {}, but {} holds step {}: latest() and a resume pick the highest valid step, and "
+                           "retention counts the higher steps first (use a new root for a new step count)",
+                           step, opt.root, higher));
+        }
+      });
+    }
+    if (several) comm->barrier();  // rank 0 has moved a damaged persistent copy aside
   }
   std::uint64_t warned_higher = 0;
 
@@ -720,8 +805,14 @@ struct Checkpointer::Impl {
 
   Status flush_part(const SaveHandle::State& s) {
     const std::string tmp = s.flush_dir;
+    // Rank 0 made it before the fast-tier commit ended (collective_commit).
+    // Gone: rank 0 has given the step up; a late rank must not make it again
+    // and leave its part in it for good.
+    if (rank != 0 && !fs::is_directory(tmp))
+      return Error{ErrorKind::kIo, fmt::format("step {} was not committed on the persistent tier (rank 0 gave it up before rank {}'s copy began)",
+                                               s.step, rank)};
     std::error_code ec;
-    fs::create_directories(tmp, ec);
+    if (rank == 0) fs::create_directories(tmp, ec);
     Status mine = copy_my_part(s.step, tmp);
     if (!mine) {
       mine = Error{mine.error().kind, fmt::format("rank {}: {}", rank, mine.error().message)};
@@ -802,8 +893,10 @@ struct Checkpointer::Impl {
     }
     // Longer than the others' longest poll interval, so each reads ABORTED.
     std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-    std::error_code ec;
-    fs::remove_all(tmp, ec);
+    // Renamed away before it is emptied (remove_checkpoint_dir): a late
+    // rank creating its files by name then finds nothing there, rather than
+    // a directory that comes back with its part in it.
+    (void)remove_checkpoint_dir(tmp);
     return Error{ErrorKind::kIo, fmt::format("step {} was not committed on the persistent tier: {}", step, why)};
   }
 
@@ -905,7 +998,16 @@ struct Checkpointer::Impl {
         Status st = m ? commit_dir(tmp_dir, *opt.fast_tier, *m) : Status(m.error());
         if (!st) mine = st.error().message;
       }
+      // The persistent tier's directory for the copies, made before any
+      // rank's flush can begin (see flush_part).
+      const std::string flush_dir = (fs::path(opt.root) / fs::path(tmp_dir).filename()).string();
+      if (all_ok && rank == 0 && mine.empty()) {
+        std::error_code ec;
+        if (!fs::create_directories(flush_dir, ec) && !fs::is_directory(flush_dir))
+          mine = fmt::format("{}: cannot create: {}", flush_dir, ec.message());
+      }
       const bool nodes_ok = comm->all_ok(mine.empty());
+      if (!nodes_ok && rank == 0) (void)remove_checkpoint_dir(flush_dir);
       if (all_ok && !nodes_ok) {
         result = mine.empty() ? fmt::format("step {}: the commit on another node's fast tier failed; nothing was committed", s->step) : mine;
         // No node may keep a step that another could not commit.
@@ -1067,7 +1169,7 @@ Expected<std::unique_ptr<Checkpointer>> Checkpointer::open(Options o) {
       fs::remove_all(e.path(), ec);
     }
   }
-  impl->pool = std::make_unique<StagingPool>(o.staging_bytes, o.chunk_bytes, o.pin_staging);
+  impl->pool = std::make_unique<StagingPool>(o.staging_bytes, o.overflow_bytes, o.chunk_bytes, o.pin_staging);
   impl->opt = std::move(o);
   Impl* raw = impl.get();
   impl->writer = std::thread([raw] { raw->writer_loop(); });
@@ -1082,11 +1184,19 @@ Expected<std::unique_ptr<Checkpointer>> Checkpointer::open(Options o) {
     for (auto it = fast.rbegin(); it != fast.rend(); ++it) {
       if (!it->committed || on_root.count(it->step)) continue;
       if (impl->world > 1) {
-        // Its parts lie on several nodes and the directory every rank copies
-        // into was agreed by a job that is gone: left where it is (loadable
-        // on this node; retention keeps it, as it is not on the persistent tier).
-        impl->warn(fmt::format("step {} in {} never reached the persistent tier; it is not copied there after a restart with several ranks",
-                               it->step, *impl->opt.fast_tier));
+        // Its parts lie on several nodes, and the job that could have copied
+        // them (into the directory its ranks agreed on) is gone. Kept, it
+        // would be read on this node while the other nodes (or new ones) read
+        // an older step, block a new save of the step ("already committed"),
+        // and stay for good (the fast tier keeps what the persistent tier
+        // lacks). Several ranks of the node may race here: one removes it.
+        auto gone = remove_checkpoint_dir(it->path);
+        if (gone && *gone)
+          impl->warn(fmt::format("step {} in {} never reached the persistent tier before the job that saved it ended; removed it "
+                                 "(a restart with several ranks reads only what the persistent tier holds)", it->step, *impl->opt.fast_tier));
+        else if (std::error_code ec; fs::exists(it->path, ec))
+          impl->warn(fmt::format("step {} in {} never reached the persistent tier and cannot be removed now ({}): remove it by hand",
+                                 it->step, *impl->opt.fast_tier, gone ? "a reader holds it" : gone.error().message));
         continue;
       }
       auto st = std::make_shared<SaveHandle::State>();
@@ -1153,7 +1263,10 @@ Expected<SaveHandle> Checkpointer::save(std::uint64_t step, const std::vector<Bl
 
 Checkpointer::Stats Checkpointer::stats() const {
   Stats s = impl_->counters;
-  std::tie(s.staging_bytes, s.pinned_bytes) = impl_->pool->allocated_and_pinned();
+  const auto a = impl_->pool->allocated();
+  s.staging_bytes = a.bytes;
+  s.pinned_bytes = a.pinned;
+  s.overflow_bytes = a.overflow;
   return s;
 }
 
@@ -1296,6 +1409,7 @@ class Stager {
             cur_.buf = im_.pool->try_acquire(b.device);
             if (!cur_.buf) {
               if (Status st = land(); !st) return st;
+              ++im_.counters.pool_waits;
               cur_.buf = im_.pool->acquire(b.device);
             }
           }
@@ -1503,6 +1617,9 @@ struct Want {
   std::uint64_t size;
 };
 
+// Loads smaller than this are not worth a faulting thread.
+constexpr std::uint64_t kPrefaultFrom = 64ull << 20;
+
 // Reads every wanted range, split into pieces read by a few threads at once,
 // so that the disk always has requests queued while pages are faulted in and
 // checksums computed. The first error stops the rest.
@@ -1523,8 +1640,31 @@ Status read_wants(Reader& r, const std::vector<Want>& wants) {
   std::atomic<bool> failed{false};
   std::mutex mu;
   Status first;
+  // One more thread faults the destinations in, piece by piece in the order
+  // they are read, ahead of the readers: a reader whose destination is new
+  // memory otherwise faults it in (slow on a VM, where each first touch goes
+  // to the host) before its read goes out, while the disk idles. Measured in
+  // bench/results/ckpt_load_alloc-2026-12-01.md.
+  std::uint64_t total = 0;
+  for (const auto& p : pieces) total += p.size;
+  std::atomic<std::size_t> faulted{pieces.size()};
+  std::thread faulter;
+  if (pieces.size() > 1 && total >= kPrefaultFrom) {
+    faulted = 0;
+    faulter = std::thread([&] {
+      for (std::size_t i = 0; i < pieces.size() && !failed; ++i) {
+        const bool ok = prefault_for_write(pieces[i].data, pieces[i].size);
+        faulted = ok ? i + 1 : pieces.size();  // the kernel cannot: the readers fault their own
+        faulted.notify_all();
+        if (!ok) break;
+      }
+      faulted = pieces.size();
+      faulted.notify_all();
+    });
+  }
   auto work = [&] {
     for (std::size_t i; !failed && (i = next.fetch_add(1)) < pieces.size();) {
+      for (std::size_t f; (f = faulted.load()) <= i;) faulted.wait(f);
       const Want& p = pieces[i];
       Status st = r.read(p.name, p.data, p.size, p.offset);
       if (!st) {
@@ -1538,6 +1678,8 @@ Status read_wants(Reader& r, const std::vector<Want>& wants) {
   for (std::size_t t = 1; t < threads; ++t) pool.emplace_back(work);
   work();
   for (auto& t : pool) t.join();
+  failed = true;  // stops the faulter, if still ahead
+  if (faulter.joinable()) faulter.join();
   return first;
 }
 
@@ -1598,7 +1740,10 @@ Expected<Reader> Checkpointer::load(const LoadDestination& dest, std::optional<s
 
 Expected<Reader> Checkpointer::open_reader(std::optional<std::uint64_t> step) {
   for (auto& r : candidates(step)) {
-    if (Status st = r.verify_all(); !st) {
+    // Through this process's cache of checks (as retention): a step it wrote
+    // or checked before is not read in full again. Reads through the Reader
+    // check every chunk anyway.
+    if (Status st = verify_step(r.dir()); !st) {
       impl_->warn(fmt::format("skipping step {}: {}", r.manifest().step, st.error().message));
       continue;
     }

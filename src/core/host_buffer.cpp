@@ -1,6 +1,7 @@
 #include "pacer/core/host_buffer.hpp"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <utility>
@@ -28,6 +29,22 @@ HostBuffer::HostBuffer(std::size_t bytes, bool huge) : size_(bytes) {
   if (end > aligned + mapped_) ::munmap(reinterpret_cast<void*>(aligned + mapped_), end - (aligned + mapped_));
   data_ = reinterpret_cast<unsigned char*>(aligned);
   if (huge) ::madvise(data_, mapped_, MADV_HUGEPAGE);
+}
+
+void HostBuffer::release_lazily() {
+  // MADV_FREE needs Linux 4.5; without it the pages simply stay.
+  if (data_) (void)::madvise(data_, mapped_, MADV_FREE);
+}
+
+bool prefault_for_write(void* p, std::size_t bytes) {
+#ifndef MADV_POPULATE_WRITE
+  constexpr int MADV_POPULATE_WRITE = 23;  // Linux 5.14; older headers lack it
+#endif
+  if (!p || bytes == 0) return true;
+  static const std::uintptr_t page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<std::uintptr_t>(p) / page * page;
+  const auto end = (reinterpret_cast<std::uintptr_t>(p) + bytes + page - 1) / page * page;
+  return ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_WRITE) == 0;
 }
 
 HostBuffer::~HostBuffer() {

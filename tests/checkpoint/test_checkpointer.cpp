@@ -9,6 +9,7 @@
 
 #include "blobs.hpp"
 #include "pacer/checkpoint.hpp"
+#include "pacer/core/host_buffer.hpp"
 #include "blob_data.hpp"
 #include "test_util.hpp"
 #include "thread_comm.hpp"
@@ -115,6 +116,65 @@ TEST(Checkpointer, CallerMayReuseBuffersOnceSaveReturns) {
   ASSERT_TRUE(h->wait());
   auto r = ck->open_reader(1).value();
   EXPECT_EQ(read_all(r, "x", expected.size()), expected);
+}
+
+// A checkpoint larger than the staging pool: with overflow allowed, save()
+// copies the rest into ordinary memory instead of waiting for the writer to
+// hand pool buffers back, takes no more than the pool plus the overflow,
+// and later saves reuse that memory; without it, save() waits for the
+// writer and never goes past the pool.
+TEST(Checkpointer, OverflowStagesACheckpointLargerThanThePoolWithoutWaitingForTheDisk) {
+  const auto data = pattern(40 * 4096 + 100, 41);  // 41 chunks of 4 KiB
+  struct Case {
+    std::uint64_t overflow;
+    bool waits;
+  };
+  for (const Case c : {Case{0, true}, Case{64 * 4096, false}, Case{8 * 4096, true}}) {
+    SCOPED_TRACE(c.overflow);
+    TempDir dir("pacer-ckpt-");
+    Options o = small_options(dir.path());
+    o.staging_bytes = 2 * 4096;  // a pool of two chunks
+    o.overflow_bytes = c.overflow;
+    o.pin_staging = false;
+    auto ck = Checkpointer::open(o).value();
+    auto copy = data;
+    auto h = ck->save(1, {view("x", copy)});
+    ASSERT_TRUE(h) << h.error().message;
+    std::fill(copy.begin(), copy.end(), 0);  // staged: the caller's buffer is free again
+    const auto s = ck->stats();
+    EXPECT_EQ(s.pool_waits > 0, c.waits);
+    EXPECT_LE(s.overflow_bytes, c.overflow) << "never more than the overflow bound";
+    EXPECT_LE(s.staging_bytes, o.staging_bytes + c.overflow);
+    EXPECT_EQ(s.overflow_bytes > 0, c.overflow > 0);
+    if (!c.waits) EXPECT_GE(s.staging_bytes, data.size()) << "everything staged at once";
+    ASSERT_TRUE(h->wait());
+    auto r = ck->open_reader(1).value();
+    EXPECT_EQ(read_all(r, "x", data.size()), data);
+    // The next save reuses the overflow buffers (handed back to the kernel lazily in between).
+    ASSERT_TRUE(ck->save(2, {view("x", data)})->wait());
+    EXPECT_EQ(ck->stats().staging_bytes, s.staging_bytes);
+    auto r2 = ck->open_reader(2).value();
+    EXPECT_EQ(read_all(r2, "x", data.size()), data);
+  }
+}
+
+// What load() and the overflow staging do to memory: faulting a range in
+// ahead of a read leaves its contents alone (also the bytes around it, on
+// the same pages), and a buffer handed back lazily is written again as before.
+TEST(Checkpointer, PrefaultKeepsContentsAndLazyReleaseKeepsTheBufferUsable) {
+  HostBuffer b(1 << 20);
+  ASSERT_TRUE(b);
+  const auto data = pattern(b.size(), 51);
+  std::memcpy(b.data(), data.data(), data.size());
+  if (!prefault_for_write(b.data() + 5, 100000)) GTEST_SKIP() << "no MADV_POPULATE_WRITE (Linux < 5.14)";
+  EXPECT_EQ(std::memcmp(b.data(), data.data(), data.size()), 0);
+  HostBuffer fresh(3 << 20);
+  ASSERT_TRUE(prefault_for_write(fresh.data(), fresh.size()));
+  EXPECT_EQ(fresh.data()[fresh.size() - 1], 0) << "new memory stays zeroed";
+  b.release_lazily();
+  const auto again = pattern(b.size(), 52);
+  std::memcpy(b.data(), again.data(), again.size());
+  EXPECT_EQ(std::memcmp(b.data(), again.data(), again.size()), 0);
 }
 
 TEST(Checkpointer, RejectsBadSaves) {

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 
 #include <filesystem>
 #include <fstream>
@@ -203,6 +204,27 @@ TEST(CheckpointerFastTierRanks, ARankWhoseCopyFailsLeavesTheStepOnTheFastTiersAn
   for (const auto& e : fs::directory_iterator(c.root())) EXPECT_EQ(e.path().filename().string(), step_dir_name(2)) << "leftover";
 }
 
+// Makes `rank`'s copy of the step being saved block: its data file on the
+// persistent tier is a FIFO that nobody opens for reading, so creating it
+// waits. Once `release` is set, `drain` opens the FIFO through a second name,
+// `link` (the directory may be gone by then), and the copy fails (a FIFO
+// takes no pwrite). False when the FIFO cannot be made.
+bool block_copy_on_a_fifo(const Cluster& c, int rank, const std::string& link, const std::atomic<bool>& release, std::thread& drain) {
+  for (const auto& d : fs::directory_iterator(c.fast(c.node_of(rank)))) {
+    const std::string name = d.path().filename().string();
+    if (name.rfind(".partial-", 0) != 0) continue;
+    fs::create_directories(c.root() + "/" + name);
+    const std::string fifo = c.root() + "/" + name + "/rank-0000" + std::to_string(rank) + ".bin";
+    if (::mkfifo(fifo.c_str(), 0644) != 0 || ::link(fifo.c_str(), link.c_str()) != 0) return false;
+    drain = std::thread([&release, link] {
+      while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      const int fd = ::open(link.c_str(), O_RDONLY);  // meets the copy's open
+      if (fd >= 0) ::close(fd);
+    });
+  }
+  return true;
+}
+
 TEST(CheckpointerFastTierRanks, ARankThatNeverFinishesItsCopyTimesOutAndNothingIsCommitted) {
   // Rank 1's copy blocks: its data file on the persistent tier is a FIFO
   // that nobody opens for reading, so creating it waits. Rank 0 gives the
@@ -217,20 +239,7 @@ TEST(CheckpointerFastTierRanks, ARankThatNeverFinishesItsCopyTimesOutAndNothingI
     std::string e;
     auto h = ck.save(1, c.blobs(r));
     if (!h) return "save: " + h.error().message;
-    if (r == 1) {
-      for (const auto& d : fs::directory_iterator(c.fast(1))) {
-        const std::string name = d.path().filename().string();
-        if (name.rfind(".partial-", 0) != 0) continue;
-        fs::create_directories(c.root() + "/" + name);
-        const std::string fifo = c.root() + "/" + name + "/rank-00001.bin";
-        if (::mkfifo(fifo.c_str(), 0644) != 0 || ::link(fifo.c_str(), link.c_str()) != 0) return std::string("mkfifo failed");
-        drain = std::thread([&] {
-          while (!rank0_done) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-          const int fd = ::open(link.c_str(), O_RDONLY);  // meets rank 1's open
-          if (fd >= 0) ::close(fd);
-        });
-      }
-    }
+    if (r == 1 && !block_copy_on_a_fifo(c, 1, link, rank0_done, drain)) return std::string("mkfifo failed");
     if (Status st = h->wait(); !st) e += "wait: " + st.error().message;
     Status p = h->wait_persistent();
     if (r == 0) {
@@ -425,6 +434,35 @@ TEST(CheckpointerLoad, LargeChunksAlignedAndNotReadBackWhole) {
 namespace pacer::ckpt {
 namespace {
 
+// A load of 64 MiB and more runs a thread that faults the destinations in
+// ahead of the readers: the bytes still come out the same, in several pieces
+// and into new memory, and a corrupt copy still fails the load.
+TEST(CheckpointerLoad, ALargeLoadFaultsItsDestinationsInAheadAndReadsTheSameBytes) {
+  TempDir dir("pacer-ckpt-load-");
+  Options o;
+  o.root = dir.path();
+  o.chunk_bytes = 4 << 20;
+  o.staging_bytes = 16 << 20;
+  o.warn = [](const std::string&) {};
+  auto ck = Checkpointer::open(o).value();
+  const auto a = pattern((48 << 20) + 4096 + 7, 61), b = pattern(20 << 20, 62);
+  BlobView va, vb;
+  va.name = "a", va.data = a.data(), va.size = a.size();
+  vb.name = "b", vb.data = b.data(), vb.size = b.size();
+  ASSERT_TRUE(ck->save(1, {va, vb})->wait());
+  HostBuffer ba(a.size()), bb(b.size());
+  auto dest = [&](const Reader::Logical& l) -> LoadTarget {
+    return l.name == "a" ? LoadTarget{ba.data(), 0, a.size()} : LoadTarget{bb.data(), 0, b.size()};
+  };
+  auto r = ck->load(dest);
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_EQ(std::memcmp(ba.data(), a.data(), a.size()), 0);
+  EXPECT_EQ(std::memcmp(bb.data(), b.data(), b.size()), 0);
+  const std::string file = r->dir() + "/rank-00000.bin";
+  flip_byte(file, 30 << 20);
+  EXPECT_FALSE(ck->load(dest)) << "a checksum fails in the faulted-in memory";
+}
+
 // Ranks on different nodes merge their parts on different fast tiers: a rank
 // given another replicated list must still fail the step everywhere, before
 // any node commits a copy whose replicated bytes were cut differently.
@@ -446,6 +484,98 @@ TEST(CheckpointerFastTierRanks, OtherReplicatedBlobsOnAnotherNodeCommitNothing) 
   EXPECT_NE(errors[0], "committed");
   for (int node = 0; node < 2; ++node) EXPECT_FALSE(fs::exists(c.fast(node) + "/" + step_dir_name(3))) << "node " << node;
   EXPECT_FALSE(fs::exists(c.root() + "/" + step_dir_name(3)));
+}
+
+
+// A step damaged on every tier that holds it (the persistent copy and each
+// node's copy): training that fell back past it and came back to it saves it
+// anew. Each node's damaged copy is moved aside on its own node, not only
+// what rank 0 can see, or the ranks on the other node refuse the step as
+// "already committed" and every rank's save fails, again at every restart.
+TEST(CheckpointerFastTierRanks, AStepDamagedOnEveryNodeIsSavedAnew) {
+  for (int ranks : {2, 4}) {  // 4: two ranks of each node check its copy
+    SCOPED_TRACE(ranks);
+    Cluster c(ranks, 2);
+    auto first = c.run([&](int r, Checkpointer& ck) { return save_all(c, r, ck, 5, true); });
+    for (const auto& e : first) ASSERT_EQ(e, "");
+    for (const auto& d : {c.root(), c.fast(0), c.fast(1)})
+      for (const auto& f : fs::directory_iterator(d + "/" + step_dir_name(5)))
+        if (f.path().extension() == ".bin") flip_byte(f.path().string(), 100);
+    auto again = c.run([&](int r, Checkpointer& ck) { return save_all(c, r, ck, 5, true); });
+    for (int r = 0; r < ranks; ++r) EXPECT_EQ(again[static_cast<std::size_t>(r)], "") << "rank " << r;
+    for (const auto& d : {c.root(), c.fast(0), c.fast(1)}) {
+      auto r = Reader::open(d + "/" + step_dir_name(5));
+      ASSERT_TRUE(r) << d << ": " << r.error().message;
+      EXPECT_TRUE(r->verify_all()) << d;
+    }
+  }
+}
+
+// Steps that a killed job of several ranks committed on its nodes' fast tiers
+// but never copied to the persistent tier: a restart reads the persistent
+// tier, may save those steps again, and does not keep the stale copies.
+TEST(CheckpointerFastTierRanks, FastTierStepsThatNeverReachedThePersistentTierDoNotOutliveARestart) {
+  Cluster c(2, 2);
+  auto first = c.run([&](int r, Checkpointer& ck) {
+    std::string e = save_all(c, r, ck, 6, true);
+    auto h = ck.save(7, c.blobs(r));
+    if (!h) return e + "save 7: " + h.error().message;
+    block_copy(c, r);  // the job "dies" before step 7 reaches the persistent tier
+    if (!h->wait()) e += "step 7 not committed on the fast tiers; ";
+    if (h->wait_persistent()) e += "step 7 persisted; ";
+    return e;
+  }, 30);
+  for (const auto& e : first) ASSERT_EQ(e, "");
+  for (int node = 0; node < 2; ++node) ASSERT_TRUE(fs::exists(c.fast(node) + "/" + step_dir_name(7)));
+  for (const auto& e : fs::directory_iterator(c.root()))
+    if (e.path().filename().string().rfind(".partial-", 0) == 0) fs::remove_all(e.path());  // block_copy's directories
+  auto again = c.run([&](int r, Checkpointer& ck) -> std::string {
+    std::string e;
+    if (ck.latest() != 6u) e += "latest is not 6; ";
+    if (auto e7 = save_all(c, r, ck, 7, true); !e7.empty()) e += "step 7 again: " + e7;
+    return e;
+  }, 30);
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(again[static_cast<std::size_t>(r)], "") << "rank " << r;
+  auto whole = Reader::open(c.root() + "/" + step_dir_name(7));
+  ASSERT_TRUE(whole) << whole.error().message;
+  EXPECT_TRUE(whole->verify_all());
+  // Each node holds the new save's copy of step 7, and nothing else of it.
+  for (int node = 0; node < 2; ++node) {
+    auto fast = Reader::open(c.fast(node) + "/" + step_dir_name(7));
+    ASSERT_TRUE(fast) << fast.error().message;
+    EXPECT_TRUE(fast->verify_all()) << "node " << node;
+    for (const auto& e : fs::directory_iterator(c.fast(node)))
+      EXPECT_EQ(e.path().filename().string().rfind(".", 0), std::string::npos) << "left behind: " << e.path();
+  }
+}
+
+// A rank whose copy to the persistent tier starts after rank 0 has given the
+// step up (it was still busy with the previous step's copy) must not
+// re-create the abandoned temporary directory there and leave it behind.
+TEST(CheckpointerFastTierRanks, ARankLateForThePersistentCommitLeavesNoPartialDirectory) {
+  Cluster c(2, 2);
+  std::atomic<bool> rank0_done{false};
+  const std::string link = c.dir.path() + "/fifo";
+  std::thread drain;
+  auto errors = c.run([&](int r, Checkpointer& ck) {
+    std::string e;
+    auto h1 = ck.save(1, c.blobs(r));
+    if (!h1) return "save 1: " + h1.error().message;
+    // Rank 1's copy of step 1 blocks until rank 0 is done with both steps.
+    if (r == 1 && !block_copy_on_a_fifo(c, 1, link, rank0_done, drain)) return std::string("mkfifo failed");
+    if (!h1->wait()) e += "step 1 not committed on the fast tiers; ";
+    auto h2 = ck.save(2, c.blobs(r));
+    if (!h2) return e + "save 2: " + h2.error().message;
+    if (!h2->wait()) e += "step 2 not committed on the fast tiers; ";
+    const bool p1 = h1->wait_persistent().ok();
+    const bool p2 = h2->wait_persistent().ok();
+    if (r == 0) rank0_done = true;
+    if (p1 || p2) e += "a step persisted without rank 1's part; ";
+    return e;
+  }, /*flush_timeout_s=*/1);
+  if (drain.joinable()) drain.join();
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(errors[static_cast<std::size_t>(r)], "") << "rank " << r;
+  for (const auto& e : fs::directory_iterator(c.root())) ADD_FAILURE() << "left behind on the persistent tier: " << e.path();
 }
 
 }  // namespace

@@ -132,6 +132,34 @@ class RoundTrip(CheckpointTestCase):
         self.assertEqual(len(by_name["big"]["chunks"]), math.ceil(big.nbytes / 4096))
         self.assertEqual(len(by_name["small0"]["chunks"]), 1)
 
+    def test_a_large_load_faults_its_arrays_in_ahead_and_reads_the_same_bytes(self):
+        # 72 MiB: load() runs its thread that faults the new arrays in ahead of the readers.
+        state = {"a": random_array(self.rng, "float32", (16, 1 << 20)), "b": random_array(self.rng, "int64", (1 << 20,))}
+        ck = pacer.Checkpointer(self.root, chunk_bytes=4 << 20, staging_bytes=16 << 20)
+        ck.save(1, state).wait()
+        got = ck.load(1).state
+        for name, want in state.items():
+            self.assertArrayIdentical(got[name], want, name)
+        into = {k: np.zeros_like(v) for k, v in state.items()}
+        ck.load(1, into=into)
+        for name, want in state.items():
+            self.assertArrayIdentical(into[name], want, name)
+
+    def test_overflow_takes_a_state_larger_than_the_staging_pool(self):
+        # A pool of two 4 KiB buffers and a 256 KiB state: without overflow
+        # save() waits for the writer; with it, the rest goes to ordinary
+        # memory, within its bound, and nothing waits.
+        state = {"w": random_array(self.rng, "float32", (64, 1024))}
+        for overflow, waits in ((0, True), (1 << 20, False)):
+            root = os.path.join(self.root, f"overflow-{overflow}")
+            ck = pacer.Checkpointer(root, staging_bytes=8192, chunk_bytes=4096, overflow_bytes=overflow)
+            ck.save(1, state).wait()
+            s = ck.stats()
+            self.assertEqual(s["pool_waits"] > 0, waits, s)
+            self.assertLessEqual(s["overflow_bytes"], overflow)
+            self.assertEqual(s["overflow_bytes"] > 0, overflow > 0, s)
+            self.assertArrayIdentical(ck.load(1).state["w"], state["w"], "w")
+
     def test_lists_and_non_contiguous_views(self):
         ck = pacer.Checkpointer(self.root)
         base = random_array(self.rng, "float32", (6, 8))

@@ -54,6 +54,22 @@ class Cuda(unittest.TestCase):
             self.assertTrue(torch.equal(got["model"][k].cpu(), v), k)
         self.assertTrue(torch.equal(got["big"].cpu(), big))
 
+    def test_overflow_takes_cuda_tensors_beyond_the_pinned_pool(self):
+        # A pinned pool of two 64 KiB buffers and 2 MB of CUDA tensors: the
+        # rest goes to the (pageable) overflow, the caller may change the
+        # tensors once save() returns, and nothing waited for the writer.
+        ck = pacer.Checkpointer(os.path.join(self.tmp.name, "overflow"), keep_last=0, chunk_bytes=64 << 10,
+                                staging_bytes=128 << 10, overflow_bytes=4 << 20)
+        x = torch.randn(1000, 500, device="cuda")
+        want = x.cpu()
+        h = ck.save(1, {"x": x})
+        x.zero_()
+        h.wait()
+        s = ck.stats()
+        self.assertEqual(s["pool_waits"], 0, s)
+        self.assertGreater(s["overflow_bytes"], 0, s)
+        self.assertTrue(torch.equal(ck.load(1).state["x"], want))
+
     def test_cpu_checkpoint_loads_onto_the_gpu_and_into_gpu_tensors(self):
         _, _, state = self.state("cpu")
         self.ck.save(1, state).wait()

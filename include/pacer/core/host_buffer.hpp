@@ -24,11 +24,25 @@ class HostBuffer {
   std::size_t size() const { return size_; }          // as asked for
   std::size_t capacity() const { return mapped_; }    // as mapped (>= size)
   explicit operator bool() const { return data_ != nullptr; }
+  // Hands the pages back to the kernel lazily (MADV_FREE): they stay mapped
+  // and are written again without a fault, unless memory ran short
+  // meanwhile and the kernel took them (they then come back zeroed). For a
+  // buffer that is idle for now and whose contents no longer matter.
+  void release_lazily();
 
  private:
   unsigned char* data_ = nullptr;
   std::size_t size_ = 0;
   std::size_t mapped_ = 0;
 };
+
+// Faults in the pages of [p, p + bytes) of ordinary anonymous memory for
+// writing without touching their contents (MADV_POPULATE_WRITE, Linux 5.14;
+// the whole pages around the range), so that a later read into them (an
+// O_DIRECT read pins them first) finds them present. Run on a thread of its
+// own ahead of the reads, it overlaps the cost of new memory (high on a VM:
+// each first touch goes to the host) with the disk's work. False where the
+// kernel cannot (older kernels, other mappings): nothing was done.
+bool prefault_for_write(void* p, std::size_t bytes);
 
 }  // namespace pacer
