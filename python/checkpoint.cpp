@@ -183,6 +183,8 @@ class PyCheckpointer {
     call_nogil([&] { return impl_->flush(); });
   }
 
+  void reserve(int device) { impl_->reserve(device); }
+
   py::dict stats() const {
     const auto s = impl_->stats();
     return py::dict("saves"_a = s.saves, "bytes_staged"_a = s.bytes_staged, "staging_bytes"_a = s.staging_bytes,
@@ -238,7 +240,8 @@ void register_checkpoint(py::module_& m) {
       .def("open_reader", &PyCheckpointer::open_reader, py::arg("step") = py::none())
       .def("candidates", &PyCheckpointer::candidates, py::arg("step") = py::none())
       .def("flush", &PyCheckpointer::flush)
-      .def("stats", &PyCheckpointer::stats);
+      .def("stats", &PyCheckpointer::stats)
+      .def("reserve", &PyCheckpointer::reserve, py::arg("device") = -1);
 
   m.def("_prune", [](const std::string& root, int keep_last, int keep_every, bool remove_damaged, bool dry_run) {
     ckpt::PruneOptions o;

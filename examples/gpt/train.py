@@ -293,10 +293,15 @@ class PacerSaver:
 
     def __init__(self, a, net):
         # Staging as large as the state (weights and AdamW's two moments), so save() returns once the bytes are
-        # copied and never waits for the disk (docs/checkpoint.md, "Staging memory"); buffers are made on first use.
+        # copied and never waits for the disk (docs/checkpoint.md, "Staging memory"). On a GPU the pool is made
+        # and page-locked in the background now (reserve), so the first save does not pay for it; on the CPU its
+        # buffers are made on first use (a tiny model's state takes a few of them).
         state = sum(p.numel() * p.element_size() for p in net.parameters()) * 3
         staging = max(1 << 30, -(-(state + (state >> 4) + (256 << 20)) // (64 << 20)) * (64 << 20))
         self.ck = pacer.Checkpointer(a.ckpt, keep_last=a.keep_last, staging_bytes=staging)
+        device = next(net.parameters()).device
+        if device.type == "cuda":
+            self.ck.reserve(device)
         self.pending = None
 
     def resume(self):

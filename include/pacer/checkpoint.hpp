@@ -337,6 +337,13 @@ class Checkpointer {
   // Waits for every save and tier flush; returns the first error seen.
   Status flush();
 
+  // Makes the whole staging pool ready in a background thread: allocated,
+  // faulted in and, for copies from CUDA device `device` (>= 0), page-locked.
+  // Without it the first save pays for that (seconds for a GPU state of many
+  // GiB). Returns at once; a second call does nothing. The memory stays
+  // with the Checkpointer, as after any save that filled the pool.
+  void reserve(int device = -1);
+
   struct Stats {
     std::uint64_t saves = 0;          // save() calls accepted
     std::uint64_t bytes_staged = 0;   // bytes copied into staging

@@ -1214,6 +1214,26 @@ class Checkpointer:
         """Wait for every save and tier copy; raise the first error."""
         self._impl.flush()
 
+    def reserve(self, device=None):
+        """Makes the staging pool (`staging_bytes`) ready in the background, so the first save() does not pay for it.
+
+        The memory is allocated, faulted in and, for copies from CUDA `device`
+        (an index, a torch.device or "cuda:N"; default: the current CUDA device
+        when CUDA is initialised, else none), page-locked. Returns at once; a
+        save that starts meanwhile uses what is ready. Call it once the model
+        is on its device, well before the first save; a second call does nothing.
+        """
+        if device is None:
+            torch = sys.modules.get("torch")
+            cuda = torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized()
+            index = torch.cuda.current_device() if cuda else -1
+        elif isinstance(device, int):
+            index = device
+        else:
+            d = _torch().device(device)
+            index = -1 if d.type != "cuda" else (d.index if d.index is not None else _torch().cuda.current_device())
+        self._impl.reserve(int(index))
+
     def stats(self):
         """{saves, bytes_staged, staging_bytes, pinned_bytes, overflow_bytes, pool_waits, blocked_s}: what saving has cost.
 

@@ -243,6 +243,34 @@ class StagingPool {
     cv_.notify_one();
   }
   std::uint64_t buffer_bytes() const { return buffer_bytes_; }
+  // Allocates, faults in and (for copies from `device` >= 0) page-locks the
+  // pool's buffers ahead of the first save, which otherwise pays for all of
+  // it (seconds for a GPU state of many GiB); stops early once `stop` is set.
+  // Buffers go onto the free list one at a time, so a save that starts
+  // meanwhile takes those already made and waits for (or makes) the rest.
+  void reserve(int device, const std::atomic<bool>& stop) {
+    while (!stop.load()) {
+      unsigned char* b = nullptr;
+      {
+        std::lock_guard g(mu_);
+        if (all_.size() >= max_buffers_) return;
+        HostBuffer buf(buffer_bytes_, /*huge=*/true);
+        if (!buf) return;  // the first save meets the shortage and reports it
+        b = buf.data();
+        all_.push_back(std::move(buf));
+      }
+      // Without a device nothing is pinned: registering from this thread
+      // would create a CUDA context on device 0 for a rank that uses another.
+      const bool pinned = pin_ && device >= 0 && hw::pin_host_memory(b, buffer_bytes_, device);
+      if (!pinned) (void)prefault_for_write(b, buffer_bytes_);
+      {
+        std::lock_guard g(mu_);
+        if (pinned) pinned_.insert(b);
+        free_.push_back(b);
+      }
+      cv_.notify_one();
+    }
+  }
   struct Allocated {
     std::uint64_t bytes = 0, pinned = 0, overflow = 0;
   };
@@ -390,6 +418,8 @@ struct Checkpointer::Impl {
   std::thread flusher;
   std::shared_ptr<SaveHandle::State> pending_collective;
   std::unique_ptr<hw::DeviceToHost> d2h;  // created by the first save of a device blob
+  std::thread reserver;                   // Checkpointer::reserve's, at most one
+  std::atomic<bool> reserve_stop{false};
   Checkpointer::Stats counters;  // saves, bytes_staged, blocked_s (caller's thread only)
 
   std::string read_only;  // why save() is refused (the root is not writable); empty: it saves
@@ -1106,6 +1136,8 @@ Checkpointer::Checkpointer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) 
 
 Checkpointer::~Checkpointer() {
   (void)flush();
+  impl_->reserve_stop = true;
+  if (impl_->reserver.joinable()) impl_->reserver.join();
   {
     std::lock_guard g(impl_->mu);
     impl_->stopping = true;
@@ -1259,6 +1291,12 @@ Expected<SaveHandle> Checkpointer::save(std::uint64_t step, const std::vector<Bl
   impl_->counters.blocked_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (r) ++impl_->counters.saves;
   return r;
+}
+
+void Checkpointer::reserve(int device) {
+  std::lock_guard g(impl_->mu);
+  if (impl_->reserver.joinable() || impl_->stopping) return;
+  impl_->reserver = std::thread([im = impl_.get(), device] { im->pool->reserve(device, im->reserve_stop); });
 }
 
 Checkpointer::Stats Checkpointer::stats() const {

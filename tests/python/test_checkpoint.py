@@ -160,6 +160,20 @@ class RoundTrip(CheckpointTestCase):
             self.assertEqual(s["overflow_bytes"] > 0, overflow > 0, s)
             self.assertArrayIdentical(ck.load(1).state["w"], state["w"], "w")
 
+    def test_reserve_makes_the_staging_pool_before_the_first_save(self):
+        ck = pacer.Checkpointer(self.root, staging_bytes=64 << 10, chunk_bytes=4096)
+        self.assertEqual(ck.stats()["staging_bytes"], 0)
+        ck.reserve()
+        deadline = time.monotonic() + 20
+        while ck.stats()["staging_bytes"] < 64 << 10 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        self.assertEqual(ck.stats()["staging_bytes"], 64 << 10)
+        state = {"w": random_array(self.rng, "float32", (8, 1024))}
+        ck.save(1, state).wait()
+        s = ck.stats()
+        self.assertEqual((s["staging_bytes"], s["pool_waits"]), (64 << 10, 0), s)
+        self.assertArrayIdentical(ck.load(1).state["w"], state["w"], "w")
+
     def test_lists_and_non_contiguous_views(self):
         ck = pacer.Checkpointer(self.root)
         base = random_array(self.rng, "float32", (6, 8))

@@ -4,6 +4,7 @@
 """
 import os
 import tempfile
+import time
 import unittest
 
 import pacer
@@ -68,6 +69,24 @@ class Cuda(unittest.TestCase):
         s = ck.stats()
         self.assertEqual(s["pool_waits"], 0, s)
         self.assertGreater(s["overflow_bytes"], 0, s)
+        self.assertTrue(torch.equal(ck.load(1).state["x"], want))
+
+    def test_reserve_pins_the_pool_before_the_first_save(self):
+        ck = pacer.Checkpointer(os.path.join(self.tmp.name, "reserve"), keep_last=0, chunk_bytes=1 << 20,
+                                staging_bytes=64 << 20)
+        x = torch.randn(1000, 1000, device="cuda")
+        ck.reserve(x.device)
+        deadline = time.monotonic() + 60
+        while ck.stats()["pinned_bytes"] < 64 << 20 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        s = ck.stats()
+        self.assertEqual((s["staging_bytes"], s["pinned_bytes"]), (64 << 20, 64 << 20), s)
+        want = x.cpu()
+        h = ck.save(1, {"x": x})
+        x.zero_()
+        h.wait()
+        s = ck.stats()
+        self.assertEqual((s["staging_bytes"], s["pool_waits"]), (64 << 20, 0), s)
         self.assertTrue(torch.equal(ck.load(1).state["x"], want))
 
     def test_cpu_checkpoint_loads_onto_the_gpu_and_into_gpu_tensors(self):
