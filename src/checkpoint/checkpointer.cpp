@@ -1777,15 +1777,26 @@ Expected<Reader> Checkpointer::load(const LoadDestination& dest, std::optional<s
 }
 
 Expected<Reader> Checkpointer::open_reader(std::optional<std::uint64_t> step) {
-  for (auto& r : candidates(step)) {
-    // Through this process's cache of checks (as retention): a step it wrote
-    // or checked before is not read in full again. Reads through the Reader
-    // check every chunk anyway.
-    if (Status st = verify_step(r.dir()); !st) {
-      impl_->warn(fmt::format("skipping step {}: {}", r.manifest().step, st.error().message));
-      continue;
+  // A writer's retention may remove every candidate between the listing and
+  // the check (it committed a newer step first): then list again.
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    bool vanished = false;
+    for (auto& r : candidates(step)) {
+      // Through this process's cache of checks (as retention): a step it wrote
+      // or checked before is not read in full again. Reads through the Reader
+      // check every chunk anyway.
+      if (Status st = verify_step(r.dir()); !st) {
+        std::error_code ec;
+        if (!fs::exists(r.dir(), ec)) {
+          vanished = true;  // removed since it was listed: not a problem of the step
+          continue;
+        }
+        impl_->warn(fmt::format("skipping step {}: {}", r.manifest().step, st.error().message));
+        continue;
+      }
+      return std::move(r);
     }
-    return std::move(r);
+    if (!vanished) break;
   }
   if (step) return Error{ErrorKind::kUsage, fmt::format("no valid checkpoint for step {} under {}", *step, impl_->opt.root)};
   return Error{ErrorKind::kUsage, fmt::format("no valid checkpoint under {}", impl_->opt.root)};
