@@ -261,6 +261,11 @@ struct Supervisor {
 
   void save_state(const std::optional<std::uint64_t>& latest) {
     if (state_path.empty()) return;
+    // CMD makes --ckpt-dir when it first checkpoints; one stopped before that
+    // (a slow start under load) must not lose the count of attempts without
+    // progress, or the next allocation would requeue forever.
+    std::error_code ec;
+    std::filesystem::create_directories(std::filesystem::path(state_path).parent_path(), ec);
     const json j = {{"schema", "pacer.run.state/1"}, {"no_progress", no_progress},
                     {"committed_step", latest ? json(*latest) : json(nullptr)}, {"time", utc_iso(wall_now(), true)}};
     if (auto st = write_file_atomic(state_path, j.dump() + "\n"); !st) log("history", st.error().message);

@@ -5,10 +5,12 @@ for ($PACER_PYTHON) and finds the module through $PACER_PYTHONPATH.
 """
 import json
 import os
+import shutil
 import signal
 import socket
 import stat
 import subprocess
+import sys
 import tempfile
 import time
 import unittest
@@ -294,6 +296,14 @@ class RunTest(unittest.TestCase):
         self.assertEqual(r.returncode, 75, r.stderr)
         with open(state) as f:
             self.assertEqual(json.load(f)["no_progress"], 1)
+        # The count survives a CMD stopped before it made --ckpt-dir (it
+        # sleeps through the grace period instead of starting to train).
+        shutil.rmtree(self.ckpt)
+        slow = ("--ckpt-dir", self.ckpt, "--end-time", "+30s", "--before", "30s", "--grace", "0.5s",
+                "--stop-timeout", "5s", "--", sys.executable, "-c", "import time; time.sleep(60)")
+        self.assertEqual(self.run_pacer(*slow).returncode, 75)
+        with open(state) as f:
+            self.assertEqual(json.load(f)["no_progress"], 1)
         r = self.run_pacer(*args)
         self.assertEqual(r.returncode, 1, r.stderr)
         self.assertIn("giving up: 2 consecutive attempt(s) without a new committed step", r.stderr)
@@ -334,11 +344,14 @@ class RunTest(unittest.TestCase):
         with open(os.path.join(fake, "scontrol"), "w") as f:
             f.write("#!/bin/sh\necho 'slurm_load_jobs error: Invalid job id specified' >&2\nexit 1\n")
         os.chmod(os.path.join(fake, "scontrol"), stat.S_IRWXU)
-        for path, expect in ((fake, "failed (exit 1)"), (os.path.join(self.d, "empty"), "scontrol: cannot run: not found")):
+        cases = ((fake, "failed (exit 1)"), (os.path.join(self.d, "empty"), "scontrol: cannot run: not found"))
+        for i, (path, expect) in enumerate(cases):
             if os.path.exists(self.log):
                 os.remove(self.log)
             env = bare_env(SLURM_JOB_ID="4242", PATH=path)
-            r = self.run_pacer("--ckpt-dir", self.ckpt, "--grace", "1s", "--", "/bin/sh", "-c",
+            # A job of its own each (the same --ckpt-dir would carry the
+            # first one's attempt without progress over and give up).
+            r = self.run_pacer("--ckpt-dir", f"{self.ckpt}-{i}", "--grace", "1s", "--", "/bin/sh", "-c",
                                "kill -USR1 $PPID; exec /bin/sleep 30", env=env)
             self.assertEqual(r.returncode, 75, r.stderr)
             log = read_log(self.log)
