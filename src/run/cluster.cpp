@@ -69,11 +69,6 @@ std::string random_token() {
   return s;
 }
 
-std::string step_text(const std::optional<std::uint64_t>& s) { return s ? fmt::format("step {}", *s) : "none"; }
-bool newer(const std::optional<std::uint64_t>& now, const std::optional<std::uint64_t>& before) {
-  return now && (!before || *now > *before);
-}
-
 // A rank as the leader last heard of it from its node's agent.
 struct RankView {
   int rank = 0, local_rank = 0, pid = 0;
@@ -683,16 +678,8 @@ class Leader {
   std::optional<Outcome> decide() {
     const auto latest = latest_committed_step(o_.ckpt_dir);
     out_.committed_step = latest;
-    auto progress = [&] {
-      if (newer(latest, best_)) {
-        no_progress_ = 0;
-        best_ = latest;
-      } else {
-        ++no_progress_;
-      }
-    };
     if (walltime_stop_ && !failure_) {
-      progress();
+      count_progress(latest, best_, no_progress_);
       if (no_progress_ >= o_.give_up_after)
         return give_up(static_cast<int>(ExitCode::kCheckFailed),
                        fmt::format("{} attempt(s) without a new committed step", no_progress_));
@@ -720,7 +707,7 @@ class Leader {
     log_("exited", fmt::format("attempt {} ended: {}; latest committed: {}", attempt_, f.why, step_text(latest)),
          {{"attempt", attempt_}, {"failure", f.kind}, {"host", f.node}, {"exit_code", f.exit_code},
           {"committed_step", latest ? json(*latest) : json(nullptr)}});
-    progress();
+    count_progress(latest, best_, no_progress_);
     if (no_progress_ >= o_.give_up_after)
       return give_up(f.exit_code, fmt::format("{} consecutive attempt(s) without a new committed step (latest: {}); "
                                               "last one: {}", no_progress_, step_text(latest), f.why));

@@ -171,6 +171,21 @@ class Log {
   bool write_failed_ = false;
 };
 
+inline std::string step_text(const std::optional<std::uint64_t>& s) { return s ? fmt::format("step {}", *s) : "none"; }
+inline bool newer(const std::optional<std::uint64_t>& now, const std::optional<std::uint64_t>& before) {
+  return now && (!before || *now > *before);
+}
+// An attempt ended with `latest` committed: a step newer than `best` is
+// progress and resets `no_progress`, the attempts in a row without any.
+inline void count_progress(const std::optional<std::uint64_t>& latest, std::optional<std::uint64_t>& best, int& no_progress) {
+  if (newer(latest, best)) {
+    no_progress = 0;
+    best = latest;
+  } else {
+    ++no_progress;
+  }
+}
+
 // The signals the supervisor waits for, blocked while it runs.
 inline sigset_t watched_signals() {
   sigset_t s;

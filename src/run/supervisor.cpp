@@ -32,7 +32,6 @@ namespace {
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-
 std::string join(const std::vector<std::string>& v) {
   std::string s;
   for (const auto& a : v) s += (s.empty() ? "" : " ") + a;
@@ -45,15 +44,6 @@ std::string describe_status(int st) {
   if (WIFEXITED(st)) return fmt::format("exited with status {}", WEXITSTATUS(st));
   return fmt::format("was killed by {} (status {})", signal_name(WTERMSIG(st)), 128 + WTERMSIG(st));
 }
-
-std::string step_text(const std::optional<std::uint64_t>& s) { return s ? fmt::format("step {}", *s) : "none"; }
-
-bool newer(const std::optional<std::uint64_t>& now, const std::optional<std::uint64_t>& before) {
-  return now && (!before || *now > *before);
-}
-
-
-
 
 // A directory where files appear only by this user's hand: owned by the user
 // (or root), and not writable by others unless sticky (others can then add
@@ -68,8 +58,6 @@ Status check_base_dir(const std::string& dir) {
     return Error{ErrorKind::kIo, fmt::format("{}: writable by other users and not sticky", dir)};
   return {};
 }
-
-
 
 // The checks on Options that need nothing else.
 Status check_options(const Options& o) {
@@ -99,7 +87,6 @@ Expected<std::optional<Outcome>> vet_node(const Options& o, Log& log) {
   return std::optional<Outcome>();
 }
 
-
 // The private directory made for the request file (removed at the end), or
 // "" when --request-file names one, whose directory is checked.
 Expected<std::string> prepare_request_dir(const Options& o) {
@@ -113,7 +100,6 @@ Expected<std::string> prepare_request_dir(const Options& o) {
                                                 o.request_file, s.error().message)};
   return std::string();
 }
-
 
 // Attempts without progress count across requeues: a job whose every
 // allocation ends without a new committed step must stop being requeued.
@@ -135,9 +121,6 @@ int load_no_progress(const std::string& state_path, const std::optional<std::uin
       {{"no_progress", no_progress}});
   return no_progress;
 }
-
-
-
 
 // One attempt of CMD, from its start to its exit.
 struct Attempt {
@@ -420,15 +403,6 @@ struct Supervisor {
     log("exited", fmt::format("CMD {} (attempt {}); latest committed: {}", describe_status(st), a.number, step_text(latest)),
         {{"attempt", a.number}, {"exit_code", code}, {"committed_step", latest ? json(*latest) : json(nullptr)}});
 
-    // Progress is a step newer than any seen before this attempt.
-    auto count_progress = [&] {
-      if (newer(latest, best)) {
-        no_progress = 0;
-        best = latest;
-      } else {
-        ++no_progress;
-      }
-    };
     out.committed_step = latest;
     const std::string no_progress_text = fmt::format(
         "{} consecutive attempt(s) without a new committed step (latest: {})", no_progress + 1, step_text(latest));
@@ -436,7 +410,7 @@ struct Supervisor {
     using Phase = Attempt::Phase;
     if (a.hung) return after_crash(a, code ? code : static_cast<int>(ExitCode::kRuntime), "hung");
     if (a.phase == Phase::kStopping || (a.phase == Phase::kCheckpointing && code != 0)) {
-      count_progress();
+      count_progress(latest, best, no_progress);
       if (no_progress >= o.give_up_after)
         return give_up(static_cast<int>(ExitCode::kCheckFailed),
                        no_progress_text + ", counting earlier allocations; not requeued");
@@ -460,12 +434,7 @@ struct Supervisor {
   std::optional<Outcome> after_crash(const Attempt& a, int code, const std::string& how) {
     const auto latest = out.committed_step;
     const std::string last = how == "hung" ? "hung" : describe_status(a.status);
-    if (newer(latest, best)) {
-      no_progress = 0;
-      best = latest;
-    } else {
-      ++no_progress;
-    }
+    count_progress(latest, best, no_progress);
     if (no_progress >= o.give_up_after)
       return give_up(code, fmt::format("{} consecutive attempt(s) without a new committed step (latest: {}); last one {}",
                                        no_progress, step_text(latest), last));
