@@ -69,13 +69,7 @@ class GptSlurm(unittest.TestCase):
                             "--tokenizer", os.path.join(vocab, "tok.model")], capture_output=True, text=True, timeout=120)
         if r.returncode != 0:
             raise AssertionError("prepare.py --tokenizer failed:\n" + r.stderr)
-        cls.cluster = slurm_cluster.Cluster(os.path.join(cls.tmp, "cluster"))
-        why = cls.cluster.start()
-        if why:
-            cls.cluster.stop()
-            if os.environ.get("PACER_REQUIRE_SLURM") == "1":
-                raise AssertionError("Slurm did not come up: " + why)
-            raise unittest.SkipTest("Slurm did not come up on this machine: " + why)
+        cls.cluster = slurm_cluster.start_or_skip(os.path.join(cls.tmp, "cluster"))
         # DDP's bucket size from pacer comm tune, over an all-reduce measured here with 2 MPI ranks.
         cls.tune = None
         mpirun = shutil.which("mpirun")

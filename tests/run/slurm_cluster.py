@@ -59,6 +59,7 @@ import shutil
 import socket
 import subprocess
 import time
+import unittest
 
 DAEMONS = ["munged", "mungekey", "slurmctld", "slurmd", "sbatch", "scontrol", "scancel", "sinfo"]
 
@@ -102,6 +103,25 @@ def missing_reason(nodes=None):
         return f"cannot make a bridge in the root network namespace (ip link add: {r.stderr.strip()}); no CAP_NET_ADMIN here?"
     subprocess.run([_which("ip"), "link", "del", probe], capture_output=True)
     return None
+
+
+def start_or_skip(root, nodes=None, on_failure=None):
+    """A started Cluster(root, nodes), for a test's setUpClass.
+
+    When Slurm does not come up, the cluster is stopped, `on_failure` (if
+    given) runs, and unittest.SkipTest is raised naming why; with
+    PACER_REQUIRE_SLURM=1 an AssertionError instead.
+    """
+    cluster = Cluster(root, nodes=nodes)
+    why = cluster.start()
+    if not why:
+        return cluster
+    cluster.stop()
+    if on_failure:
+        on_failure()
+    if os.environ.get("PACER_REQUIRE_SLURM") == "1":
+        raise AssertionError("Slurm did not come up: " + why)
+    raise unittest.SkipTest("Slurm did not come up on this machine: " + why)
 
 
 def _ip(*args, check=True):

@@ -79,13 +79,7 @@ class SlurmRunTest(unittest.TestCase):
             raise unittest.SkipTest(reason)
         cls.tmp = tempfile.mkdtemp(prefix="pacer-slurm-")
         os.chmod(cls.tmp, 0o755)
-        cls.cluster = slurm_cluster.Cluster(os.path.join(cls.tmp, "cluster"))
-        why = cls.cluster.start()
-        if why:
-            cls.cluster.stop()
-            if os.environ.get("PACER_REQUIRE_SLURM") == "1":
-                raise AssertionError("Slurm did not come up: " + why)
-            raise unittest.SkipTest("Slurm did not come up on this machine: " + why)
+        cls.cluster = slurm_cluster.start_or_skip(os.path.join(cls.tmp, "cluster"))
         cls.jobs = {}
         cls.dirs = {}
         specs = {

@@ -35,14 +35,8 @@ class SlurmNodesTest(unittest.TestCase):
             raise unittest.SkipTest(reason)
         cls.tmp = tempfile.mkdtemp(prefix="pacer-slurmn-")
         os.chmod(cls.tmp, 0o755)
-        cls.cluster = slurm_cluster.Cluster(os.path.join(cls.tmp, "cluster"), nodes=NODES)
-        why = cls.cluster.start()
-        if why:
-            cls.cluster.stop()
-            shutil.rmtree(cls.tmp, ignore_errors=True)
-            if os.environ.get("PACER_REQUIRE_SLURM") == "1":
-                raise AssertionError("Slurm did not come up: " + why)
-            raise unittest.SkipTest("Slurm did not come up on this machine: " + why)
+        cls.cluster = slurm_cluster.start_or_skip(os.path.join(cls.tmp, "cluster"), nodes=NODES,
+                                                  on_failure=lambda: shutil.rmtree(cls.tmp, ignore_errors=True))
 
     @classmethod
     def tearDownClass(cls):
