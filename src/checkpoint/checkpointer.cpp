@@ -254,18 +254,14 @@ class StagingPool {
       {
         std::lock_guard g(mu_);
         if (all_.size() >= max_buffers_) return;
-        HostBuffer buf(buffer_bytes_, /*huge=*/true);
-        if (!buf) return;  // the first save meets the shortage and reports it
-        b = buf.data();
-        all_.push_back(std::move(buf));
+        b = add_pool_buffer();
+        if (!b) return;  // the first save meets the shortage and reports it
       }
       // Without a device nothing is pinned: registering from this thread
       // would create a CUDA context on device 0 for a rank that uses another.
-      const bool pinned = pin_ && device >= 0 && hw::pin_host_memory(b, buffer_bytes_, device);
-      if (!pinned) (void)prefault_for_write(b, buffer_bytes_);
+      if (device < 0 || !pin(b, device)) (void)prefault_for_write(b, buffer_bytes_);
       {
         std::lock_guard g(mu_);
-        if (pinned) pinned_.insert(b);
         free_.push_back(b);
       }
       cv_.notify_one();
@@ -280,6 +276,21 @@ class StagingPool {
   }
 
  private:
+  // With mu_ held: a new buffer of the pool, or nullptr when it cannot be mapped.
+  unsigned char* add_pool_buffer() {
+    HostBuffer buf(buffer_bytes_, /*huge=*/true);  // faulted once, reused by every save
+    if (!buf) return nullptr;
+    unsigned char* b = buf.data();
+    all_.push_back(std::move(buf));
+    return b;
+  }
+  // Without mu_: page-locks `b` for copies from `device`; whether it is.
+  bool pin(unsigned char* b, int device) {
+    if (!pin_ || !hw::pin_host_memory(b, buffer_bytes_, device)) return false;
+    std::lock_guard g(mu_);
+    pinned_.insert(b);
+    return true;
+  }
   unsigned char* get(int device, bool block) {
     std::unique_lock lock(mu_);
     auto ready = [&] {
@@ -294,15 +305,10 @@ class StagingPool {
     };
     if (!free_.empty()) return take(free_);
     if (all_.size() < max_buffers_) {
-      HostBuffer buf(buffer_bytes_, /*huge=*/true);  // faulted once, reused by every save
-      if (!buf) throw std::bad_alloc();
-      unsigned char* b = buf.data();
-      all_.push_back(std::move(buf));
+      unsigned char* b = add_pool_buffer();
+      if (!b) throw std::bad_alloc();
       lock.unlock();
-      if (pin_ && hw::pin_host_memory(b, buffer_bytes_, device)) {
-        std::lock_guard g(mu_);
-        pinned_.insert(b);
-      }
+      pin(b, device);
       return b;
     }
     if (!free_overflow_.empty()) return take(free_overflow_);
