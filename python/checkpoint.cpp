@@ -130,7 +130,7 @@ class PyCheckpointer {
   int size() const { return comm_ ? comm_->size() : 1; }
 
   ckpt::SaveHandle save(std::uint64_t step, const std::vector<PyBlob>& blobs, const std::string& meta_json,
-                        std::uintptr_t cuda_stream) {
+                        std::uintptr_t cuda_stream, bool defer_device_copies) {
     std::vector<ckpt::BlobView> views;
     std::vector<py::buffer_info> infos;
     infos.reserve(blobs.size());
@@ -164,6 +164,7 @@ class PyCheckpointer {
     if (meta.is_discarded()) throw Exception(Error{ErrorKind::kUsage, "meta is not valid JSON"});
     ckpt::SaveOptions so;
     so.cuda_stream = cuda_stream;
+    so.defer_device_copies = defer_device_copies;
     return call_nogil([&] { return impl_->save(step, views, meta, so); });
   }
 
@@ -206,7 +207,12 @@ void register_checkpoint(py::module_& m) {
       .def("wait", [](ckpt::SaveHandle& h) { call_nogil([&] { return h.wait(); }); },
            "Block until the checkpoint is durable and committed")
       .def("wait_persistent", [](ckpt::SaveHandle& h) { call_nogil([&] { return h.wait_persistent(); }); },
-           "Also wait for the copy to the persistent tier");
+           "Also wait for the copy to the persistent tier")
+      .def("copied", &ckpt::SaveHandle::copied, "Whether the device tensors' copies have landed (deferred saves)")
+      .def("wait_copied", [](ckpt::SaveHandle& h) { call_nogil([&] { return h.wait_copied(); }); },
+           "Block until the device tensors' copies have landed")
+      .def("order_before", [](ckpt::SaveHandle& h, std::uintptr_t stream) { call_nogil([&] { return h.order_before(stream); }); },
+           py::arg("cuda_stream"), "Make work queued later on cuda_stream wait (on the GPU) for the copies");
 
   py::class_<ckpt::Reader>(m, "Reader", "One committed checkpoint; every read is checksummed")
       .def_property_readonly("step", [](const ckpt::Reader& r) { return r.manifest().step; })
@@ -235,7 +241,7 @@ void register_checkpoint(py::module_& m) {
       .def_property_readonly("rank", &PyCheckpointer::rank)
       .def_property_readonly("size", &PyCheckpointer::size)
       .def("save", &PyCheckpointer::save, py::arg("step"), py::arg("blobs"), py::arg("meta_json"),
-           py::arg("cuda_stream") = 0)
+           py::arg("cuda_stream") = 0, py::arg("defer_device_copies") = false)
       .def("latest", &PyCheckpointer::latest)
       .def("open_reader", &PyCheckpointer::open_reader, py::arg("step") = py::none())
       .def("candidates", &PyCheckpointer::candidates, py::arg("step") = py::none())

@@ -8,7 +8,7 @@
 namespace pacer::cli {
 
 struct IntervalArgs {
-  std::string save_cost, restart_cost = "0s", mtbf, node_mtbf, campaign, interval, ckpt_size, vet;
+  std::string save_cost, restart_cost = "0s", mtbf, node_mtbf, campaign, interval, ckpt_size, vet, write_time;
   int nodes = 0;
   double write_mbps = 0;
   bool json = false;
@@ -18,8 +18,7 @@ struct IntervalArgs {
 // --node-mtbf with --nodes, --restart-cost, --campaign, --interval); --json is
 // the caller's.
 void add_interval_options(CLI::App* cmd, IntervalArgs& a);
-// Prints the report under `schema` (pacer.plan.ckpt/1 or pacer.ckpt.interval/1,
-// which adds the old name interval_s for daly_interval_s).
+// Prints the report under `schema` (pacer.plan.ckpt/1 or pacer.ckpt.interval/1).
 int print_interval(const IntervalArgs& a, const std::string& schema);
 
 }  // namespace pacer::cli

@@ -307,11 +307,18 @@ int print_interval(const IntervalArgs& a, const std::string& schema) {
   } else usage_error("give --mtbf or --node-mtbf with --nodes");
   if (!a.campaign.empty()) in.campaign_s = duration(a.campaign, "--campaign");
   if (!a.interval.empty()) in.current_interval_s = duration(a.interval, "--interval");
+  if (!a.write_time.empty()) in.write_time_s = duration(a.write_time, "--write-time");
   const auto r = unwrap(plan::plan_ckpt(in));
   std::string text = fmt::format("job MTBF {}, save {}, restart {}\n", format_duration(in.mtbf_s), format_duration(in.save_cost_s),
                                  format_duration(in.restart_cost_s));
-  text += fmt::format("checkpoint every {} (Daly; Young: {}): {} of the time lost to saves, rework and restarts\n",
-                      format_duration(r.daly_interval_s), format_duration(r.young_interval_s), pct(r.lost_fraction));
+  if (r.interval_s > r.daly_interval_s) {
+    text += fmt::format("checkpoint every {} (the write time; Daly's {} is shorter, and a save started sooner waits for the "
+                        "last): {} of the time lost to saves, rework and restarts\n",
+                        format_duration(r.interval_s), format_duration(r.daly_interval_s), pct(r.lost_fraction));
+  } else {
+    text += fmt::format("checkpoint every {} (Daly; Young: {}): {} of the time lost to saves, rework and restarts\n",
+                        format_duration(r.daly_interval_s), format_duration(r.young_interval_s), pct(r.lost_fraction));
+  }
   if (in.current_interval_s > 0) {
     text += fmt::format("at the current {} interval: {} lost\n", format_duration(in.current_interval_s), pct(r.lost_fraction_current));
   }
@@ -320,10 +327,7 @@ int print_interval(const IntervalArgs& a, const std::string& schema) {
                         r.expected_failures, r.p_any_failure > 0.999 ? "a >99.9%" : "a " + pct(r.p_any_failure));
   }
   nlohmann::json j = plan::to_json(r, in, save_from);
-  if (schema != "pacer.plan.ckpt/1") {
-    j["schema"] = schema;
-    j["interval_s"] = r.daly_interval_s;  // pacer ckpt interval's name for it before the two agreed
-  }
+  if (schema != "pacer.plan.ckpt/1") j["schema"] = schema;
   print(j, a.json, text);
   return 0;
 }
@@ -339,6 +343,8 @@ void add_interval_options(CLI::App* ck, IntervalArgs& a) {
   ck->add_option("--nodes", a.nodes, "Nodes in the job");
   ck->add_option("--campaign", a.campaign, "Length of the training campaign, e.g. 30d");
   ck->add_option("--interval", a.interval, "The interval in use now, to compare");
+  ck->add_option("--write-time", a.write_time,
+                 "How long a save takes to become durable in the background, e.g. 15s (the interval is never shorter)");
   ck->add_option("--vet", a.vet, "A `pacer vet --json` report (storage.write)");
 }
 

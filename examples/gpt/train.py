@@ -66,6 +66,9 @@ def parse_args(argv=None):
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                     help="autocast dtype on CUDA (the CPU trains in float32)")
+    ap.add_argument("--attention", default="auto", choices=list(gpt.ATTENTION),
+                    help="attention kernel (auto: flex_attention's block mask on a GPU with torch >= 2.5, else SDPA "
+                         "with a dense mask, else explicit softmax); the same kernel on resume keeps losses bit-identical")
     ap.add_argument("--losses", help="JSON lines file of per-step losses (default: CKPT/losses.jsonl)")
     ap.add_argument("--telemetry-db", help="telemetry catalog (default: $PACER_TELEMETRY_DB or the job's)")
     ap.add_argument("--summary", help="write this run's timings here as JSON (pacer.example.gpt.train/1)")
@@ -143,17 +146,18 @@ def batches(loader):
             raise SystemExit("train: the dataset gives no batch (too few tokens for one row per rank?)")
 
 
-def planned_interval(save_s, step_s, mtbf, restart_cost):
-    """(N steps, pacer plan ckpt's report): Daly's interval for this save cost, in steps of this length."""
+def planned_interval(save_s, step_s, mtbf, restart_cost, write_s=0.0):
+    """(N steps, pacer plan ckpt's report): Daly's interval for this save cost, in steps of this length, and
+    never shorter than the write time (with a quarter more, as write times vary)."""
     cmd = [plan.pacer_bin("train", "or fix the interval with --ckpt-every"), "plan", "ckpt",
            "--save-cost", f"{max(save_s, 1e-6):.6f}s", "--mtbf", mtbf,
-           "--restart-cost", restart_cost, "--json"]
+           "--restart-cost", restart_cost, "--write-time", f"{1.25 * write_s:.6f}s", "--json"]
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if r.returncode != 0:  # its 2 (a bad --mtbf or --restart-cost) is ours too
         print(f"train: {' '.join(cmd)} exited {r.returncode}: {r.stderr.strip()}", file=sys.stderr, flush=True)
         sys.exit(2 if r.returncode == 2 else 3)
     report = json.loads(r.stdout)
-    interval = report.get("daly_interval_s") or report.get("young_interval_s")
+    interval = report.get("interval_s") or report.get("daly_interval_s")
     if not interval or not step_s:
         return 1, report
     return max(1, int(round(interval / step_s))), report
@@ -291,7 +295,7 @@ class BaselineData:
 class PacerSaver:
     """pacer.Checkpointer: the state staged, then written in the background; the next save waits for it."""
 
-    def __init__(self, a, net):
+    def __init__(self, a, net, optimizer):
         # Staging as large as the state (weights and AdamW's two moments), so save() returns once the bytes are
         # copied and never waits for the disk (docs/checkpoint.md, "Staging memory"). On a GPU the pool is made
         # and page-locked in the background now (reserve), so the first save does not pay for it; on the CPU its
@@ -302,6 +306,7 @@ class PacerSaver:
         device = next(net.parameters()).device
         if device.type == "cuda":
             self.ck.reserve(device)
+        self.optimizer = optimizer
         self.pending = None
 
     def resume(self):
@@ -310,9 +315,20 @@ class PacerSaver:
     def save(self, step, state_fn, meta, wait):
         if self.pending is not None:
             self.pending.wait()
-        self.pending = self.ck.save(step, state_fn(), meta=meta)
+        # before=: the GPU tensors' copies run during the next forward and backward; the optimizer's next
+        # step waits for them on the GPU (torch >= 2.0; older torch copies before save() returns).
+        self.pending = self.ck.save(step, state_fn(), meta=meta, before=self.optimizer)
         if wait:
             self.pending.wait()
+
+    def durable(self):
+        """Whether the last save is durable. With several ranks a save commits in wait(): it waits here."""
+        if self.pending is None:
+            return True
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            self.pending.wait()
+            return True
+        return self.pending.done()
 
     def close(self):
         if self.pending is not None:
@@ -345,6 +361,9 @@ class TorchSaver:
         os.replace(path + ".tmp", path)
         for old in self._files()[:-self.keep]:
             os.unlink(os.path.join(self.dir, old))
+
+    def durable(self):
+        return True  # torch.save returned after the file was written
 
     def close(self):
         pass
@@ -406,7 +425,7 @@ def main(argv=None):
     seed_everything(a.seed)  # the same initial weights on every rank and every fresh start
     cfg = gpt.config(a.config, vocab, max_seq_len=max(a.seq_len, 2048))
     try:
-        net = gpt.GPT(cfg).to(device)
+        net = gpt.GPT(cfg, attention=a.attention).to(device)
     except Exception as e:  # noqa: BLE001 (only out-of-memory is ours to explain)
         if is_oom(e):
             report_oom(e, a, cfg, world, device)
@@ -424,7 +443,7 @@ def main(argv=None):
     optimizer = make_optimizer(net, a.lr, a.weight_decay)
     sched = cosine_schedule(optimizer, a.warmup, a.steps, a.min_lr_ratio)
     data = BaselineData(a, a.data, device, rank, world) if a.baseline else PacerData(a, dataset, device)
-    saver = TorchSaver(a) if a.baseline else PacerSaver(a, net)
+    saver = TorchSaver(a) if a.baseline else PacerSaver(a, net, optimizer)
 
     losses_path = a.losses or os.path.join(a.ckpt, "losses.jsonl")
     # Per rank: the documents (and how many of their tokens) each step read, to show every token is read once an epoch.
@@ -482,6 +501,7 @@ def main(argv=None):
     samples = open(samples_path, "a") if not a.baseline else None
     answered = False  # a save answered pacer run's pending request
     plan_report = None
+    first_cost = None  # (start, blocking s) of the first save: the interval is planned once it is durable
     timings = []  # per step of this process: (step, step_time_s, data_wait_s, save_s)
     model.train()
     value = float("nan")
@@ -552,19 +572,27 @@ def main(argv=None):
                        wait=requested or last)
             answered = answered or requested
             save_s = time.perf_counter() - ts
-            if every is None:  # the first save's cost plans the interval, the same on every rank
+            if every is None and first_cost is None:
+                first_cost = (ts, save_s)
+        if every is None and first_cost is not None:
+            # The first save's cost plans the interval, the same on every rank, once that save is durable:
+            # its write time is the shortest interval (a save started sooner waits for the last one).
+            n = torch.tensor([0], device=device if device.type == "cuda" else "cpu")
+            if rank == 0 and saver.durable():
+                write_s = time.perf_counter() - first_cost[0]
                 done = [t for t in timings if t[0] > start]  # a process's first step pays for warm-up
                 step_s = float(np.median([t[1] for t in (done or timings or [(step, t2 - t0)])]))
-                n = torch.tensor([0], device=device if device.type == "cuda" else "cpu")
-                if rank == 0:
-                    n[0], plan_report = planned_interval(save_s, step_s, a.mtbf, a.restart_cost)
-                    print(f"train: checkpoint every {int(n[0])} steps (pacer plan ckpt: a save blocks {save_s:.3f} s, "
-                          f"step {step_s:.3f} s, MTBF {a.mtbf}, restart {a.restart_cost}: Daly interval "
-                          f"{plan_report.get('daly_interval_s', 0):.1f} s)", flush=True)
-                    pacer.telemetry.event("train.ckpt_interval", {"steps": int(n[0]), "save_s": save_s,
-                                                                 "step_s": step_s, "plan": plan_report})
-                if dist.is_initialized():
-                    dist.broadcast(n, 0)
+                n[0], plan_report = planned_interval(first_cost[1], step_s, a.mtbf, a.restart_cost, write_s)
+                print(f"train: checkpoint every {int(n[0])} steps (pacer plan ckpt: a save blocks {first_cost[1]:.3f} s "
+                      f"and is durable after {write_s:.1f} s, step {step_s:.3f} s, MTBF {a.mtbf}, restart "
+                      f"{a.restart_cost}: interval {plan_report.get('interval_s', 0):.1f} s)", flush=True)
+                pacer.telemetry.event("train.ckpt_interval", {"steps": int(n[0]), "save_s": first_cost[1],
+                                                             "write_s": write_s, "step_s": step_s, "plan": plan_report})
+            elif rank != 0 and dist.is_initialized():
+                saver.durable()  # several ranks commit together
+            if dist.is_initialized():
+                dist.broadcast(n, 0)
+            if int(n[0]):
                 every = int(n[0])
         timings.append((step, t2 - t0, t1 - t0, save_s, batch["n_tokens"]))
         if a.slow_first and os.environ.get("SLURM_RESTART_COUNT", "0") == "0":

@@ -60,6 +60,14 @@ struct SaveOptions {
   // The stream (a cudaStream_t) whose queued work produces the device blobs;
   // the copies are ordered after it. 0: the legacy default stream.
   std::uintptr_t cuda_stream = 0;
+  // save() returns once the device blobs' copies are queued, not landed: the
+  // copies run while the caller computes (forward and backward read the
+  // weights, they do not write them). Until SaveHandle::copied(), the device
+  // blobs must not be written: order the stream that writes them (the
+  // optimizer step's) after the copies with SaveHandle::order_before(), or
+  // block with wait_copied(). A staging pool smaller than the save lands the
+  // copies that run it dry before returning, as without this.
+  bool defer_device_copies = false;
 };
 
 // One blob as recorded in a manifest.
@@ -288,6 +296,13 @@ class SaveHandle {
   Status wait();
   // Also waits for the copy to the persistent tier (when there is a fast tier).
   Status wait_persistent();
+  // SaveOptions::defer_device_copies: whether the device blobs' copies have
+  // landed (true for a save that did not defer); blocking until they have; and
+  // ordering work queued afterwards on `cuda_stream` (a cudaStream_t) after
+  // them without blocking. The first error of a copy.
+  bool copied() const;
+  Status wait_copied() const;
+  Status order_before(std::uintptr_t cuda_stream) const;
 
   struct State;
 

@@ -272,11 +272,16 @@ struct CkptInput {
   double mtbf_s = 0;           // of the whole job
   double campaign_s = 0;       // 0: not reported
   double current_interval_s = 0;  // 0: not reported
+  // How long a save takes to become durable once training goes on (the
+  // background write); 0: not known. A save started sooner waits for the
+  // last one, so the interval is never shorter.
+  double write_time_s = 0;
 };
 struct CkptReport {
   double young_interval_s = 0;
   double daly_interval_s = 0;
-  double lost_fraction = 0;          // at Daly's interval: save / interval + (interval / 2 + restart) / MTBF
+  double interval_s = 0;             // the one to use: Daly's, or the write time when that is longer
+  double lost_fraction = 0;          // at interval_s: save / interval + (interval / 2 + restart) / MTBF
   double lost_fraction_current = 0;  // at the current interval (0 when none given)
   double expected_failures = 0;      // over the campaign
   double p_any_failure = 0;          // 1 - exp(-campaign / MTBF)

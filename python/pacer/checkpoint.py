@@ -1077,6 +1077,37 @@ def _communicator(group, timeout):
 # ---- the front door -----------------------------------------------------------
 
 
+def _optimizers(before):
+    if before is None:
+        return []
+    items = list(before) if isinstance(before, (list, tuple)) else [before]
+    for o in items:
+        if not callable(getattr(o, "step", None)):
+            raise Error(f"save(before=...) takes optimizers (objects with step()), not {type(o).__name__}")
+    return items
+
+
+def _order_steps_after(handle, optimizers, flat):
+    """Each optimizer's next step() waits on the GPU for the deferred copies; `flat` keeps their sources alive."""
+    torch = _torch()
+    hooks = []
+    state = {"flat": flat}
+
+    def fence(optimizer, args, kwargs):
+        if state["flat"] is not None:
+            for d in state["flat"].cuda_devices:
+                handle.order_before(torch.cuda.current_stream(d).cuda_stream)
+        # The stream's later work (which may reuse a freed temporary's memory) now follows the copies.
+        state["flat"] = None
+        for h in hooks:
+            h.remove()
+        hooks.clear()
+        return None
+
+    for o in optimizers:
+        hooks.append(o.register_step_pre_hook(fence))
+
+
 class Checkpointer:
     """Asynchronous, checksummed, crash-consistent checkpoints of training state under `root`.
 
@@ -1112,8 +1143,16 @@ class Checkpointer:
     def world_size(self):
         return self._impl.size
 
-    def save(self, step, state, meta=None):
-        """Stages `state` (a dict; see the module doc) and returns a SaveHandle; wait() for it to be durable."""
+    def save(self, step, state, meta=None, before=None):
+        """Stages `state` (a dict; see the module doc) and returns a SaveHandle; wait() for it to be durable.
+
+        Without `before`, save() returns once every byte is in host memory, so the caller may change
+        its tensors at once. With `before=optimizer` (or a list of optimizers), CUDA tensors' copies
+        are only queued when save() returns: they run while the next forward and backward compute,
+        and each optimizer's next step() is ordered after them on the GPU, without blocking the host.
+        Nothing else may write those tensors before that step (or handle.wait_copied()). Needs
+        torch >= 2.0 (Optimizer.register_step_pre_hook); on older torch it saves as without `before`.
+        """
         if not isinstance(state, dict):
             raise Error(f"state must be a dict, not {type(state).__name__}")
         if meta is None:
@@ -1140,7 +1179,12 @@ class Checkpointer:
             for d in flat.cuda_devices[1:]:  # one producer stream per save: the others finish first
                 torch.cuda.current_stream(d).synchronize()
             stream = torch.cuda.current_stream(first).cuda_stream
-        return self._impl.save(step, flat.blobs, meta_json, stream)
+        optimizers = _optimizers(before)
+        defer = bool(optimizers and flat.cuda_devices) and all(hasattr(o, "register_step_pre_hook") for o in optimizers)
+        handle = self._impl.save(step, flat.blobs, meta_json, stream, defer)
+        if defer:
+            _order_steps_after(handle, optimizers, flat)
+        return handle
 
     def latest(self):
         """The newest step whose every byte checks (it reads the whole step), or None."""

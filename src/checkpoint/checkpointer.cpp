@@ -354,6 +354,9 @@ struct SaveHandle::State {
   std::string flush_dir;
   bool node_leader = false;
   std::string replicated_xxh3;  // several ranks: the digest of this rank's replicated list
+  // Deferred device copies (SaveOptions::defer_device_copies): where they
+  // end; set before the handle is returned and never changed after.
+  std::shared_ptr<hw::CopyFence> copies;
 };
 
 namespace {
@@ -401,6 +404,9 @@ struct Task {
   unsigned char* buf = nullptr;
   std::vector<Piece> pieces;
   std::optional<Error> abort;  // kEnd of a save that failed while staging
+  // A buffer whose device copies may still be in flight: the writer waits
+  // for the fence before it reads the bytes.
+  std::shared_ptr<hw::CopyFence> fence;
 };
 
 }  // namespace
@@ -469,6 +475,13 @@ struct Checkpointer::Impl {
         tasks.pop_front();
       }
       if (t.kind == Task::Kind::kChunk) {
+        if (t.fence && !t.job->failed) {
+          if (Status st = t.fence->wait(); !st) {
+            t.job->failed = true;
+            t.job->error = Error{st.error().kind, fmt::format("step {}: copying device blobs to the host: {}",
+                                                              t.job->manifest.step, st.error().message)};
+          }
+        }
         write_chunk(t);
         continue;
       }
@@ -1130,6 +1143,18 @@ Status SaveHandle::wait() {
   return {};
 }
 
+Status SaveHandle::wait_copied() const {
+  if (!state_ || !state_->copies) return {};
+  return state_->copies->wait();
+}
+
+Status SaveHandle::order_before(std::uintptr_t cuda_stream) const {
+  if (!state_ || !state_->copies) return {};
+  return state_->copies->order_before(cuda_stream);
+}
+
+bool SaveHandle::copied() const { return !state_ || !state_->copies || state_->copies->done(); }
+
 Status SaveHandle::wait_persistent() {
   if (Status st = wait(); !st) return st;
   std::unique_lock lock(state_->mu);
@@ -1429,9 +1454,11 @@ class Stager {
       : im_(im), job_(std::move(job)), step_(step), several_(several), cap_(im.pool->buffer_bytes()) {}
 
   // Stages every write; returns once every copy has landed, so that the
-  // caller may overwrite its tensors (the next optimizer step) at once. On
-  // failure, abort() must follow.
-  Status stage(const std::vector<BlobView>& blobs, const std::vector<Write>& writes, std::uintptr_t cuda_stream) {
+  // caller may overwrite its tensors (the next optimizer step) at once, or,
+  // with `defer`, once the last device copies are queued: they land while
+  // the caller goes on, behind fence(). On failure, abort() must follow.
+  Status stage(const std::vector<BlobView>& blobs, const std::vector<Write>& writes, std::uintptr_t cuda_stream,
+               bool defer) {
     const std::uint64_t chunk_bytes = job_->manifest.chunk_bytes;
     for (std::size_t i = 0; i < writes.size(); ++i) {
       const BlobView& b = blobs[writes[i].view];
@@ -1472,8 +1499,11 @@ class Stager {
       }
     }
     close_current();
-    return land();
+    return land(defer);
   }
+
+  // The deferred copies' fence (none when nothing was deferred).
+  const std::shared_ptr<hw::CopyFence>& fence() const { return fence_; }
 
   // A failure while staging: no copy may land in a buffer after it is handed
   // back, and the writer drops what it already has of this save. With several
@@ -1513,11 +1543,21 @@ class Stager {
     cur_ = Task{};
     used_ = 0;
   }
-  Status land() {
+  // Hands the full buffers to the writer once their copies have landed, or
+  // (`defer`) at once, each with a fence that the writer waits for. A pool
+  // that runs dry mid-save lands without deferring: the buffers it waits for
+  // come back only after the writer is done with them.
+  Status land(bool defer = false) {
     if (queued_) {
       queued_ = false;
-      if (Status st = im_.d2h->synchronize(); !st)
+      if (defer) {
+        auto f = im_.d2h->fence();
+        if (!f) return Error{f.error().kind, fmt::format("step {}: copying device blobs to the host: {}", step_, f.error().message)};
+        fence_ = *f;
+        for (auto& t : landing_) t.fence = fence_;
+      } else if (Status st = im_.d2h->synchronize(); !st) {
         return Error{st.error().kind, fmt::format("step {}: copying device blobs to the host: {}", step_, st.error().message)};
+      }
     }
     for (auto& t : landing_) im_.push(std::move(t));
     landing_.clear();
@@ -1535,6 +1575,7 @@ class Stager {
   std::vector<Task> landing_;   // full buffers not yet handed to the writer
   std::set<int> ordered_;       // devices whose side stream waits for the producer stream
   std::uint64_t staged_ = 0;
+  std::shared_ptr<hw::CopyFence> fence_;
 };
 
 }  // namespace
@@ -1572,12 +1613,13 @@ Expected<SaveHandle> Checkpointer::save_impl(std::uint64_t step, const std::vect
   const std::vector<Write> writes = plan_writes(im, *job, blobs, several);
   lay_out(*job, blobs, writes);
   Stager stager(im, job, step, several);
-  if (Status st = stager.stage(blobs, writes, save_options.cuda_stream); !st) {
+  if (Status st = stager.stage(blobs, writes, save_options.cuda_stream, save_options.defer_device_copies); !st) {
     stager.abort(st.error());
     if (!several) (void)SaveHandle(job->state).wait();
     return st.error();
   }
   im.counters.bytes_staged += stager.staged();
+  job->state->copies = stager.fence();
   {
     std::lock_guard g(im.mu);
     im.outstanding.push_back(job->state);

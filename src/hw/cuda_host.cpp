@@ -35,6 +35,8 @@ struct CudaRuntime {
   int (*event_create)(void**, unsigned) = nullptr;
   int (*event_destroy)(void*) = nullptr;
   int (*event_record)(void*, void*) = nullptr;
+  int (*event_synchronize)(void*) = nullptr;
+  int (*event_query)(void*) = nullptr;
   int (*memcpy_async)(void*, const void*, std::size_t, int, void*) = nullptr;
   int (*get_last_error)() = nullptr;
   const char* (*get_error_string)(int) = nullptr;
@@ -71,12 +73,14 @@ const CudaRuntime& runtime() {
     load(h, rt.event_create, "cudaEventCreateWithFlags");
     load(h, rt.event_destroy, "cudaEventDestroy");
     load(h, rt.event_record, "cudaEventRecord");
+    load(h, rt.event_synchronize, "cudaEventSynchronize");
+    load(h, rt.event_query, "cudaEventQuery");
     load(h, rt.memcpy_async, "cudaMemcpyAsync");
     load(h, rt.get_last_error, "cudaGetLastError");
     load(h, rt.get_error_string, "cudaGetErrorString");
     rt.copies = rt.get_device_count && rt.get_device && rt.set_device && rt.stream_create && rt.stream_destroy &&
                 rt.stream_synchronize && rt.stream_wait_event && rt.event_create && rt.event_destroy && rt.event_record &&
-                rt.memcpy_async && rt.get_last_error && rt.get_error_string;
+                rt.event_synchronize && rt.event_query && rt.memcpy_async && rt.get_last_error && rt.get_error_string;
   });
   return rt;
 }
@@ -226,6 +230,57 @@ Status DeviceToHost::copy(int device, void* dst, const void* src, std::size_t by
   if (const int rc = rt.memcpy_async(dst, src, bytes, kMemcpyDeviceToHost, (*s)->stream); rc != 0)
     return cuda_error(rt, "cudaMemcpyAsync (device to host)", rc);
   return {};
+}
+
+CopyFence::~CopyFence() {
+  const auto& rt = runtime();
+  for (auto& [device, event] : events_) (void)rt.event_destroy(event);
+}
+
+Status CopyFence::wait() const {
+  const auto& rt = runtime();
+  Status first;
+  for (const auto& [device, event] : events_) {
+    const int rc = rt.event_synchronize(event);
+    if (rc != 0 && first) first = cuda_error(rt, "cudaEventSynchronize on the device-to-host copies", rc);
+  }
+  return first;
+}
+
+Status CopyFence::order_before(std::uintptr_t stream) const {
+  const auto& rt = runtime();
+  for (const auto& [device, event] : events_) {
+    // An event of another device may be waited for: the stream's own device stays current.
+    if (const int rc = rt.stream_wait_event(reinterpret_cast<void*>(stream), event, 0); rc != 0)
+      return cuda_error(rt, "cudaStreamWaitEvent (the caller's stream after the device-to-host copies)", rc);
+  }
+  return {};
+}
+
+bool CopyFence::done() const {
+  const auto& rt = runtime();
+  for (const auto& [device, event] : events_) {
+    if (rt.event_query(event) != 0) {
+      (void)rt.get_last_error();  // cudaErrorNotReady is not an error to keep
+      return false;
+    }
+  }
+  return true;
+}
+
+Expected<std::shared_ptr<CopyFence>> DeviceToHost::fence() {
+  std::shared_ptr<CopyFence> f(new CopyFence());
+  const auto& rt = runtime();
+  for (auto& [device, s] : sides_) {
+    if (!s.queued) continue;
+    DeviceScope scope(rt, device);
+    if (scope.error()) return *scope.error();
+    void* event = nullptr;
+    if (const int rc = rt.event_create(&event, kEventDisableTiming); rc != 0) return cuda_error(rt, "cudaEventCreateWithFlags", rc);
+    f->events_.emplace_back(device, event);  // destroyed with the fence, also on the error below
+    if (const int rc = rt.event_record(event, s.stream); rc != 0) return cuda_error(rt, "cudaEventRecord on the copy stream", rc);
+  }
+  return f;
 }
 
 Status DeviceToHost::synchronize() {

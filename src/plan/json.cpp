@@ -128,7 +128,8 @@ json to_json(const StepReport& r, const Model& m, const Parallel& p, const Hardw
 json to_json(const CkptReport& r, const CkptInput& in, const std::string& save_cost_from) {
   json j = {{"schema", "pacer.plan.ckpt/1"}, {"save_cost_s", in.save_cost_s}, {"save_cost_from", save_cost_from},
             {"restart_cost_s", in.restart_cost_s}, {"mtbf_s", in.mtbf_s}, {"young_interval_s", r.young_interval_s},
-            {"daly_interval_s", r.daly_interval_s}, {"lost_fraction", r.lost_fraction}};
+            {"daly_interval_s", r.daly_interval_s}, {"interval_s", r.interval_s}, {"lost_fraction", r.lost_fraction}};
+  if (in.write_time_s > 0) j["write_time_s"] = in.write_time_s;
   if (in.current_interval_s > 0) {
     j["current_interval_s"] = in.current_interval_s;
     j["lost_fraction_current"] = r.lost_fraction_current;

@@ -186,6 +186,16 @@ class PlanTest(unittest.TestCase):
         self.assertAlmostEqual(k["save_cost_s"], 2e12 / (2000e6 * 10), places=9)
         r = pacer("plan", "ckpt", "--save-cost", "90s", "--mtbf", "24h", "--campaign", "30d")
         self.assertIn("chance of at least one", r.stdout)
+        # A save that blocks briefly but writes for long: never start the next before the last is durable.
+        w = self.run_json("ckpt", "--save-cost", "0.02s", "--mtbf", "10m", "--write-time", "15s")
+        self.assertLess(w["daly_interval_s"], 15)
+        self.assertEqual((w["interval_s"], w["write_time_s"]), (15, 15))
+        self.assertAlmostEqual(w["lost_fraction"], 0.02 / 15 + 7.5 / 600, places=12)
+        r = pacer("plan", "ckpt", "--save-cost", "0.02s", "--mtbf", "10m", "--write-time", "15s")
+        self.assertIn("the write time", r.stdout)
+        self.assertEqual(self.run_json("ckpt", "--save-cost", "40s", "--mtbf", "8h", "--write-time", "5s")["interval_s"],
+                         self.run_json("ckpt", "--save-cost", "40s", "--mtbf", "8h")["daly_interval_s"])
+        self.assert_usage_error(["ckpt", "--save-cost", "1s", "--mtbf", "1h", "--write-time", "soon"], "--write-time")
 
 
 if __name__ == "__main__":

@@ -55,6 +55,30 @@ class Cuda(unittest.TestCase):
             self.assertTrue(torch.equal(got["model"][k].cpu(), v), k)
         self.assertTrue(torch.equal(got["big"].cpu(), big))
 
+    def test_save_before_the_optimizer_defers_the_copies_and_orders_its_step(self):
+        # 256 MiB of weights: their copies take long enough that an optimizer step
+        # not ordered after them would change bytes still being copied.
+        ck = pacer.Checkpointer(os.path.join(self.tmp.name, "defer"), keep_last=0, staging_bytes=2 << 30)
+        torch.manual_seed(0)
+        w = [torch.nn.Parameter(torch.randn(4096, 4096, device="cuda")) for _ in range(4)]
+        opt = torch.optim.SGD(w, lr=1.0)
+        for p in w:
+            p.grad = torch.ones_like(p)
+        want = [p.detach().cpu().clone() for p in w]
+        h = ck.save(1, {"w": w, "optim": opt.state_dict()}, before=opt)
+        deferred = not h.copied()
+        opt.step()  # ordered after the copies on the GPU: saved bytes are the ones before this step
+        h.wait()
+        self.assertTrue(h.copied())
+        _, got, _ = ck.load()
+        for a, b in zip(got["w"], want):
+            self.assertTrue(torch.equal(a, b))
+        self.assertFalse(torch.equal(w[0].detach().cpu(), want[0]))  # the step did run
+        # No defer on a second save without `before`: copied when save() returns.
+        self.assertTrue(ck.save(2, {"w": w}).copied())
+        print(f"deferred copies in flight after save(): {deferred}")
+        del ck
+
     def test_overflow_takes_cuda_tensors_beyond_the_pinned_pool(self):
         # A pinned pool of two 64 KiB buffers and 2 MB of CUDA tensors: the
         # rest goes to the (pageable) overflow, the caller may change the

@@ -195,6 +195,22 @@ class TorchStates(TorchBase):
         self.assertIn("optim/state/0/exp_avg", names)
         self.assertIn("rng/torch", names)
 
+    def test_save_before_an_optimizer_on_the_cpu_saves_at_once(self):
+        # CPU tensors are copied before save() returns: `before` changes nothing for them, and the
+        # optimizer's next step may run at once whatever torch has.
+        model, opt, _, state = self.full_state()
+        want = {k: v.clone() for k, v in state["model"].items()}
+        h = self.ck.save(3, state, before=opt)
+        self.assertTrue(h.copied())
+        model(torch.randn(4, 4)).sum().backward()
+        opt.step()
+        h.wait()
+        _, got, _ = self.ck.load()
+        for k, v in want.items():
+            self.assertTrue(torch.equal(got["model"][k], v), k)
+        with self.assertRaisesRegex(pacer.Error, r"before=\.\.\.\) takes optimizers .* not int"):
+            self.ck.save(4, state, before=5)
+
     def test_per_rank_values_round_trip(self):
         gen = torch.Generator().manual_seed(7).get_state()
         self.ck.save(1, {"w": torch.ones(2), "own": pacer.PerRank({"gen": gen, "n": 3, "t": (1, "a")})}).wait()

@@ -4,6 +4,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
+#include <utility>
+#include <vector>
 
 #include "pacer/core/error.hpp"
 
@@ -39,6 +42,33 @@ Status cuda_runtime_loaded();
 // what order_after() names). Every call sets the calling thread's current
 // device for itself and restores it before returning. Not thread-safe: one
 // owner. Errors name the CUDA call and the runtime's message.
+class DeviceToHost;
+
+// The point that the side streams' copies had reached when DeviceToHost::fence()
+// was called. The host can wait for it (the writer, before it reads the
+// staged bytes) and a stream can be made to wait for it on the device (the
+// training loop's, before it overwrites the source tensors), so that neither
+// blocks the thread that queued the copies. Thread-safe; destroys its events.
+class CopyFence {
+ public:
+  ~CopyFence();
+  CopyFence(const CopyFence&) = delete;
+  CopyFence& operator=(const CopyFence&) = delete;
+  // Blocks until every copy before the fence has landed; the first error of a copy.
+  Status wait() const;
+  // Work queued on `stream` (a cudaStream_t of any device; 0: the legacy
+  // default stream) after this call starts only once those copies have
+  // finished reading their sources. Does not block the host.
+  Status order_before(std::uintptr_t stream) const;
+  // Whether every copy has landed (does not block).
+  bool done() const;
+
+ private:
+  friend class DeviceToHost;
+  CopyFence() = default;
+  std::vector<std::pair<int, void*>> events_;  // device, cudaEvent_t
+};
+
 class DeviceToHost {
  public:
   DeviceToHost() = default;
@@ -56,6 +86,9 @@ class DeviceToHost {
   Status copy(int device, void* dst, const void* src, std::size_t bytes);
   // Blocks until every copy queued so far has landed in host memory.
   Status synchronize();
+  // A fence after every copy queued so far (none queued: a fence that is
+  // already passed). The copies stay queued: synchronize() still waits for them.
+  Expected<std::shared_ptr<CopyFence>> fence();
 
  private:
   struct Side {
