@@ -148,10 +148,11 @@ def batches(loader):
 
 def planned_interval(save_s, step_s, mtbf, restart_cost, write_s=0.0):
     """(N steps, pacer plan ckpt's report): Daly's interval for this save cost, in steps of this length, and
-    never shorter than the write time (with a quarter more, as write times vary)."""
+    never shorter than twice the first save's write time: on the H200 machine later writes took up to 1.7x
+    the first one's (bench/results/gpt-1b-h200-2026-12-01-defer/)."""
     cmd = [plan.pacer_bin("train", "or fix the interval with --ckpt-every"), "plan", "ckpt",
            "--save-cost", f"{max(save_s, 1e-6):.6f}s", "--mtbf", mtbf,
-           "--restart-cost", restart_cost, "--write-time", f"{1.25 * write_s:.6f}s", "--json"]
+           "--restart-cost", restart_cost, "--write-time", f"{2 * write_s:.6f}s", "--json"]
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if r.returncode != 0:  # its 2 (a bad --mtbf or --restart-cost) is ours too
         print(f"train: {' '.join(cmd)} exited {r.returncode}: {r.stderr.strip()}", file=sys.stderr, flush=True)
@@ -502,6 +503,7 @@ def main(argv=None):
     answered = False  # a save answered pacer run's pending request
     plan_report = None
     first_cost = None  # (start, blocking s) of the first save: the interval is planned once it is durable
+    due = False  # a periodic save is due
     timings = []  # per step of this process: (step, step_time_s, data_wait_s, save_s)
     model.train()
     value = float("nan")
@@ -566,8 +568,12 @@ def main(argv=None):
         ts = time.perf_counter()
         save_s = 0.0
         # Periodic saves count from the first save (from step -1 without one), so both loops of a bench save alike.
-        periodic = every and step > anchor and (step - anchor) % every == 0
+        due = due or bool(every and step > anchor and (step - anchor) % every == 0)
+        # A periodic save waits (a step at a time) until the last one is durable rather than holding the
+        # loop while it is written; a requested or final save goes at once.
+        periodic = due and saver.durable()
         if first or periodic or last or (requested and not answered):
+            due = False
             saver.save(step, state, {"loss": value, "ckpt_every": every, "ckpt_anchor": anchor},
                        wait=requested or last)
             answered = answered or requested
