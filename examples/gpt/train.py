@@ -198,13 +198,24 @@ def report_oom(e, a, cfg, world, device):
           + "\ntrain: lower --batch-size or --seq-len, or pick a smaller --config", file=sys.stderr, flush=True)
 
 
+def documents_read(cu_seqlens, documents):
+    """[(document, tokens read)] of a packed batch: segment k covers cu[k]..cu[k+1] of the flattened rows and
+    belongs to documents[k] (-1: padding). Counted after the step, outside its data wait."""
+    cu, docs = np.asarray(cu_seqlens), np.asarray(documents)
+    seen = {}
+    for k, doc in enumerate(docs.tolist()):
+        if doc >= 0:
+            seen[doc] = seen.get(doc, 0) + int(cu[k + 1] - cu[k])
+    return sorted(seen.items())
+
+
 class PacerData:
     """pacer.data.Loader: packed rows, document-aware position ids, a resumable position."""
 
     def __init__(self, a, dataset, device):
         self.loader = pacer.data.Loader(dataset, batch_size=a.batch_size, seq_len=a.seq_len, pack=True, seed=a.seed,
                                         threads=2, prefetch=4, pin_memory=device.type == "cuda")
-        self.device = device
+        self.device, self.batch_size = device, a.batch_size
         self.it = None
 
     def __len__(self):
@@ -218,18 +229,22 @@ class PacerData:
             self.it = batches(self.loader)
         b = next(self.it)
         d = self.device
-        tokens = torch.as_tensor(b["tokens"]).to(d, non_blocking=True)
-        pos = torch.as_tensor(b["position_ids"]).to(d, non_blocking=True).long()
-        lengths = torch.as_tensor(b["lengths"]).to(d, non_blocking=True).long()
-        # Segment k covers cu[k]..cu[k+1] of the flattened rows and belongs to documents[k] (-1: padding).
-        cu, docs = np.asarray(b["cu_seqlens"]), np.asarray(b["documents"])
-        seen = {}
-        for k, doc in enumerate(docs.tolist()):
-            if doc >= 0:
-                seen[doc] = seen.get(doc, 0) + int(cu[k + 1] - cu[k])
+        host = {k: np.asarray(b[k]) for k in ("tokens", "position_ids", "lengths")}
+        short = self.batch_size - len(host["lengths"])
+        if short > 0:
+            # An epoch's last batch may have fewer rows: rows of padding (length 0, every label -100) keep the
+            # shape, so a compiled kernel (flex_attention's) is not compiled again for it, and the loss is the same.
+            n = host["tokens"].shape[1]
+            host["tokens"] = np.concatenate([host["tokens"], np.zeros((short, n), host["tokens"].dtype)])
+            host["position_ids"] = np.concatenate([host["position_ids"], np.broadcast_to(
+                np.arange(n, dtype=host["position_ids"].dtype), (short, n))])
+            host["lengths"] = np.concatenate([host["lengths"], np.zeros(short, host["lengths"].dtype)])
+        tokens = torch.as_tensor(host["tokens"]).to(d, non_blocking=True)
+        pos = torch.as_tensor(host["position_ids"]).to(d, non_blocking=True).long()
+        lengths = torch.as_tensor(host["lengths"]).to(d, non_blocking=True).long()
         return {"tokens": tokens, "pos": pos, "labels": gpt.labels_for(tokens, pos, lengths),
-                "n_tokens": int(np.asarray(b["lengths"]).sum()), "host_tokens": b["tokens"],
-                "documents": sorted(seen.items())}
+                "n_tokens": int(host["lengths"].sum()), "host_tokens": b["tokens"],
+                "documents": (b["cu_seqlens"], b["documents"])}
 
     def state_dict(self):
         return self.loader.state_dict()
@@ -555,7 +570,8 @@ def main(argv=None):
                                      "epoch": data.epoch(), "batch": digest}) + "\n")
             losses.flush()
         if samples is not None:
-            samples.write(json.dumps({"step": step, "epoch": data.epoch(), "documents": batch["documents"]}) + "\n")
+            samples.write(json.dumps({"step": step, "epoch": data.epoch(), "documents": documents_read(*batch["documents"])})
+                          + "\n")
             samples.flush()
 
         requested = pacer.run.checkpoint_requested()
