@@ -312,8 +312,10 @@ class Leader {
     auto argv = expand(launcher(), nodes);
     for (const std::string& w : {c_.pacer, std::string("run-agent"), std::string("--leader"),
                                  fmt::format("{}:{}", host_, listener_.port()), std::string("--attempt"),
-                                 std::to_string(attempt), std::string("--")})
+                                 std::to_string(attempt)})
       argv.push_back(w);
+    argv.insert(argv.end(), c_.agent_args.begin(), c_.agent_args.end());
+    argv.push_back("--");
     argv.insert(argv.end(), o_.argv.begin(), o_.argv.end());
     SpawnOptions so;
     so.env = {{kRunNodesEnv, joined(nodes)}, {kRunTokenEnv, token_}};

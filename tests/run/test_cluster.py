@@ -104,6 +104,52 @@ class ClusterTest(unittest.TestCase):
         self.assertEqual([e["attempt"] for e in self.logged("started")], [0, 1])
         self.assertEqual(self.logged("started")[1]["nodes"], ["n1", "n2"])  # no --vet: a hung node is kept
 
+    def test_monitor_puts_every_node_and_the_leaders_events_in_one_run(self):
+        # Each agent samples into its node's file (job-n1.db, job-n2.db); the
+        # leader's events go to job.db, and at the end the node files are
+        # merged into its run: the hang, the restart and both nodes' samples
+        # and steps are one run, the one pacer score and pacer report pick.
+        import sqlite3
+        db = os.path.join(self.d, "job.db")
+        r = self.run_pacer("--nodes", "2", "--monitor", "--monitor-db", db, "--monitor-interval", "100ms",
+                           "--hang-timeout", "1500ms", "--",
+                           *self.train("--ranks", "2", "--hang-rank", "3", "--steps", "30", "--hang-at", "4",
+                                       "--step-s", "0.02", "--telemetry"), nodes="n1,n2")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("2 node catalog(s) merged into", r.stderr)
+        for node in ("n1", "n2"):
+            self.assertTrue(os.path.exists(os.path.join(self.d, f"job-{node}.db")), node)
+        con = sqlite3.connect(db)
+        runs = con.execute("SELECT run_id, exit_code, command FROM runs").fetchall()
+        self.assertEqual(len(runs), 1, runs)
+        run_id, exit_code, command = runs[0]
+        self.assertEqual(exit_code, 0)
+        self.assertIn("pacer run --nodes 2 --", command)
+        kinds = [k for (k,) in con.execute("SELECT kind FROM events WHERE run_id = ? ORDER BY t", (run_id,))]
+        for kind in ("run.cluster", "run.agent", "run.hang", "run.stop", "run.exited", "run.restart", "run.done"):
+            self.assertIn(kind, kinds)
+        # Steps of all 4 ranks, from both attempts (the hung rank 3 stopped at step 3 in attempt 0).
+        ranks = dict(con.execute("SELECT rank, COUNT(*) FROM steps WHERE run_id = ? GROUP BY rank", (run_id,)).fetchall())
+        self.assertEqual(sorted(ranks), [0, 1, 2, 3])
+        self.assertGreaterEqual(min(ranks.values()), 30)
+        # Samples from both node files: each node's pacer monitor ran in each attempt.
+        self.assertGreater(con.execute("SELECT COUNT(*) FROM samples WHERE run_id = ?", (run_id,)).fetchone()[0], 0)
+        sources = con.execute("SELECT hostname FROM run_sources WHERE run_id = ?", (run_id,)).fetchall()
+        self.assertEqual(sorted(h for (h,) in sources if h in ("n1", "n2")), ["n1", "n1", "n2", "n2"])
+        con.close()
+        score = subprocess.run([PACER, "score", "--json", db], capture_output=True, text=True)
+        self.assertEqual(score.returncode, 0, score.stderr)
+        self.assertEqual(json.loads(score.stdout)["run_id"], run_id)
+        html = os.path.join(self.d, "report.html")
+        rep = subprocess.run([PACER, "report", db, "-o", html], capture_output=True, text=True)
+        self.assertEqual(rep.returncode, 0, rep.stderr)
+        with open(html) as f:
+            self.assertIn("run.hang", f.read())
+        q = subprocess.run([PACER, "query", "--json", db, "SELECT detail FROM events WHERE kind = 'run.hang'"],
+                           capture_output=True, text=True)
+        self.assertEqual(q.returncode, 0, q.stderr)
+        self.assertIn("rank 3 on n2", q.stdout)
+
     def test_lost_node_is_revetted_excluded_and_replaced_by_a_spare(self):
         # n4 fails its vet before the first attempt; n2's agent is SIGKILLed
         # mid-run and n2 cannot be reached any more: the next attempt runs on n1, n3.
