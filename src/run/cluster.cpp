@@ -157,6 +157,8 @@ class Leader {
     wt_ = find_walltime(o_, log_);
     best_ = latest_committed_step(o_.ckpt_dir);
     log_checkpoints(o_, log_, best_);
+    state_path_ = no_progress_path(o_);
+    no_progress_ = load_no_progress(state_path_, best_, log_);
     if (c_.vet_args) vet(allocation_, "before the first attempt");
     std::size_t size = 0;
     for (int attempt = 0;; ++attempt) {
@@ -189,6 +191,7 @@ class Leader {
   }
 
   Outcome give_up(int code, const std::string& why) {
+    forget_no_progress(state_path_);
     out_.exit_code = code;
     out_.reason = "giving up: " + why;
     log_("give-up", out_.reason, {{"exit_code", code}});
@@ -405,6 +408,9 @@ class Leader {
     m->conn.emplace(std::move(conn));
     log_("agent", fmt::format("{} (node rank {}) connected from {}", node, m->node_rank, m->conn->peer()),
          {{"host", node}, {"node_rank", m->node_rank}, {"attempt", attempt_}, {"agent_pid", hello.value("pid", 0)}});
+    // A checkpoint request made before this agent connected (the job was
+    // inside the --before window at the start, or Slurm's warning came early).
+    if (asked_) send_request(*m);
   }
 
   std::vector<std::string> nodes_of() const {
@@ -532,10 +538,15 @@ class Leader {
          fmt::format("{}: asking every node to checkpoint; waiting up to {} s for a step newer than {}", why, o_.grace_s,
                      step_text(baseline_)),
          {{"committed_step", baseline_ ? json(*baseline_) : json(nullptr)}});
+    request_why_ = why;
+    request_deadline_ = wall_now() + o_.grace_s;
     for (auto& m : members_)
-      if (m.conn && !m.done())
-        (void)m.conn->send({{"type", "request"}, {"reason", why}, {"deadline", wall_now() + o_.grace_s},
-                            {"committed_step", baseline_ ? json(*baseline_) : json(nullptr)}});
+      if (m.conn && !m.done()) send_request(m);
+  }
+
+  void send_request(Member& m) {
+    (void)m.conn->send({{"type", "request"}, {"reason", request_why_}, {"deadline", request_deadline_},
+                        {"committed_step", baseline_ ? json(*baseline_) : json(nullptr)}});
   }
 
   // The hang decision over every node's ranks: a hang when the rank idle
@@ -684,7 +695,9 @@ class Leader {
       count_progress(latest, best_, no_progress_);
       if (no_progress_ >= o_.give_up_after)
         return give_up(static_cast<int>(ExitCode::kCheckFailed),
-                       fmt::format("{} attempt(s) without a new committed step", no_progress_));
+                       fmt::format("{} consecutive attempt(s) without a new committed step (latest: {}), counting "
+                                   "earlier allocations; not requeued", no_progress_, step_text(latest)));
+      save_no_progress(state_path_, no_progress_, latest, log_);
       requeue_job(o_, [this](const std::string& e, const std::string& m) { log_(e, m); }, job_, !job_.empty(),
                   &mask_.old(), out_,
                   newer(latest, baseline_) ? fmt::format("stopped after committing step {}", *latest)
@@ -700,6 +713,7 @@ class Leader {
       return out_;
     }
     if (!failure_) {
+      forget_no_progress(state_path_);
       out_.exit_code = 0;
       out_.reason = fmt::format("CMD finished on every node ({})", joined(nodes_of()));
       log_("done", out_.reason, {{"exit_code", 0}});
@@ -757,7 +771,8 @@ class Leader {
   std::vector<std::string> allocation_;
   std::map<std::string, std::string> excluded_;
   Listener listener_;
-  std::string host_, job_, token_;
+  std::string host_, job_, token_, state_path_, request_why_;
+  double request_deadline_ = 0;
   Walltime wt_;
   Outcome out_;
   std::optional<std::uint64_t> best_, baseline_;

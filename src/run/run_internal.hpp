@@ -186,6 +186,18 @@ inline void count_progress(const std::optional<std::uint64_t>& latest, std::opti
   }
 }
 
+// The count of attempts without progress across requeued allocations
+// (docs/run.md, Decisions 6): kStateName in --ckpt-dir ("" without one).
+std::string no_progress_path(const Options& o);
+// The count the last allocation left, when the newest committed step is
+// still the one it recorded (a "history" event says so); else 0.
+int load_no_progress(const std::string& state_path, const std::optional<std::uint64_t>& best, Log& log);
+// Before a requeue (atomic; makes --ckpt-dir when CMD has not yet).
+void save_no_progress(const std::string& state_path, int no_progress, const std::optional<std::uint64_t>& latest,
+                      Log& log);
+// Finishing or giving up: a resubmission starts afresh.
+void forget_no_progress(const std::string& state_path);
+
 // The signals the supervisor waits for, blocked while it runs.
 inline sigset_t watched_signals() {
   sigset_t s;

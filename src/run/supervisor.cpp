@@ -101,27 +101,6 @@ Expected<std::string> prepare_request_dir(const Options& o) {
   return std::string();
 }
 
-// Attempts without progress count across requeues: a job whose every
-// allocation ends without a new committed step must stop being requeued.
-int load_no_progress(const std::string& state_path, const std::optional<std::uint64_t>& best, Log& log) {
-  if (state_path.empty() || !std::filesystem::exists(state_path)) return 0;
-  auto text = read_file(state_path);
-  const json j = text ? json::parse(*text, nullptr, false) : json();
-  if (!j.is_object() || !j.contains("no_progress") || !j.at("no_progress").is_number_integer()) {
-    log("history", fmt::format("{}: unreadable, ignored", state_path));
-    return 0;
-  }
-  const json s = j.value("committed_step", json());
-  const std::optional<std::uint64_t> then =
-      s.is_number_unsigned() ? std::optional<std::uint64_t>(s.get<std::uint64_t>()) : std::nullopt;
-  if (then != best) return 0;
-  const int no_progress = j.at("no_progress").get<int>();
-  log("history", fmt::format("{} earlier attempt(s) in a row ended without a new committed step ({})", no_progress,
-                             state_path),
-      {{"no_progress", no_progress}});
-  return no_progress;
-}
-
 // One attempt of CMD, from its start to its exit.
 struct Attempt {
   enum class Phase { kRunning, kCheckpointing, kStopping };
@@ -242,20 +221,8 @@ struct Supervisor {
     stop(a, fmt::format("hang of rank {}", f.rank));
   }
 
-  void save_state(const std::optional<std::uint64_t>& latest) {
-    if (state_path.empty()) return;
-    // CMD makes --ckpt-dir when it first checkpoints; one stopped before that
-    // (a slow start under load) must not lose the count of attempts without
-    // progress, or the next allocation would requeue forever.
-    std::error_code ec;
-    std::filesystem::create_directories(std::filesystem::path(state_path).parent_path(), ec);
-    const json j = {{"schema", "pacer.run.state/1"}, {"no_progress", no_progress},
-                    {"committed_step", latest ? json(*latest) : json(nullptr)}, {"time", utc_iso(wall_now(), true)}};
-    if (auto st = write_file_atomic(state_path, j.dump() + "\n"); !st) log("history", st.error().message);
-  }
-  void forget_state() {
-    if (!state_path.empty()) unlink(state_path.c_str());
-  }
+  void save_state(const std::optional<std::uint64_t>& latest) { save_no_progress(state_path, no_progress, latest, log); }
+  void forget_state() { forget_no_progress(state_path); }
 
   void requeue(const std::string& why) {
     requeue_job(o, [this](const std::string& e, const std::string& m) { log(e, m); }, job, in_slurm, &mask.old(), out,
@@ -656,6 +623,48 @@ std::optional<std::uint64_t> latest_committed_step(const std::string& dir) {
   return std::nullopt;
 }
 
+std::string no_progress_path(const Options& o) {
+  return o.ckpt_dir.empty() ? std::string() : (std::filesystem::path(o.ckpt_dir) / kStateName).string();
+}
+
+// Attempts without progress count across requeues: a job whose every
+// allocation ends without a new committed step must stop being requeued.
+int load_no_progress(const std::string& state_path, const std::optional<std::uint64_t>& best, Log& log) {
+  if (state_path.empty() || !std::filesystem::exists(state_path)) return 0;
+  auto text = read_file(state_path);
+  const json j = text ? json::parse(*text, nullptr, false) : json();
+  if (!j.is_object() || !j.contains("no_progress") || !j.at("no_progress").is_number_integer()) {
+    log("history", fmt::format("{}: unreadable, ignored", state_path));
+    return 0;
+  }
+  const json s = j.value("committed_step", json());
+  const std::optional<std::uint64_t> then =
+      s.is_number_unsigned() ? std::optional<std::uint64_t>(s.get<std::uint64_t>()) : std::nullopt;
+  if (then != best) return 0;
+  const int no_progress = j.at("no_progress").get<int>();
+  log("history", fmt::format("{} earlier attempt(s) in a row ended without a new committed step ({})", no_progress,
+                             state_path),
+      {{"no_progress", no_progress}});
+  return no_progress;
+}
+
+void save_no_progress(const std::string& state_path, int no_progress, const std::optional<std::uint64_t>& latest,
+                      Log& log) {
+  if (state_path.empty()) return;
+  // CMD makes --ckpt-dir when it first checkpoints; one stopped before that
+  // (a slow start under load) must not lose the count of attempts without
+  // progress, or the next allocation would requeue forever.
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(state_path).parent_path(), ec);
+  const json j = {{"schema", "pacer.run.state/1"}, {"no_progress", no_progress},
+                  {"committed_step", latest ? json(*latest) : json(nullptr)}, {"time", utc_iso(wall_now(), true)}};
+  if (auto st = write_file_atomic(state_path, j.dump() + "\n"); !st) log("history", st.error().message);
+}
+
+void forget_no_progress(const std::string& state_path) {
+  if (!state_path.empty()) unlink(state_path.c_str());
+}
+
 std::string format_event(const json& e) {
   std::string line = fmt::format("{} pacer run: {}: {}", e.value("time", ""), e.value("event", ""), e.value("message", ""));
   // A hang's stacks follow its line, indented: where each rank was.
@@ -713,8 +722,7 @@ Expected<Outcome> supervise(const Options& o) {
   const std::string request_file = request_dir.empty() ? o.request_file : request_dir + "/ckpt-request";
   const std::optional<std::uint64_t> best = latest_committed_step(o.ckpt_dir);
   log_checkpoints(o, log, best);
-  const std::string state_path =
-      o.ckpt_dir.empty() ? std::string() : (std::filesystem::path(o.ckpt_dir) / kStateName).string();
+  const std::string state_path = no_progress_path(o);
   const int no_progress = load_no_progress(state_path, best, log);
 
   const sigset_t set = watched_signals();

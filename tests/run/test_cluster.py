@@ -213,6 +213,30 @@ class ClusterTest(unittest.TestCase):
             saves = [json.loads(line) for line in f if '"save"' in line]
         self.assertTrue(saves and saves[0]["requested"], saves)
 
+    def test_attempts_without_progress_count_across_requeues(self):
+        # The job starts inside the --before window (the request reaches the
+        # agent when it connects); CMD never commits, so the allocation ends
+        # after the grace period without progress: exit 75 and the count in
+        # --ckpt-dir. The next allocation carries it on and gives up (exit 1).
+        ckpt = os.path.join(self.d, "ckpt")
+        state = os.path.join(ckpt, ".pacer-run.json")
+        args = ("--nodes", "1", "--ckpt-dir", ckpt, "--end-time", "+1h", "--before", "2h", "--grace", "1s", "--",
+                *self.train("--ranks", "1", "--steps", "2000", "--step-s", "0.05"))
+        first = self.run_pacer(*args, nodes="n1,n2")
+        self.assertEqual(first.returncode, 75, first.stderr)
+        self.assertIn("inside the --before window", first.stderr)
+        with open(state) as f:
+            self.assertEqual(json.load(f)["no_progress"], 1)
+        self.assertEqual(self.logged("history"), [])
+        second = self.run_pacer(*args, nodes="n1,n2")
+        self.assertEqual(second.returncode, 1, second.stderr)
+        [history] = self.logged("history")
+        self.assertEqual(history["no_progress"], 1)
+        [give_up] = self.logged("give-up")
+        self.assertIn("2 consecutive attempt(s) without a new committed step", give_up["message"])
+        self.assertIn("counting earlier allocations; not requeued", give_up["message"])
+        self.assertFalse(os.path.exists(state))
+
     def test_bad_agents_get_error_events_and_never_hang_the_leader(self):
         bad = f"{PYTHON} {os.path.join(HERE, 'bad_agent.py')}"
         r = subprocess.run([PACER, "run", "--log", self.log, "--node-list", "n1", "--nodes", "1", "--launcher", bad,
