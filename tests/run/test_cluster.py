@@ -150,6 +150,38 @@ class ClusterTest(unittest.TestCase):
         self.assertEqual(q.returncode, 0, q.stderr)
         self.assertIn("rank 3 on n2", q.stdout)
 
+    def test_torchrun_workers_heartbeat_and_a_hung_one_is_named(self):
+        # torchrun on each agent, 2 workers each, gloo: torchrun gives the
+        # workers RANK and LOCAL_RANK, pacer gives torchrun the node rank, the
+        # node count and the rendezvous port. Rank 3 (n2, local rank 1)
+        # stops before step 5; the others block in that step's all_reduce.
+        try:
+            import torch.distributed.run  # noqa: F401
+        except ImportError as e:
+            self.skipTest(f"no torch: {e}")
+        torchrun = (f"exec {PYTHON} -m torch.distributed.run --nnodes=$PACER_NNODES --node_rank=$PACER_NODE_RANK "
+                    "--nproc_per_node=2 --master_addr=127.0.0.1 --master_port=$MASTER_PORT "
+                    # torch 1.13 on Python 3.11 cannot parse its own default "0" for these (docs/run.md)
+                    f"--redirects 1 --tee 1 --log_dir {os.path.join(self.d, 'torchrun')} "
+                    f"{os.path.join(HERE, 'torch_train.py')} --hang-rank 3 --hang-at 5 --events {self.events}")
+        r = self.run_pacer("--nodes", "2", "--hang-timeout", "3s", "--max-restarts", "0", "--", "bash", "-c", torchrun,
+                           nodes="n1,n2")
+        self.assertEqual(r.returncode, 3, r.stderr)
+        with open(self.events) as f:
+            workers = sorted((e["node"], e["rank"], e["local_rank"], e["world"]) for e in map(json.loads, f))
+        self.assertEqual(workers, [("n1", 0, 0, 4), ("n1", 1, 1, 4), ("n2", 2, 0, 4), ("n2", 3, 1, 4)])
+        [hang] = self.logged("hang")
+        self.assertEqual((hang["rank"], hang["host"], hang["node_rank"], hang["local_rank"], hang["step"]),
+                         (3, "n2", 1, 1, 4))
+        self.assertEqual(sorted((x["host"], x["rank"], x["local_rank"]) for x in hang["ranks"]),
+                         [("n1", 0, 0), ("n1", 1, 1), ("n2", 2, 0), ("n2", 3, 1)])
+        texts = {x["rank"]: x["text"] or "" for x in hang["stacks"]}
+        self.assertIn("stuck_in_collective", texts[3])
+        for rank in (0, 1, 2):
+            self.assertIn("all_reduce", texts[rank])
+        self.assertEqual(sorted(e["host"] for e in self.logged("node-exited")), ["n1", "n2"])
+        self.assertIn("restart limit of 0", self.logged("give-up")[0]["message"])
+
     def test_lost_node_is_revetted_excluded_and_replaced_by_a_spare(self):
         # n4 fails its vet before the first attempt; n2's agent is SIGKILLed
         # mid-run and n2 cannot be reached any more: the next attempt runs on n1, n3.
