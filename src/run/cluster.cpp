@@ -741,26 +741,7 @@ class Leader {
     log_("restart", fmt::format("{}; restart {} of {} in {} s from {}", f.why, restarts_, o_.max_restarts,
                                 o_.restart_delay_s, step_text(best_)),
          {{"restart", restarts_}, {"no_progress", no_progress_}});
-    return wait_to_restart();
-  }
-
-  std::optional<Outcome> wait_to_restart() {
-    const double until = mono_now() + o_.restart_delay_s;
-    for (double left; (left = until - mono_now()) > 0;) {
-      timespec ts{static_cast<time_t>(left), static_cast<long>((left - std::floor(left)) * 1e9)};
-      const int sig = sigtimedwait(&set_, nullptr, &ts);
-      if (sig <= 0 || sig == SIGCHLD || ((sig == SIGUSR1 || sig == SIGUSR2) && sig != o_.slurm_signal)) continue;
-      if (sig == o_.slurm_signal) {
-        requeue_job(o_, [this](const std::string& e, const std::string& m) { log_(e, m); }, job_, !job_.empty(),
-                    &mask_.old(), out_, fmt::format("{} received between attempts", signal_name(sig)));
-        return out_;
-      }
-      out_.exit_code = 128 + sig;
-      out_.reason = fmt::format("{} received while waiting to restart; not restarted", signal_name(sig));
-      log_("done", out_.reason, {{"exit_code", out_.exit_code}});
-      return out_;
-    }
-    return std::nullopt;
+    return wait_to_restart(o_, set_, log_, job_, !job_.empty(), &mask_.old(), out_);
   }
 
   const Options& o_;

@@ -414,24 +414,6 @@ struct Supervisor {
     return std::nullopt;
   }
 
-  // The delay still answers signals: Slurm's warning requeues at once (the
-  // newest commit is all there is to save), a stop signal ends the run.
-  std::optional<Outcome> wait_to_restart() {
-    const double until = mono_now() + o.restart_delay_s;
-    for (double left; (left = until - mono_now()) > 0;) {
-      timespec ts{static_cast<time_t>(left), static_cast<long>((left - std::floor(left)) * 1e9)};
-      const int sig = sigtimedwait(&set, nullptr, &ts);
-      if (sig <= 0 || sig == SIGCHLD) continue;
-      if (sig == o.slurm_signal) {
-        requeue(fmt::format("{} received between attempts", signal_name(sig)));
-        return out;
-      }
-      if (sig != SIGUSR1 && sig != SIGUSR2)
-        return finish(128 + sig, fmt::format("{} received while waiting to restart; not restarted", signal_name(sig)));
-    }
-    return std::nullopt;
-  }
-
   Outcome run() {
     for (int attempt = 0;; ++attempt) {
       Attempt a;
@@ -439,7 +421,7 @@ struct Supervisor {
       if (auto done = start(a)) return *done;
       watch(a);
       if (auto done = decide(a)) return *done;
-      if (auto done = wait_to_restart()) return *done;
+      if (auto done = wait_to_restart(o, set, log, job, in_slurm, &mask.old(), out)) return *done;
     }
   }
 };
@@ -620,6 +602,27 @@ std::optional<std::uint64_t> latest_committed_step(const std::string& dir) {
   if (!std::filesystem::is_directory(dir, ec)) return std::nullopt;
   for (const auto& e : ckpt::list(dir, false))
     if (e.committed) return e.step;  // newest first
+  return std::nullopt;
+}
+
+std::optional<Outcome> wait_to_restart(const Options& o, const sigset_t& set, Log& log, const std::string& job,
+                                       bool in_slurm, const sigset_t* child_mask, Outcome& out) {
+  const double until = mono_now() + o.restart_delay_s;
+  for (double left; (left = until - mono_now()) > 0;) {
+    timespec ts{static_cast<time_t>(left), static_cast<long>((left - std::floor(left)) * 1e9)};
+    const int sig = sigtimedwait(&set, nullptr, &ts);
+    if (sig <= 0 || sig == SIGCHLD) continue;
+    if (sig == o.slurm_signal) {
+      requeue_job(o, [&log](const std::string& e, const std::string& m) { log(e, m); }, job, in_slurm, child_mask, out,
+                  fmt::format("{} received between attempts", signal_name(sig)));
+      return out;
+    }
+    if (sig == SIGUSR1 || sig == SIGUSR2) continue;
+    out.exit_code = 128 + sig;
+    out.reason = fmt::format("{} received while waiting to restart; not restarted", signal_name(sig));
+    log("done", out.reason, {{"exit_code", out.exit_code}});
+    return out;
+  }
   return std::nullopt;
 }
 

@@ -269,6 +269,26 @@ class ClusterTest(unittest.TestCase):
         self.assertIn("counting earlier allocations; not requeued", give_up["message"])
         self.assertFalse(os.path.exists(state))
 
+    def test_signals_during_the_restart_delay(self):
+        # One wait_to_restart for both supervisors: Slurm's warning between
+        # attempts requeues at once (--nodes), a stop signal ends the run (one node).
+        leader = self.argv("--nodes", "1", "--", "false")
+        leader[leader.index("--restart-delay") + 1] = "30s"
+        for argv, sig, code, text in (
+                (leader, signal.SIGUSR1, 75,
+                 "SIGUSR1 received between attempts"),
+                ([PACER, "run", "--log", self.log, "--restart-delay", "30s", "--hang-timeout", "0", "--", "false"],
+                 signal.SIGTERM, 128 + signal.SIGTERM, "SIGTERM received while waiting to restart")):
+            if os.path.exists(self.log):
+                os.unlink(self.log)
+            p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env())
+            self.wait_for(lambda: self.logged("restart"), proc=p)
+            p.send_signal(sig)
+            out, err = p.communicate(timeout=20)
+            self.assertEqual(p.returncode, code, err)
+            self.assertIn(text, err)
+            self.assertEqual(len(self.logged("started")), 1)
+
     def test_bad_agents_get_error_events_and_never_hang_the_leader(self):
         bad = f"{PYTHON} {os.path.join(HERE, 'bad_agent.py')}"
         r = subprocess.run([PACER, "run", "--log", self.log, "--node-list", "n1", "--nodes", "1", "--launcher", bad,
