@@ -133,12 +133,15 @@ double duration_arg(const std::string& flag, const std::string& text) {
 
 // The node files of a `--nodes --monitor` job into the job's catalog: the
 // runs of the leader's job key become its run. A node file that this host
-// cannot read (node-local storage) is named, to be merged by hand.
-void merge_node_catalogs(const std::string& db, const std::vector<std::string>& nodes) {
+// cannot read (node-local storage) of a node whose agent ran is named, to be
+// merged by hand.
+void merge_node_catalogs(const std::string& db, const std::vector<std::string>& allocation,
+                         const std::vector<std::string>& agents) {
   std::vector<std::string> files, missing;
-  for (const auto& n : nodes) {
+  for (const auto& n : allocation) {
     const std::string f = node_catalog(db, n);
-    (::access(f.c_str(), R_OK) == 0 ? files : missing).push_back(f);
+    if (::access(f.c_str(), R_OK) == 0) files.push_back(f);
+    else if (std::find(agents.begin(), agents.end(), n) != agents.end()) missing.push_back(f);
   }
   if (!missing.empty())
     std::fprintf(stderr, "pacer run: warning: node catalog(s) not found here (node-local storage?): %s; merge them with "
@@ -277,8 +280,10 @@ int run(const RunArgs& a) {
   }
   const bool quiet = a.quiet;
   telemetry::Recorder* rec = events.get();
-  auto agents = std::make_shared<std::vector<std::string>>();  // the nodes whose agents connected
-  o.on_event = [quiet, rec, agents](const nlohmann::json& e) {
+  // --nodes: the allocation (whose node files are merged) and the nodes whose agents connected.
+  auto allocation = std::make_shared<std::vector<std::string>>();
+  auto agents = std::make_shared<std::vector<std::string>>();
+  o.on_event = [quiet, rec, allocation, agents](const nlohmann::json& e) {
     if (!quiet) std::fprintf(stderr, "%s\n", run::format_event(e).c_str());
     if (!rec) return;
     // The vet before CMD is a vet result (the report lists events whose kind
@@ -287,6 +292,8 @@ int run(const RunArgs& a) {
     rec->event(kind == "vet" ? "vet.quick" : "run." + kind, e.value("message", std::string()));
     const std::string host = e.value("host", std::string());
     if (kind == "agent" && std::find(agents->begin(), agents->end(), host) == agents->end()) agents->push_back(host);
+    if (kind == "cluster" && e.contains("allocation") && e["allocation"].is_array())
+      *allocation = e["allocation"].get<std::vector<std::string>>();
   };
   auto result = run::supervise(o);
   if (rec) {
@@ -296,7 +303,7 @@ int run(const RunArgs& a) {
     const int code = result ? result->exit_code : static_cast<int>(exit_code_for(result.error().kind));
     if (auto s = catalog->end_run(run_id, wall_now(), code, 0); !s)
       std::fprintf(stderr, "pacer run: warning: %s\n", s.error().message.c_str());
-    if (a.nodes > 0) merge_node_catalogs(db, *agents);
+    if (a.nodes > 0) merge_node_catalogs(db, *allocation, *agents);
   }
   const auto out = unwrap(std::move(result));
   // stdout belongs to CMD; the verdict goes with the decision log to stderr.
