@@ -741,7 +741,7 @@ class Leader {
     log_("restart", fmt::format("{}; restart {} of {} in {} s from {}", f.why, restarts_, o_.max_restarts,
                                 o_.restart_delay_s, step_text(best_)),
          {{"restart", restarts_}, {"no_progress", no_progress_}});
-    return wait_to_restart(o_, set_, log_, job_, !job_.empty(), &mask_.old(), out_);
+    return wait_to_restart(o_, set_, log_, job_, !job_.empty(), &mask_.old(), no_progress_, out_);
   }
 
   const Options& o_;

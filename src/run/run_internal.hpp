@@ -200,9 +200,10 @@ void forget_no_progress(const std::string& state_path);
 
 // The pause before a restart (--restart-delay) still answers signals:
 // Slurm's warning requeues at once (the newest commit is all there is to
-// save), a stop signal ends the run; an Outcome then ends it (`out` filled).
+// save; `no_progress` is saved for the next allocation), a stop signal ends
+// the run; an Outcome then ends it (`out` filled).
 std::optional<Outcome> wait_to_restart(const Options& o, const sigset_t& set, Log& log, const std::string& job,
-                                       bool in_slurm, const sigset_t* child_mask, Outcome& out);
+                                       bool in_slurm, const sigset_t* child_mask, int no_progress, Outcome& out);
 
 // The signals the supervisor waits for, blocked while it runs.
 inline sigset_t watched_signals() {

@@ -421,7 +421,7 @@ struct Supervisor {
       if (auto done = start(a)) return *done;
       watch(a);
       if (auto done = decide(a)) return *done;
-      if (auto done = wait_to_restart(o, set, log, job, in_slurm, &mask.old(), out)) return *done;
+      if (auto done = wait_to_restart(o, set, log, job, in_slurm, &mask.old(), no_progress, out)) return *done;
     }
   }
 };
@@ -606,13 +606,15 @@ std::optional<std::uint64_t> latest_committed_step(const std::string& dir) {
 }
 
 std::optional<Outcome> wait_to_restart(const Options& o, const sigset_t& set, Log& log, const std::string& job,
-                                       bool in_slurm, const sigset_t* child_mask, Outcome& out) {
+                                       bool in_slurm, const sigset_t* child_mask, int no_progress, Outcome& out) {
   const double until = mono_now() + o.restart_delay_s;
   for (double left; (left = until - mono_now()) > 0;) {
     timespec ts{static_cast<time_t>(left), static_cast<long>((left - std::floor(left)) * 1e9)};
     const int sig = sigtimedwait(&set, nullptr, &ts);
     if (sig <= 0 || sig == SIGCHLD) continue;
     if (sig == o.slurm_signal) {
+      // The next allocation goes on counting the attempts without progress.
+      save_no_progress(no_progress_path(o), no_progress, latest_committed_step(o.ckpt_dir), log);
       requeue_job(o, [&log](const std::string& e, const std::string& m) { log(e, m); }, job, in_slurm, child_mask, out,
                   fmt::format("{} received between attempts", signal_name(sig)));
       return out;

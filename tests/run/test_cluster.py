@@ -271,7 +271,8 @@ class ClusterTest(unittest.TestCase):
     def test_signals_during_the_restart_delay(self):
         # One wait_to_restart for both supervisors: Slurm's warning between
         # attempts requeues at once (--nodes), a stop signal ends the run (one node).
-        leader = self.argv("--nodes", "1", "--", "false")
+        ckpt = os.path.join(self.d, "ckpt")
+        leader = self.argv("--nodes", "1", "--ckpt-dir", ckpt, "--", "false")
         leader[leader.index("--restart-delay") + 1] = "30s"
         for argv, sig, code, text in (
                 (leader, signal.SIGUSR1, 75,
@@ -287,6 +288,9 @@ class ClusterTest(unittest.TestCase):
             self.assertEqual(p.returncode, code, err)
             self.assertIn(text, err)
             self.assertEqual(len(self.logged("started")), 1)
+        # The crash before the requeue counts in the next allocation.
+        with open(os.path.join(ckpt, ".pacer-run.json")) as f:
+            self.assertEqual(json.load(f)["no_progress"], 1)
 
     def test_bad_agents_get_error_events_and_never_hang_the_leader(self):
         bad = f"{PYTHON} {os.path.join(HERE, 'bad_agent.py')}"
