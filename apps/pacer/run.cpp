@@ -7,10 +7,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <algorithm>
 #include <memory>
 
 #include "commands.hpp"
 #include "output.hpp"
+#include "run_monitor.hpp"
 #include "pacer/core/error.hpp"
 #include "pacer/core/time.hpp"
 #include "pacer/core/units.hpp"
@@ -123,17 +125,37 @@ std::vector<std::string> split_words(const std::string& text) {
   return out;
 }
 
-// This executable, so `--monitor` can start `pacer monitor` around CMD.
-std::string self_exe() {
-  char buf[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  return n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : std::string("pacer");
-}
-
 double duration_arg(const std::string& flag, const std::string& text) {
   auto d = parse_duration(text);
   if (!d) usage_error(fmt::format("{} {}: {}", flag, text, d.error().message));
   return *d;
+}
+
+// The node files of a `--nodes --monitor` job into the job's catalog: the
+// runs of the leader's job key become its run. A node file that this host
+// cannot read (node-local storage) of a node whose agent ran is named, to be
+// merged by hand.
+void merge_node_catalogs(const std::string& db, const std::vector<std::string>& allocation,
+                         const std::vector<std::string>& agents) {
+  std::vector<std::string> files, missing;
+  for (const auto& n : allocation) {
+    const std::string f = node_catalog(db, n);
+    if (::access(f.c_str(), R_OK) == 0) files.push_back(f);
+    else if (std::find(agents.begin(), agents.end(), n) != agents.end()) missing.push_back(f);
+  }
+  if (!missing.empty())
+    std::fprintf(stderr, "pacer run: warning: node catalog(s) not found here (node-local storage?): %s; merge them with "
+                 "`pacer catalog merge %s FILE...`\n", fmt::format("{}", fmt::join(missing, " ")).c_str(), db.c_str());
+  if (files.empty()) return;
+  auto m = telemetry::merge_catalogs(db, files);
+  if (!m) {
+    std::fprintf(stderr, "pacer run: warning: merging the node catalogs into %s: %s (the node files stay)\n", db.c_str(),
+                 m.error().message.c_str());
+    return;
+  }
+  std::fprintf(stderr, "pacer run: %zu node catalog(s) merged into %s (now %lld samples, %lld steps, %lld events)\n",
+               files.size(), db.c_str(), static_cast<long long>(m->samples), static_cast<long long>(m->steps),
+               static_cast<long long>(m->events));
 }
 
 int run(const RunArgs& a) {
@@ -207,7 +229,6 @@ int run(const RunArgs& a) {
     c.pacer = self_exe();
     c.leader_addr = a.leader_addr;
     c.connect_timeout_s = duration_arg("--connect-timeout", a.connect_timeout);
-    if (a.monitor) usage_error("--monitor is for one node; with --nodes, run `pacer monitor` inside CMD on each node");
     o.cluster = std::move(c);
   } else if (a.min_nodes || !a.node_list.empty() || !a.launcher.empty() || !a.vet_launcher.empty() ||
              !a.leader_addr.empty()) {
@@ -219,24 +240,39 @@ int run(const RunArgs& a) {
   // run and every attempt's monitor joins it (--run-id), so the samples,
   // CMD's steps and the supervisor's decisions (events) are one run: the
   // latest run that `pacer report` and `pacer score` read holds them all.
+  // With --nodes each agent samples into its node's own file (SQLite's WAL
+  // needs every writer on one host; the path may be on a shared file
+  // system), in a run of the leader's job key, and the leader merges the
+  // files into its run when it ends.
   std::unique_ptr<telemetry::Catalog> catalog;
   std::unique_ptr<telemetry::Recorder> events;
   std::int64_t run_id = 0;
+  std::string db;
+  const char* job = std::getenv("SLURM_JOB_ID");
   if (a.monitor) {
     const double interval = duration_arg("--monitor-interval", a.monitor_interval);
-    const std::string db = a.monitor_db.empty() ? telemetry::catalog_from_env() : a.monitor_db;
+    db = a.monitor_db;
+    if (db.empty() && a.nodes > 0) {
+      // The job's catalog, not this host's file of a multi-node job (that name is a node's).
+      const char* env = std::getenv("PACER_TELEMETRY_DB");
+      db = env && *env ? env : job && *job ? fmt::format("pacer-{}.db", job) : "pacer-telemetry.db";
+    }
+    if (db.empty()) db = telemetry::catalog_from_env();
     catalog = unwrap(telemetry::Catalog::open(db));
     telemetry::RunInfo ri;
-    if (const char* job = std::getenv("SLURM_JOB_ID")) ri.job_id = job;
-    ri.command = fmt::format("pacer run -- {}", fmt::join(o.argv, " "));
+    if (job) ri.job_id = job;
+    // Runs are joined by job id when node files are merged; a bare job needs a key of its own.
+    if (a.nodes > 0 && ri.job_id.empty()) ri.job_id = fmt::format("pacer-run-{}-{}", hw::hostname(), ::getpid());
+    ri.command = fmt::format("pacer run{} -- {}", a.nodes > 0 ? fmt::format(" --nodes {}", a.nodes) : "",
+                             fmt::join(o.argv, " "));
     ri.hostname = hw::hostname();
     ri.started = wall_now();
     ri.interval_s = interval;
     run_id = unwrap(catalog->begin_run(ri));
-    std::vector<std::string> wrapped = {self_exe(), "monitor", "--db", db, "--run-id", std::to_string(run_id),
-                                        "--interval", a.monitor_interval, "--"};
-    wrapped.insert(wrapped.end(), o.argv.begin(), o.argv.end());
-    o.argv = std::move(wrapped);
+    if (o.cluster)
+      o.cluster->agent_args = {"--monitor-db", db, "--monitor-interval", a.monitor_interval, "--monitor-job", ri.job_id};
+    else
+      o.argv = monitored(db, run_id, a.monitor_interval, o.argv);
     telemetry::RecorderOptions ro;
     ro.db = db;
     ro.run_id = run_id;
@@ -244,13 +280,20 @@ int run(const RunArgs& a) {
   }
   const bool quiet = a.quiet;
   telemetry::Recorder* rec = events.get();
-  o.on_event = [quiet, rec](const nlohmann::json& e) {
+  // --nodes: the allocation (whose node files are merged) and the nodes whose agents connected.
+  auto allocation = std::make_shared<std::vector<std::string>>();
+  auto agents = std::make_shared<std::vector<std::string>>();
+  o.on_event = [quiet, rec, allocation, agents](const nlohmann::json& e) {
     if (!quiet) std::fprintf(stderr, "%s\n", run::format_event(e).c_str());
     if (!rec) return;
     // The vet before CMD is a vet result (the report lists events whose kind
     // starts with "vet"); every other decision is a run.* event.
     const std::string kind = e.value("event", std::string("decision"));
     rec->event(kind == "vet" ? "vet.quick" : "run." + kind, e.value("message", std::string()));
+    const std::string host = e.value("host", std::string());
+    if (kind == "agent" && std::find(agents->begin(), agents->end(), host) == agents->end()) agents->push_back(host);
+    if (kind == "cluster" && e.contains("allocation") && e["allocation"].is_array())
+      *allocation = e["allocation"].get<std::vector<std::string>>();
   };
   auto result = run::supervise(o);
   if (rec) {
@@ -260,6 +303,7 @@ int run(const RunArgs& a) {
     const int code = result ? result->exit_code : static_cast<int>(exit_code_for(result.error().kind));
     if (auto s = catalog->end_run(run_id, wall_now(), code, 0); !s)
       std::fprintf(stderr, "pacer run: warning: %s\n", s.error().message.c_str());
+    if (a.nodes > 0) merge_node_catalogs(db, *allocation, *agents);
   }
   const auto out = unwrap(std::move(result));
   // stdout belongs to CMD; the verdict goes with the decision log to stderr.

@@ -116,6 +116,8 @@ struct ClusterOptions {
   std::string leader_addr;  // how agents reach the leader; empty: this host's name
   double connect_timeout_s = 120;  // from the launch to every agent's hello
   double vet_timeout_s = 600;      // one node's vet, launch included
+  // More `pacer run-agent` options, before its `--` (the CLI's --monitor settings).
+  std::vector<std::string> agent_args;
 };
 inline constexpr const char* kDefaultLauncher =
     "srun --nodes={count} --ntasks={count} --ntasks-per-node=1 --nodelist={nodes} --overlap --kill-on-bad-exit=0 "
@@ -141,6 +143,9 @@ struct AgentOptions {
   std::string node_name;  // empty: $PACER_NODE_NAME, $SLURMD_NODENAME, the host name
   std::vector<std::string> argv;
 };
+// The node's name as its agent reports it: node_name, else $PACER_NODE_NAME,
+// $SLURMD_NODENAME, the host name.
+std::string agent_node_name(const AgentOptions& options);
 // `pacer run-agent`: CMD on this node for a leader. Returns the exit status
 // for the agent (CMD's, or 3 when the leader is gone or unreachable).
 int run_agent(const AgentOptions& options);

@@ -20,13 +20,6 @@ using nlohmann::json;
 
 constexpr int kExitLeaderGone = 3;  // ExitCode::kRuntime
 
-std::string node_name(const AgentOptions& a) {
-  if (!a.node_name.empty()) return a.node_name;
-  for (const char* v : {kNodeNameEnv, "SLURMD_NODENAME"})
-    if (const char* p = std::getenv(v); p && *p) return p;
-  return hw::hostname();
-}
-
 void say(const std::string& node, const std::string& message) {
   std::fprintf(stderr, "pacer run-agent %s: %s\n", node.c_str(), message.c_str());
 }
@@ -233,8 +226,15 @@ class Agent {
 
 }  // namespace
 
+std::string agent_node_name(const AgentOptions& a) {
+  if (!a.node_name.empty()) return a.node_name;
+  for (const char* v : {kNodeNameEnv, "SLURMD_NODENAME"})
+    if (const char* p = std::getenv(v); p && *p) return p;
+  return hw::hostname();
+}
+
 int run_agent(const AgentOptions& a) {
-  const std::string node = node_name(a);
+  const std::string node = agent_node_name(a);
   // The agent is the launcher's task; CMD is this node's launcher of its
   // ranks, which give them their own ranks. The agent's task identity must
   // not reach them: every rank would read local rank 0 from it.

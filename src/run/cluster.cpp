@@ -157,6 +157,8 @@ class Leader {
     wt_ = find_walltime(o_, log_);
     best_ = latest_committed_step(o_.ckpt_dir);
     log_checkpoints(o_, log_, best_);
+    state_path_ = no_progress_path(o_);
+    no_progress_ = load_no_progress(state_path_, best_, log_);
     if (c_.vet_args) vet(allocation_, "before the first attempt");
     std::size_t size = 0;
     for (int attempt = 0;; ++attempt) {
@@ -189,6 +191,7 @@ class Leader {
   }
 
   Outcome give_up(int code, const std::string& why) {
+    forget_no_progress(state_path_);
     out_.exit_code = code;
     out_.reason = "giving up: " + why;
     log_("give-up", out_.reason, {{"exit_code", code}});
@@ -312,8 +315,10 @@ class Leader {
     auto argv = expand(launcher(), nodes);
     for (const std::string& w : {c_.pacer, std::string("run-agent"), std::string("--leader"),
                                  fmt::format("{}:{}", host_, listener_.port()), std::string("--attempt"),
-                                 std::to_string(attempt), std::string("--")})
+                                 std::to_string(attempt)})
       argv.push_back(w);
+    argv.insert(argv.end(), c_.agent_args.begin(), c_.agent_args.end());
+    argv.push_back("--");
     argv.insert(argv.end(), o_.argv.begin(), o_.argv.end());
     SpawnOptions so;
     so.env = {{kRunNodesEnv, joined(nodes)}, {kRunTokenEnv, token_}};
@@ -403,6 +408,9 @@ class Leader {
     m->conn.emplace(std::move(conn));
     log_("agent", fmt::format("{} (node rank {}) connected from {}", node, m->node_rank, m->conn->peer()),
          {{"host", node}, {"node_rank", m->node_rank}, {"attempt", attempt_}, {"agent_pid", hello.value("pid", 0)}});
+    // A checkpoint request made before this agent connected (the job was
+    // inside the --before window at the start, or Slurm's warning came early).
+    if (asked_) send_request(*m);
   }
 
   std::vector<std::string> nodes_of() const {
@@ -530,10 +538,15 @@ class Leader {
          fmt::format("{}: asking every node to checkpoint; waiting up to {} s for a step newer than {}", why, o_.grace_s,
                      step_text(baseline_)),
          {{"committed_step", baseline_ ? json(*baseline_) : json(nullptr)}});
+    request_why_ = why;
+    request_deadline_ = wall_now() + o_.grace_s;
     for (auto& m : members_)
-      if (m.conn && !m.done())
-        (void)m.conn->send({{"type", "request"}, {"reason", why}, {"deadline", wall_now() + o_.grace_s},
-                            {"committed_step", baseline_ ? json(*baseline_) : json(nullptr)}});
+      if (m.conn && !m.done()) send_request(m);
+  }
+
+  void send_request(Member& m) {
+    (void)m.conn->send({{"type", "request"}, {"reason", request_why_}, {"deadline", request_deadline_},
+                        {"committed_step", baseline_ ? json(*baseline_) : json(nullptr)}});
   }
 
   // The hang decision over every node's ranks: a hang when the rank idle
@@ -682,7 +695,9 @@ class Leader {
       count_progress(latest, best_, no_progress_);
       if (no_progress_ >= o_.give_up_after)
         return give_up(static_cast<int>(ExitCode::kCheckFailed),
-                       fmt::format("{} attempt(s) without a new committed step", no_progress_));
+                       fmt::format("{} consecutive attempt(s) without a new committed step (latest: {}), counting "
+                                   "earlier allocations; not requeued", no_progress_, step_text(latest)));
+      save_no_progress(state_path_, no_progress_, latest, log_);
       requeue_job(o_, [this](const std::string& e, const std::string& m) { log_(e, m); }, job_, !job_.empty(),
                   &mask_.old(), out_,
                   newer(latest, baseline_) ? fmt::format("stopped after committing step {}", *latest)
@@ -698,6 +713,7 @@ class Leader {
       return out_;
     }
     if (!failure_) {
+      forget_no_progress(state_path_);
       out_.exit_code = 0;
       out_.reason = fmt::format("CMD finished on every node ({})", joined(nodes_of()));
       log_("done", out_.reason, {{"exit_code", 0}});
@@ -725,26 +741,7 @@ class Leader {
     log_("restart", fmt::format("{}; restart {} of {} in {} s from {}", f.why, restarts_, o_.max_restarts,
                                 o_.restart_delay_s, step_text(best_)),
          {{"restart", restarts_}, {"no_progress", no_progress_}});
-    return wait_to_restart();
-  }
-
-  std::optional<Outcome> wait_to_restart() {
-    const double until = mono_now() + o_.restart_delay_s;
-    for (double left; (left = until - mono_now()) > 0;) {
-      timespec ts{static_cast<time_t>(left), static_cast<long>((left - std::floor(left)) * 1e9)};
-      const int sig = sigtimedwait(&set_, nullptr, &ts);
-      if (sig <= 0 || sig == SIGCHLD || ((sig == SIGUSR1 || sig == SIGUSR2) && sig != o_.slurm_signal)) continue;
-      if (sig == o_.slurm_signal) {
-        requeue_job(o_, [this](const std::string& e, const std::string& m) { log_(e, m); }, job_, !job_.empty(),
-                    &mask_.old(), out_, fmt::format("{} received between attempts", signal_name(sig)));
-        return out_;
-      }
-      out_.exit_code = 128 + sig;
-      out_.reason = fmt::format("{} received while waiting to restart; not restarted", signal_name(sig));
-      log_("done", out_.reason, {{"exit_code", out_.exit_code}});
-      return out_;
-    }
-    return std::nullopt;
+    return wait_to_restart(o_, set_, log_, job_, !job_.empty(), &mask_.old(), no_progress_, out_);
   }
 
   const Options& o_;
@@ -755,7 +752,8 @@ class Leader {
   std::vector<std::string> allocation_;
   std::map<std::string, std::string> excluded_;
   Listener listener_;
-  std::string host_, job_, token_;
+  std::string host_, job_, token_, state_path_, request_why_;
+  double request_deadline_ = 0;
   Walltime wt_;
   Outcome out_;
   std::optional<std::uint64_t> best_, baseline_;

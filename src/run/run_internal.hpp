@@ -186,6 +186,25 @@ inline void count_progress(const std::optional<std::uint64_t>& latest, std::opti
   }
 }
 
+// The count of attempts without progress across requeued allocations
+// (docs/run.md, Decisions 6): kStateName in --ckpt-dir ("" without one).
+std::string no_progress_path(const Options& o);
+// The count the last allocation left, when the newest committed step is
+// still the one it recorded (a "history" event says so); else 0.
+int load_no_progress(const std::string& state_path, const std::optional<std::uint64_t>& best, Log& log);
+// Before a requeue (atomic; makes --ckpt-dir when CMD has not yet).
+void save_no_progress(const std::string& state_path, int no_progress, const std::optional<std::uint64_t>& latest,
+                      Log& log);
+// Finishing or giving up: a resubmission starts afresh.
+void forget_no_progress(const std::string& state_path);
+
+// The pause before a restart (--restart-delay) still answers signals:
+// Slurm's warning requeues at once (the newest commit is all there is to
+// save; `no_progress` is saved for the next allocation), a stop signal ends
+// the run; an Outcome then ends it (`out` filled).
+std::optional<Outcome> wait_to_restart(const Options& o, const sigset_t& set, Log& log, const std::string& job,
+                                       bool in_slurm, const sigset_t* child_mask, int no_progress, Outcome& out);
+
 // The signals the supervisor waits for, blocked while it runs.
 inline sigset_t watched_signals() {
   sigset_t s;

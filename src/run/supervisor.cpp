@@ -101,27 +101,6 @@ Expected<std::string> prepare_request_dir(const Options& o) {
   return std::string();
 }
 
-// Attempts without progress count across requeues: a job whose every
-// allocation ends without a new committed step must stop being requeued.
-int load_no_progress(const std::string& state_path, const std::optional<std::uint64_t>& best, Log& log) {
-  if (state_path.empty() || !std::filesystem::exists(state_path)) return 0;
-  auto text = read_file(state_path);
-  const json j = text ? json::parse(*text, nullptr, false) : json();
-  if (!j.is_object() || !j.contains("no_progress") || !j.at("no_progress").is_number_integer()) {
-    log("history", fmt::format("{}: unreadable, ignored", state_path));
-    return 0;
-  }
-  const json s = j.value("committed_step", json());
-  const std::optional<std::uint64_t> then =
-      s.is_number_unsigned() ? std::optional<std::uint64_t>(s.get<std::uint64_t>()) : std::nullopt;
-  if (then != best) return 0;
-  const int no_progress = j.at("no_progress").get<int>();
-  log("history", fmt::format("{} earlier attempt(s) in a row ended without a new committed step ({})", no_progress,
-                             state_path),
-      {{"no_progress", no_progress}});
-  return no_progress;
-}
-
 // One attempt of CMD, from its start to its exit.
 struct Attempt {
   enum class Phase { kRunning, kCheckpointing, kStopping };
@@ -242,20 +221,8 @@ struct Supervisor {
     stop(a, fmt::format("hang of rank {}", f.rank));
   }
 
-  void save_state(const std::optional<std::uint64_t>& latest) {
-    if (state_path.empty()) return;
-    // CMD makes --ckpt-dir when it first checkpoints; one stopped before that
-    // (a slow start under load) must not lose the count of attempts without
-    // progress, or the next allocation would requeue forever.
-    std::error_code ec;
-    std::filesystem::create_directories(std::filesystem::path(state_path).parent_path(), ec);
-    const json j = {{"schema", "pacer.run.state/1"}, {"no_progress", no_progress},
-                    {"committed_step", latest ? json(*latest) : json(nullptr)}, {"time", utc_iso(wall_now(), true)}};
-    if (auto st = write_file_atomic(state_path, j.dump() + "\n"); !st) log("history", st.error().message);
-  }
-  void forget_state() {
-    if (!state_path.empty()) unlink(state_path.c_str());
-  }
+  void save_state(const std::optional<std::uint64_t>& latest) { save_no_progress(state_path, no_progress, latest, log); }
+  void forget_state() { forget_no_progress(state_path); }
 
   void requeue(const std::string& why) {
     requeue_job(o, [this](const std::string& e, const std::string& m) { log(e, m); }, job, in_slurm, &mask.old(), out,
@@ -447,24 +414,6 @@ struct Supervisor {
     return std::nullopt;
   }
 
-  // The delay still answers signals: Slurm's warning requeues at once (the
-  // newest commit is all there is to save), a stop signal ends the run.
-  std::optional<Outcome> wait_to_restart() {
-    const double until = mono_now() + o.restart_delay_s;
-    for (double left; (left = until - mono_now()) > 0;) {
-      timespec ts{static_cast<time_t>(left), static_cast<long>((left - std::floor(left)) * 1e9)};
-      const int sig = sigtimedwait(&set, nullptr, &ts);
-      if (sig <= 0 || sig == SIGCHLD) continue;
-      if (sig == o.slurm_signal) {
-        requeue(fmt::format("{} received between attempts", signal_name(sig)));
-        return out;
-      }
-      if (sig != SIGUSR1 && sig != SIGUSR2)
-        return finish(128 + sig, fmt::format("{} received while waiting to restart; not restarted", signal_name(sig)));
-    }
-    return std::nullopt;
-  }
-
   Outcome run() {
     for (int attempt = 0;; ++attempt) {
       Attempt a;
@@ -472,7 +421,7 @@ struct Supervisor {
       if (auto done = start(a)) return *done;
       watch(a);
       if (auto done = decide(a)) return *done;
-      if (auto done = wait_to_restart()) return *done;
+      if (auto done = wait_to_restart(o, set, log, job, in_slurm, &mask.old(), no_progress, out)) return *done;
     }
   }
 };
@@ -656,6 +605,71 @@ std::optional<std::uint64_t> latest_committed_step(const std::string& dir) {
   return std::nullopt;
 }
 
+std::optional<Outcome> wait_to_restart(const Options& o, const sigset_t& set, Log& log, const std::string& job,
+                                       bool in_slurm, const sigset_t* child_mask, int no_progress, Outcome& out) {
+  const double until = mono_now() + o.restart_delay_s;
+  for (double left; (left = until - mono_now()) > 0;) {
+    timespec ts{static_cast<time_t>(left), static_cast<long>((left - std::floor(left)) * 1e9)};
+    const int sig = sigtimedwait(&set, nullptr, &ts);
+    if (sig <= 0 || sig == SIGCHLD) continue;
+    if (sig == o.slurm_signal) {
+      // The next allocation goes on counting the attempts without progress.
+      save_no_progress(no_progress_path(o), no_progress, latest_committed_step(o.ckpt_dir), log);
+      requeue_job(o, [&log](const std::string& e, const std::string& m) { log(e, m); }, job, in_slurm, child_mask, out,
+                  fmt::format("{} received between attempts", signal_name(sig)));
+      return out;
+    }
+    if (sig == SIGUSR1 || sig == SIGUSR2) continue;
+    out.exit_code = 128 + sig;
+    out.reason = fmt::format("{} received while waiting to restart; not restarted", signal_name(sig));
+    log("done", out.reason, {{"exit_code", out.exit_code}});
+    return out;
+  }
+  return std::nullopt;
+}
+
+std::string no_progress_path(const Options& o) {
+  return o.ckpt_dir.empty() ? std::string() : (std::filesystem::path(o.ckpt_dir) / kStateName).string();
+}
+
+// Attempts without progress count across requeues: a job whose every
+// allocation ends without a new committed step must stop being requeued.
+int load_no_progress(const std::string& state_path, const std::optional<std::uint64_t>& best, Log& log) {
+  if (state_path.empty() || !std::filesystem::exists(state_path)) return 0;
+  auto text = read_file(state_path);
+  const json j = text ? json::parse(*text, nullptr, false) : json();
+  if (!j.is_object() || !j.contains("no_progress") || !j.at("no_progress").is_number_integer()) {
+    log("history", fmt::format("{}: unreadable, ignored", state_path));
+    return 0;
+  }
+  const json s = j.value("committed_step", json());
+  const std::optional<std::uint64_t> then =
+      s.is_number_unsigned() ? std::optional<std::uint64_t>(s.get<std::uint64_t>()) : std::nullopt;
+  if (then != best) return 0;
+  const int no_progress = j.at("no_progress").get<int>();
+  log("history", fmt::format("{} earlier attempt(s) in a row ended without a new committed step ({})", no_progress,
+                             state_path),
+      {{"no_progress", no_progress}});
+  return no_progress;
+}
+
+void save_no_progress(const std::string& state_path, int no_progress, const std::optional<std::uint64_t>& latest,
+                      Log& log) {
+  if (state_path.empty()) return;
+  // CMD makes --ckpt-dir when it first checkpoints; one stopped before that
+  // (a slow start under load) must not lose the count of attempts without
+  // progress, or the next allocation would requeue forever.
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(state_path).parent_path(), ec);
+  const json j = {{"schema", "pacer.run.state/1"}, {"no_progress", no_progress},
+                  {"committed_step", latest ? json(*latest) : json(nullptr)}, {"time", utc_iso(wall_now(), true)}};
+  if (auto st = write_file_atomic(state_path, j.dump() + "\n"); !st) log("history", st.error().message);
+}
+
+void forget_no_progress(const std::string& state_path) {
+  if (!state_path.empty()) unlink(state_path.c_str());
+}
+
 std::string format_event(const json& e) {
   std::string line = fmt::format("{} pacer run: {}: {}", e.value("time", ""), e.value("event", ""), e.value("message", ""));
   // A hang's stacks follow its line, indented: where each rank was.
@@ -713,8 +727,7 @@ Expected<Outcome> supervise(const Options& o) {
   const std::string request_file = request_dir.empty() ? o.request_file : request_dir + "/ckpt-request";
   const std::optional<std::uint64_t> best = latest_committed_step(o.ckpt_dir);
   log_checkpoints(o, log, best);
-  const std::string state_path =
-      o.ckpt_dir.empty() ? std::string() : (std::filesystem::path(o.ckpt_dir) / kStateName).string();
+  const std::string state_path = no_progress_path(o);
   const int no_progress = load_no_progress(state_path, best, log);
 
   const sigset_t set = watched_signals();

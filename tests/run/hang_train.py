@@ -1,6 +1,6 @@
 """A fake training script for `pacer run --hang-timeout` tests: heartbeats, then (attempt 0 only) stops while alive.
 
-    hang_train.py --steps 20 --hang-at 5 [--ranks 2 --hang-rank 1] [--never-beat] [--ckpt-every K] [--events FILE]
+    hang_train.py --steps 20 --hang-at 5 [--ranks 2 --hang-rank 1] [--never-beat] [--ckpt-every K] [--events FILE] [--telemetry]
 
 With --ranks N it starts N ranks (LOCAL_RANK 0..N-1, RANK = PACER_NODE_RANK
 x N + LOCAL_RANK) as children and waits for them, as a launcher would; only
@@ -19,6 +19,7 @@ import sys
 import time
 
 import pacer.run
+import pacer.telemetry
 
 
 def stuck_in_collective():
@@ -68,7 +69,9 @@ def train(args, rank):
             with open(flag) as f:
                 if step > int(f.read()):  # the collective of the hung rank's step never completes
                     waiting_for_the_hung_rank()
-        if not args.never_beat:
+        if args.telemetry:
+            pacer.telemetry.step(step)  # a step record is a heartbeat too
+        elif not args.never_beat:
             pacer.run.heartbeat(step)
         if step == first:
             event(args, rank, "first-step", step)
@@ -77,6 +80,8 @@ def train(args, rank):
         time.sleep(args.step_s)
     if ck:
         ck.flush()
+    if args.telemetry:
+        pacer.telemetry.close()
     if args.never_beat:
         time.sleep(args.steps * args.step_s)
 
@@ -92,6 +97,7 @@ def main():
     p.add_argument("--fork-worker", action="store_true")
     p.add_argument("--ckpt-every", type=int, default=0)
     p.add_argument("--events")
+    p.add_argument("--telemetry", action="store_true", help="pacer.telemetry.step() instead of pacer.run.heartbeat()")
     p.add_argument("--block-others", action="store_true",
                    help="the other ranks stop once past the hung rank's step, as in a collective")
     args = p.parse_args()

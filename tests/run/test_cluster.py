@@ -104,6 +104,83 @@ class ClusterTest(unittest.TestCase):
         self.assertEqual([e["attempt"] for e in self.logged("started")], [0, 1])
         self.assertEqual(self.logged("started")[1]["nodes"], ["n1", "n2"])  # no --vet: a hung node is kept
 
+    def test_monitor_puts_every_node_and_the_leaders_events_in_one_run(self):
+        # Each agent samples into its node's file (job-n1.db, job-n2.db); the
+        # leader's events go to job.db, and at the end the node files are
+        # merged into its run: the hang, the restart and both nodes' samples
+        # and steps are one run, the one pacer score and pacer report pick.
+        import sqlite3
+        db = os.path.join(self.d, "job.db")
+        r = self.run_pacer("--nodes", "2", "--monitor", "--monitor-db", db, "--monitor-interval", "100ms",
+                           "--hang-timeout", "1500ms", "--",
+                           *self.train("--ranks", "2", "--hang-rank", "3", "--steps", "30", "--hang-at", "4",
+                                       "--step-s", "0.02", "--telemetry"), nodes="n1,n2")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("2 node catalog(s) merged into", r.stderr)
+        for node in ("n1", "n2"):
+            self.assertTrue(os.path.exists(os.path.join(self.d, f"job-{node}.db")), node)
+        con = sqlite3.connect(db)
+        runs = con.execute("SELECT run_id, exit_code, command FROM runs").fetchall()
+        self.assertEqual(len(runs), 1, runs)
+        run_id, exit_code, command = runs[0]
+        self.assertEqual(exit_code, 0)
+        self.assertIn("pacer run --nodes 2 --", command)
+        kinds = [k for (k,) in con.execute("SELECT kind FROM events WHERE run_id = ? ORDER BY t", (run_id,))]
+        for kind in ("run.cluster", "run.agent", "run.hang", "run.stop", "run.exited", "run.restart", "run.done"):
+            self.assertIn(kind, kinds)
+        # Steps of all 4 ranks, from both attempts (the hung rank 3 stopped at step 3 in attempt 0).
+        ranks = dict(con.execute("SELECT rank, COUNT(*) FROM steps WHERE run_id = ? GROUP BY rank", (run_id,)).fetchall())
+        self.assertEqual(sorted(ranks), [0, 1, 2, 3])
+        self.assertGreaterEqual(min(ranks.values()), 30)
+        # Samples from both node files: each node's pacer monitor ran in each attempt.
+        self.assertGreater(con.execute("SELECT COUNT(*) FROM samples WHERE run_id = ?", (run_id,)).fetchone()[0], 0)
+        sources = con.execute("SELECT hostname FROM run_sources WHERE run_id = ?", (run_id,)).fetchall()
+        self.assertEqual(sorted(h for (h,) in sources if h in ("n1", "n2")), ["n1", "n1", "n2", "n2"])
+        con.close()
+        score = subprocess.run([PACER, "score", "--json", db], capture_output=True, text=True)
+        self.assertEqual(score.returncode, 0, score.stderr)
+        self.assertEqual(json.loads(score.stdout)["run_id"], run_id)
+        html = os.path.join(self.d, "report.html")
+        rep = subprocess.run([PACER, "report", db, "-o", html], capture_output=True, text=True)
+        self.assertEqual(rep.returncode, 0, rep.stderr)
+        with open(html) as f:
+            self.assertIn("run.hang", f.read())
+        q = subprocess.run([PACER, "query", "--json", db, "SELECT detail FROM events WHERE kind = 'run.hang'"],
+                           capture_output=True, text=True)
+        self.assertEqual(q.returncode, 0, q.stderr)
+        self.assertIn("rank 3 on n2", q.stdout)
+
+    def test_torchrun_workers_heartbeat_and_a_hung_one_is_named(self):
+        # torchrun on each agent, 2 workers each, gloo: torchrun gives the
+        # workers RANK and LOCAL_RANK, pacer gives torchrun the node rank, the
+        # node count and the rendezvous port. Rank 3 (n2, local rank 1)
+        # stops before step 5; the others block in that step's all_reduce.
+        has_torch = subprocess.run([PYTHON, "-c", "import importlib.util, sys; sys.exit(not importlib.util.find_spec('torch'))"])
+        if has_torch.returncode != 0:
+            self.skipTest(f"no torch for {PYTHON}")
+        torchrun = (f"exec {PYTHON} -m torch.distributed.run --nnodes=$PACER_NNODES --node_rank=$PACER_NODE_RANK "
+                    "--nproc_per_node=2 --master_addr=127.0.0.1 --master_port=$MASTER_PORT "
+                    # torch 1.13 on Python 3.11 cannot parse its own default "0" for these (docs/run.md)
+                    f"--redirects 1 --tee 1 --log_dir {os.path.join(self.d, 'torchrun')} "
+                    f"{os.path.join(HERE, 'torch_train.py')} --hang-rank 3 --hang-at 5 --events {self.events}")
+        r = self.run_pacer("--nodes", "2", "--hang-timeout", "3s", "--max-restarts", "0", "--", "bash", "-c", torchrun,
+                           nodes="n1,n2")
+        self.assertEqual(r.returncode, 3, r.stderr)
+        with open(self.events) as f:
+            workers = sorted((e["node"], e["rank"], e["local_rank"], e["world"]) for e in map(json.loads, f))
+        self.assertEqual(workers, [("n1", 0, 0, 4), ("n1", 1, 1, 4), ("n2", 2, 0, 4), ("n2", 3, 1, 4)])
+        [hang] = self.logged("hang")
+        self.assertEqual((hang["rank"], hang["host"], hang["node_rank"], hang["local_rank"], hang["step"]),
+                         (3, "n2", 1, 1, 4))
+        self.assertEqual(sorted((x["host"], x["rank"], x["local_rank"]) for x in hang["ranks"]),
+                         [("n1", 0, 0), ("n1", 1, 1), ("n2", 2, 0), ("n2", 3, 1)])
+        texts = {x["rank"]: x["text"] or "" for x in hang["stacks"]}
+        self.assertIn("stuck_in_collective", texts[3])
+        for rank in (0, 1, 2):
+            self.assertIn("all_reduce", texts[rank])
+        self.assertEqual(sorted(e["host"] for e in self.logged("node-exited")), ["n1", "n2"])
+        self.assertIn("restart limit of 0", self.logged("give-up")[0]["message"])
+
     def test_lost_node_is_revetted_excluded_and_replaced_by_a_spare(self):
         # n4 fails its vet before the first attempt; n2's agent is SIGKILLed
         # mid-run and n2 cannot be reached any more: the next attempt runs on n1, n3.
@@ -166,6 +243,54 @@ class ClusterTest(unittest.TestCase):
         with open(self.events) as f:
             saves = [json.loads(line) for line in f if '"save"' in line]
         self.assertTrue(saves and saves[0]["requested"], saves)
+
+    def test_attempts_without_progress_count_across_requeues(self):
+        # The job starts inside the --before window (the request reaches the
+        # agent when it connects); CMD never commits, so the allocation ends
+        # after the grace period without progress: exit 75 and the count in
+        # --ckpt-dir. The next allocation carries it on and gives up (exit 1).
+        ckpt = os.path.join(self.d, "ckpt")
+        state = os.path.join(ckpt, ".pacer-run.json")
+        args = ("--nodes", "1", "--ckpt-dir", ckpt, "--end-time", "+1h", "--before", "2h", "--grace", "1s", "--",
+                *self.train("--ranks", "1", "--steps", "2000", "--step-s", "0.05"))
+        first = self.run_pacer(*args, nodes="n1,n2")
+        self.assertEqual(first.returncode, 75, first.stderr)
+        self.assertIn("inside the --before window", first.stderr)
+        with open(state) as f:
+            self.assertEqual(json.load(f)["no_progress"], 1)
+        self.assertEqual(self.logged("history"), [])
+        second = self.run_pacer(*args, nodes="n1,n2")
+        self.assertEqual(second.returncode, 1, second.stderr)
+        [history] = self.logged("history")
+        self.assertEqual(history["no_progress"], 1)
+        [give_up] = self.logged("give-up")
+        self.assertIn("2 consecutive attempt(s) without a new committed step", give_up["message"])
+        self.assertIn("counting earlier allocations; not requeued", give_up["message"])
+        self.assertFalse(os.path.exists(state))
+
+    def test_signals_during_the_restart_delay(self):
+        # One wait_to_restart for both supervisors: Slurm's warning between
+        # attempts requeues at once (--nodes), a stop signal ends the run (one node).
+        ckpt = os.path.join(self.d, "ckpt")
+        leader = self.argv("--nodes", "1", "--ckpt-dir", ckpt, "--", "false")
+        leader[leader.index("--restart-delay") + 1] = "30s"
+        for argv, sig, code, text in (
+                (leader, signal.SIGUSR1, 75,
+                 "SIGUSR1 received between attempts"),
+                ([PACER, "run", "--log", self.log, "--restart-delay", "30s", "--hang-timeout", "0", "--", "false"],
+                 signal.SIGTERM, 128 + signal.SIGTERM, "SIGTERM received while waiting to restart")):
+            if os.path.exists(self.log):
+                os.unlink(self.log)
+            p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env())
+            self.wait_for(lambda: self.logged("restart"), proc=p)
+            p.send_signal(sig)
+            out, err = p.communicate(timeout=20)
+            self.assertEqual(p.returncode, code, err)
+            self.assertIn(text, err)
+            self.assertEqual(len(self.logged("started")), 1)
+        # The crash before the requeue counts in the next allocation.
+        with open(os.path.join(ckpt, ".pacer-run.json")) as f:
+            self.assertEqual(json.load(f)["no_progress"], 1)
 
     def test_bad_agents_get_error_events_and_never_hang_the_leader(self):
         bad = f"{PYTHON} {os.path.join(HERE, 'bad_agent.py')}"

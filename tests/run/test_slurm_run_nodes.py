@@ -67,8 +67,9 @@ class SlurmRunNodesTest(unittest.TestCase):
 
     def test_hang_in_one_rank_is_named_and_relaunched(self):
         c = self.cluster
-        d, job_id = self.submit("hang", "--hang-timeout 3s",
-                                "--ranks 2 --hang-rank 3 --steps 300 --hang-at 5 --step-s 0.02")
+        d, job_id = self.submit("hang", "--hang-timeout 3s --monitor --monitor-db {}/job.db --monitor-interval 200ms"
+                                .format(os.path.join(self.tmp, "hang")),
+                                "--ranks 2 --hang-rank 3 --steps 300 --hang-at 5 --step-s 0.02 --telemetry")
         log, out = self.finish(d, job_id)
         [hang] = [e for e in log if e["event"] == "hang"]
         self.assertEqual((hang["rank"], hang["host"], hang["node_rank"]), (3, c.nodes[1], 1), out[-3000:])
@@ -79,6 +80,20 @@ class SlurmRunNodesTest(unittest.TestCase):
         stopped = sorted(e["host"] for e in log if e["event"] == "node-exited" and e["attempt"] == 0)
         self.assertEqual(stopped, c.nodes[:2])
         self.assertEqual(log[-1]["event"], "done", out[-3000:])
+        # --monitor: each node sampled itself into job-NODE.db; the leader
+        # merged them into job.db, into the run of this Slurm job.
+        import sqlite3
+        self.assertIn("2 node catalog(s) merged into", out)
+        con = sqlite3.connect(os.path.join(d, "job.db"))
+        [(run_id, job)] = con.execute("SELECT run_id, job_id FROM runs").fetchall()
+        self.assertEqual(job, str(job_id))
+        hosts = {h for (h,) in con.execute("SELECT DISTINCT hostname FROM samples_named WHERE run_id = ?", (run_id,))}
+        self.assertEqual(hosts, set(c.nodes[:2]))
+        ranks = {r for (r,) in con.execute("SELECT DISTINCT rank FROM steps WHERE run_id = ?", (run_id,))}
+        self.assertEqual(ranks, {0, 1, 2, 3})
+        kinds = {k for (k,) in con.execute("SELECT kind FROM events WHERE run_id = ?", (run_id,))}
+        self.assertTrue({"run.hang", "run.restart", "run.done"} <= kinds, kinds)
+        con.close()
 
     def test_dead_node_is_excluded_and_the_spare_takes_over(self):
         c = self.cluster
