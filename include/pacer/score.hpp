@@ -68,14 +68,14 @@ struct RunFacts {
 
   // The command's busiest thread over the window (the threads table): the
   // thread with the most CPU time on any node, its mean share of a core over
-  // the window's intervals, and how many of that node's threads were busy.
+  // the window's intervals, and how many threads of its process were busy.
   struct Thread {
     std::string node;
     int pid = 0, tid = 0;
     std::string comm;
     bool main = false, python = false;
     double busy = 0;               // mean share of one core over the node's intervals
-    double busy_threads = 0;       // mean count of the node's threads at >= half a core
+    double busy_threads = 0;       // mean count of threads at >= half a core in the busiest thread's process
     std::int64_t intervals = 0;    // the node's intervals with a thread record
   };
   std::optional<Thread> busiest_thread;
@@ -121,8 +121,10 @@ inline constexpr double kHostBound = 0.7;
 inline constexpr double kIoBound = 0.7;
 inline constexpr double kIdle = 0.15;
 // One thread holds the run back: it is busy at least kThreadBound of a core
-// while, on average, fewer than kOtherThreadsBusy threads of its node are at
-// half a core or more (itself included), so the work is not spread.
+// while, on average, fewer than kOtherThreadsBusy threads of its process are
+// at half a core or more (itself included), so the work is not spread over a
+// pool. (Ranks are processes: eight busy ranks on a node are eight threads
+// of one each.)
 inline constexpr double kThreadBound = 0.85;
 inline constexpr double kOtherThreadsBusy = 1.5;
 // Kernels too small to fill the GPU: a kernel runs at least kLaunchUtil of

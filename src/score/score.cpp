@@ -421,7 +421,7 @@ Score score_host_cpu(const RunFacts& f) {
                              fmt::format("threads: pid {} tid {}{}{} on {}, mean over {} intervals", t->pid, t->tid,
                                          t->python ? ", a Python interpreter" : "", t->main ? ", main thread" : "", t->node,
                                          t->intervals)});
-    host.evidence.push_back({"threads of that node busy at least half a core (mean)", t->busy_threads, "threads", "threads.busy_threads"});
+    host.evidence.push_back({"threads of its process busy at least half a core (mean)", t->busy_threads, "threads", "threads.busy_threads"});
   }
   if (!host.value) host.why_not = "no CPU samples (no sampler ran)";
   return host;

@@ -81,12 +81,13 @@ std::optional<ThreadRecord> ThreadSampler::sample(const std::vector<int>& pids, 
   std::uint64_t best_ticks = 0;
   std::string best_main_comm;
   std::uint64_t best_process_start = 0;
-  unsigned threads = 0, busy_threads = 0;
+  unsigned threads = 0, busy_threads = 0;  // busy_threads: in the busiest thread's process
   char buf[1024];
   for (const int pid : pids) {
     const std::string task_dir = fmt::format("{}/proc/{}/task", root_, pid);
     std::string main_comm;
     std::uint64_t process_start = 0;
+    unsigned process_busy = 0;
     DIR* dir = ::opendir(task_dir.c_str());
     if (!dir) continue;  // the process ended
     while (const dirent* e = ::readdir(dir)) {
@@ -109,14 +110,16 @@ std::optional<ThreadRecord> ThreadSampler::sample(const std::vector<int>& pids, 
       if (!counted) continue;
       ++threads;
       const double share = std::min(1.0, static_cast<double>(used) / tick / dt);
-      if (share >= 0.5) ++busy_threads;
+      if (share >= 0.5) ++process_busy;
       if (!best || used > best_ticks) {
         best_ticks = used;
         best = ThreadRecord{pid, tid, st->comm, tid == pid, false, share, 0, 0};
       }
     }
     ::closedir(dir);
-    if (best && best->pid == pid) best_main_comm = main_comm, best_process_start = process_start;
+    // Ranks of one node are processes of one thread each: the busy threads
+    // that tell one thread's work from a pool's are those of its process.
+    if (best && best->pid == pid) best_main_comm = main_comm, best_process_start = process_start, busy_threads = process_busy;
   }
   // Threads not seen in this pass are gone: forget them, so that the map
   // holds the live threads only.

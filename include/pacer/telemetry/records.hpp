@@ -65,7 +65,7 @@ struct ThreadRecord {
   bool python = false;        // the process runs a Python interpreter (exe or argv[0] named python*)
   double busy = 0;            // share of one core (user + system time over the interval), in [0, 1]
   unsigned threads = 0;       // threads of the tree seen in both passes
-  unsigned busy_threads = 0;  // of those, threads busy at least half a core
+  unsigned busy_threads = 0;  // threads of its process busy at least half a core (itself included)
 };
 // {"pid", "tid", "comm", "main", "python", "busy", "threads", "busy_threads"}.
 nlohmann::json to_json(const ThreadRecord& r);
