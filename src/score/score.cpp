@@ -467,9 +467,9 @@ Verdict decide(const RunFacts& f, const std::vector<Score>& scores) {
     // Kernels run a good part of the time yet hold few SMs, and the thread
     // that launches them never rests: the GPU waits between small kernels.
     d.kind = "launch-bound";
-    d.sentence = fmt::format("launch-bound: a kernel ran {} of the time but SMs were active only {} while thread {} is busy {} of a "
-                             "core{}: kernels too small to fill the GPU (fuse them, give each more work, or capture them in a CUDA graph)",
-                             pct(util), pct(sm), thread_label(*t), pct(t->busy), f.nodes > 1 ? " on " + t->node : "");
+    d.sentence = fmt::format("launch-bound: a kernel ran {} of the time but SMs were active only {} while thread {}{} is busy {} of a "
+                             "core: kernels too small to fill the GPU (fuse them, give each more work, or capture them in a CUDA graph)",
+                             pct(util), pct(sm), thread_label(*t), f.nodes > 1 ? " on " + t->node : "", pct(t->busy));
   } else if (busy >= kGpuBusy) {
     const bool mem = v(memory) >= kMemoryBound && v(memory) >= v(compute);
     d.kind = mem ? "memory-bound" : "compute-bound";
@@ -491,8 +491,8 @@ Verdict decide(const RunFacts& f, const std::vector<Score>& scores) {
       std::string node;
       if (f.cpu_busy && f.cpus > 0) {
         const double idle_cores = (1 - *f.cpu_busy) * f.cpus;
-        node = fmt::format(" while the node's CPUs are {} busy ({:.1f} of {:.0f} cores idle{})", pct(*f.cpu_busy), idle_cores, f.cpus,
-                           idle_cores < 0.5 ? ", other processes take the rest" : "");
+        node = fmt::format(" while the {} CPUs are {} busy ({:.1f} of {:.0f} cores idle{})", f.nodes > 1 ? "nodes'" : "node's",
+                           pct(*f.cpu_busy), idle_cores, f.cpus, idle_cores < 0.5 ? ", other processes take the rest" : "");
       }
       d.sentence = fmt::format("host-bound (one thread): no GPU was recorded and thread {}{} is busy {} of a core{}: the command is "
                                "single-threaded host work; more threads or processes (data-loader workers, torch.set_num_threads) "
