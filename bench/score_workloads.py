@@ -15,6 +15,13 @@ needs neither the pacer Python module nor anything beyond torch.
   input   a slow input pipeline (CPU decode + storage wait), then a short
           GPU/CPU step                                                  -> input-bound
   idle    the process holds the device and sleeps                       -> idle
+  prep    a Python loop preparing each batch on the CPU (pure Python, one
+          thread), then a short device step; steps carry no data_wait_s,
+          as most training loops log them                               -> host-bound (one thread)
+  tiny    (GPU only) thousands of tiny kernels (4096-element adds) per step,
+          launched from the Python thread                               -> launch-bound
+  threads (CPU only) one thread per CPU compressing in C (the GIL released):
+          the work is spread, not one thread's                          -> host-cpu-bound
 """
 import argparse
 import datetime
@@ -27,8 +34,10 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXPECTED = {
-    "cuda": {"gemm": "compute-bound", "memory": "memory-bound", "input": "input-bound", "idle": "idle"},
-    "cpu": {"gemm": "host-cpu-bound", "input": "input-bound", "idle": "idle"},
+    "cuda": {"gemm": "compute-bound", "memory": "memory-bound", "input": "input-bound", "idle": "idle",
+             "prep": "host-bound", "tiny": "launch-bound"},
+    "cpu": {"gemm": "host-cpu-bound", "input": "input-bound", "idle": "idle", "prep": "host-bound",
+            "threads": "host-cpu-bound"},
 }
 
 
@@ -40,8 +49,9 @@ class StepLog:
         self.step = 0
 
     def write(self, step_time_s, data_wait_s, tokens):
-        rec = {"step": self.step, "t": time.time(), "step_time_s": step_time_s, "data_wait_s": data_wait_s,
-               "comm_s": 0.0, "tokens": tokens}
+        rec = {"step": self.step, "t": time.time(), "step_time_s": step_time_s, "comm_s": 0.0, "tokens": tokens}
+        if data_wait_s is not None:  # None: the loop does not measure it
+            rec["data_wait_s"] = data_wait_s
         self.f.write(json.dumps(rec) + "\n")
         self.f.flush()
         self.step += 1
@@ -104,6 +114,56 @@ def workload(args):
             sync()
             t2 = time.perf_counter()
             log.write(t2 - t0, t1 - t0, n * n)
+    elif args.workload == "prep":
+        # Each batch is built in pure Python (a toy tokenizer over generated
+        # text: one thread, the GIL held), then a short step on the device.
+        torch.set_num_threads(1)
+        words = ["w%d" % i for i in range(5000)]
+        vocab = {w: i for i, w in enumerate(words)}
+        w = torch.randn(512, 512, device=dev)
+        k = 0
+        while time.time() < end:
+            t0 = time.perf_counter()
+            rows = []
+            for r in range(64):
+                text = " ".join(words[(k * 7919 + r * 104729 + j * 31) % len(words)] for j in range(512))
+                rows.append([vocab[t] % 512 for t in text.split()])
+                k += 1
+            x = torch.tensor(rows, dtype=torch.float32).to(dev)
+            y = torch.tanh(x @ w)
+            sync()
+            log.write(time.perf_counter() - t0, None, 64 * 512)
+        del y
+    elif args.workload == "tiny":
+        if dev.type != "cuda":
+            print("tiny: GPU only (kernel launches)", file=sys.stderr)
+            return 2
+        x = torch.zeros(4096, device=dev)
+        while time.time() < end:
+            t0 = time.perf_counter()
+            for _ in range(2000):
+                x.add_(1.0)
+            sync()
+            log.write(time.perf_counter() - t0, None, 0)
+    elif args.workload == "threads":
+        import threading
+        import zlib
+
+        data = os.urandom(1 << 20)
+
+        def squeeze():
+            while time.time() < end:
+                zlib.compress(data, 6)
+
+        pool = [threading.Thread(target=squeeze) for _ in range(os.cpu_count() or 2)]
+        for t in pool:
+            t.start()
+        while time.time() < end:
+            t0 = time.perf_counter()
+            time.sleep(0.5)
+            log.write(time.perf_counter() - t0, None, 0)
+        for t in pool:
+            t.join()
     return 0
 
 
@@ -145,6 +205,11 @@ def drive(args):
         print("%-8s %-20s %-20s %-4s %s" % (r["workload"], r["expected"], r["verdict"] or r.get("error"), "yes" if r["ok"] else "NO", fmt))
         if r.get("sentence"):
             print("         " + r["sentence"])
+        t = r.get("score", {}).get("busiest_thread")
+        if t:
+            print("         busiest thread: %s (%s, pid %d tid %d%s) %.0f%% of a core, %.1f threads busy" % (
+                t["comm"], "main" if t["main"] else "not main", t["pid"], t["tid"], ", Python" if t["python"] else "",
+                100 * t["busy"], t["busy_threads"]))
     result = {"schema": "pacer.bench.score_workloads/1", "host": platform.node(),
               "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"), "device": args.device,
               "seconds": args.seconds, "interval": args.interval, "runs": rows}

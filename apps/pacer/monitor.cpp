@@ -17,7 +17,7 @@ struct MonitorArgs {
   int pid = 0;
   std::string interval = "1s";
   std::string db, steps, prometheus;
-  bool no_gpu = false, no_per_core = false, json = false, quiet = false;
+  bool no_gpu = false, no_per_core = false, no_threads = false, json = false, quiet = false;
   std::int64_t db_max_pages = 0;
   std::int64_t run_id = 0;
 };
@@ -42,6 +42,7 @@ int monitor(const MonitorArgs& a) {
   o.prometheus = a.prometheus;
   o.gpus = !a.no_gpu;
   o.per_core = !a.no_per_core;
+  o.threads = !a.no_threads;
   o.db_max_pages = a.db_max_pages;
   o.warn = [&](const std::string& w) {
     // --prometheus 0 picks a free port: its address is the one way to find
@@ -82,6 +83,7 @@ Handler register_monitor(CLI::App& app) {
   cmd->add_option("--prometheus", args->prometheus, "Serve /metrics on [HOST:]PORT (HOST defaults to 127.0.0.1)");
   cmd->add_flag("--no-gpu", args->no_gpu, "Do not query NVML");
   cmd->add_flag("--no-per-core", args->no_per_core, "Record CPU busy for all CPUs only, not per core");
+  cmd->add_flag("--no-threads", args->no_threads, "Do not read the command's threads (/proc/PID/task) for its busiest thread");
   cmd->add_flag("--json", args->json, "Print the summary as JSON (pacer.monitor/1) on stdout");
   cmd->add_flag("-q,--quiet", args->quiet, "No summary or warnings on stderr (the --prometheus address is still printed)");
   // A test seam: caps the catalog's size so that writing fails as on a full disk.

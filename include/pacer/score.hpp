@@ -66,6 +66,20 @@ struct RunFacts {
   std::optional<double> net_bytes_per_s;    // busiest node, max(rx, tx) over Ethernet + InfiniBand
   double nic_capacity_bytes_per_s = 0;      // per node and direction, from ScoreOptions; 0 = unknown
 
+  // The command's busiest thread over the window (the threads table): the
+  // thread with the most CPU time on any node, its mean share of a core over
+  // the window's intervals, and how many threads of its process were busy.
+  struct Thread {
+    std::string node;
+    int pid = 0, tid = 0;
+    std::string comm;
+    bool main = false, python = false;
+    double busy = 0;               // mean share of one core over the node's intervals
+    double busy_threads = 0;       // mean count of threads at >= half a core in the busiest thread's process
+    std::int64_t intervals = 0;    // the node's intervals with a thread record
+  };
+  std::optional<Thread> busiest_thread;
+
   std::int64_t steps = 0;
   double step_time_s = 0;     // sum over ranks and steps
   std::optional<double> data_wait_s, comm_s;  // sums over the steps that report them
@@ -77,7 +91,9 @@ struct RunFacts {
 
 struct Verdict {
   // compute-bound, memory-bound, communication-bound, input-bound,
-  // host-cpu-bound, io-bound, unsaturated, idle, unknown.
+  // launch-bound, host-bound (one thread: the sentence starts
+  // "host-bound (one thread):"), host-cpu-bound, io-bound, unsaturated, idle,
+  // unknown.
   std::string kind;
   std::string sentence;  // one sentence, starting with the kind
 };
@@ -104,6 +120,20 @@ inline constexpr double kMemoryBound = 0.5;
 inline constexpr double kHostBound = 0.7;
 inline constexpr double kIoBound = 0.7;
 inline constexpr double kIdle = 0.15;
+// One thread holds the run back: it is busy at least kThreadBound of a core
+// while, on average, fewer than kOtherThreadsBusy threads of its process are
+// at half a core or more (itself included), so the work is not spread over a
+// pool. (Ranks are processes: eight busy ranks on a node are eight threads
+// of one each.)
+inline constexpr double kThreadBound = 0.85;
+inline constexpr double kOtherThreadsBusy = 1.5;
+// Kernels too small to fill the GPU: a kernel runs at least kLaunchUtil of
+// the time (NVML) and at least kLaunchRatio times the SM activity (GPM), yet
+// less than kLaunchBusyUtil (a GPU that always has a kernel is not waiting
+// on launches), and the launching thread is bound as above.
+inline constexpr double kLaunchUtil = 0.15;
+inline constexpr double kLaunchRatio = 2.0;
+inline constexpr double kLaunchBusyUtil = 0.9;
 // The command computes on the CPU (cores busy, mean): then the node's whole
 // CPU load counts towards host_cpu.
 inline constexpr double kCpuActiveCores = 0.25;

@@ -201,6 +201,7 @@ Expected<PidStat> parse_pid_stat(std::string_view text) {
   s.utime = static_cast<std::uint64_t>(f[10]);
   s.stime = static_cast<std::uint64_t>(f[11]);
   s.rss_pages = f[20] > 0 ? static_cast<std::uint64_t>(f[20]) : 0;
+  s.starttime = f[18] > 0 ? static_cast<std::uint64_t>(f[18]) : 0;
   return s;
 }
 

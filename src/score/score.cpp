@@ -226,6 +226,35 @@ void reduce_gpu_facts(PerGpu& per_gpu, const Inventory& inv, RunFacts& f) {
   for (const auto& [name, m] : per_gpu) f.gpus = std::max(f.gpus, static_cast<int>(m.size()));
 }
 
+// The busiest thread (ThreadRecord rows) over the window. A catalog made
+// before the threads table, or a run sampled with --no-threads, has none.
+Status collect_thread_facts(Catalog& cat, const Inventory& inv, const std::string& window, RunFacts& f) {
+  auto has = cat.query("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'threads'");
+  if (!has) return has.error();
+  if (has->rows.empty() || num(has->rows[0][0]) == 0) return {};
+  auto r = cat.query(fmt::format(
+      "SELECT s.node_id, s.pid, s.tid, s.comm, max(s.main), max(s.python), sum(s.busy) / n.intervals AS mean, n.intervals, n.busy_threads "
+      "FROM threads s JOIN (SELECT node_id, count(*) AS intervals, avg(busy_threads) AS busy_threads FROM threads s "
+      "WHERE s.run_id = {0}{1} GROUP BY node_id) n USING(node_id) WHERE s.run_id = {0}{1} "
+      "GROUP BY s.node_id, s.pid, s.tid, s.comm ORDER BY mean DESC LIMIT 1", f.run_id, window));
+  if (!r) return r.error();
+  if (r->rows.empty()) return {};
+  const auto& row = r->rows[0];
+  RunFacts::Thread t;
+  auto h = inv.hosts.find(static_cast<std::int64_t>(num(row[0])));
+  t.node = h == inv.hosts.end() ? "" : h->second;
+  t.pid = static_cast<int>(num(row[1]));
+  t.tid = static_cast<int>(num(row[2]));
+  t.comm = str(row[3]);
+  t.main = num(row[4]) != 0;
+  t.python = num(row[5]) != 0;
+  t.busy = std::clamp(num(row[6]), 0.0, 1.0);
+  t.intervals = static_cast<std::int64_t>(num(row[7]));
+  t.busy_threads = null(row[8]) ? 0 : num(row[8]);
+  f.busiest_thread = t;
+  return {};
+}
+
 }  // namespace
 
 Expected<RunFacts> collect_facts(Catalog& cat, const ScoreOptions& o) {
@@ -247,6 +276,7 @@ Expected<RunFacts> collect_facts(Catalog& cat, const ScoreOptions& o) {
   PerGpu per_gpu;
   fold_samples(*r, *inv, f, per_gpu);
   reduce_gpu_facts(per_gpu, *inv, f);
+  if (Status s = collect_thread_facts(cat, *inv, *window, f); !s) return s.error();
   return f;
 }
 
@@ -260,6 +290,20 @@ Evidence gpu_evidence(const std::string& what, const RunFacts::GpuMetric& m, con
 }
 
 double clamp01(double v) { return std::clamp(v, 0.0, 1.0); }
+
+// "`python3` (main)" for a process's main thread, else with its ids.
+std::string thread_label(const RunFacts::Thread& t) {
+  return t.main ? fmt::format("`{}` (main)", t.comm)
+                : fmt::format("`{}` (thread {} of {}process {})", t.comm, t.tid, t.python ? "Python " : "", t.pid);
+}
+
+// The thread that holds the run back, when one does: busy at least
+// kThreadBound of a core while the node's other threads do little.
+const RunFacts::Thread* bound_thread(const RunFacts& f) {
+  if (!f.busiest_thread) return nullptr;
+  const auto& t = *f.busiest_thread;
+  return t.busy >= kThreadBound && t.busy_threads < kOtherThreadsBusy ? &t : nullptr;
+}
 
 // compute: the busiest arithmetic pipe (GPM), else NVML utilization.
 Score score_compute(const RunFacts& f) {
@@ -372,6 +416,13 @@ Score score_host_cpu(const RunFacts& f) {
   }
   if (f.cpu_busy) host.evidence.push_back({"all CPUs busy (every process on the node)", *f.cpu_busy, "ratio", "cpu.busy, mean over nodes"});
   if (f.busiest_core) host.evidence.push_back({"busiest core", *f.busiest_core, "ratio", "cpu.busy per core"});
+  if (const auto& t = f.busiest_thread) {
+    host.evidence.push_back({fmt::format("busiest thread {}, share of one core", thread_label(*t)), t->busy, "ratio",
+                             fmt::format("threads: pid {} tid {}{}{} on {}, mean over {} intervals", t->pid, t->tid,
+                                         t->python ? ", a Python interpreter" : "", t->main ? ", main thread" : "", t->node,
+                                         t->intervals)});
+    host.evidence.push_back({"threads of its process busy at least half a core (mean)", t->busy_threads, "threads", "threads.busy_threads"});
+  }
   if (!host.value) host.why_not = "no CPU samples (no sampler ran)";
   return host;
 }
@@ -411,12 +462,43 @@ Verdict decide(const RunFacts& f, const std::vector<Score>& scores) {
     d.kind = "communication-bound";
     d.sentence = fmt::format("communication-bound: {} of step time in communication and links up to {} busy; see comm share by rank (pacer query DB data-wait)",
                              pct(comm_share), pct(v(comm)));
+  } else if (const auto* t = bound_thread(f); t && sm >= 0 && util >= kLaunchUtil && util < kLaunchBusyUtil && sm < kGpuBusy &&
+                                                util >= kLaunchRatio * sm) {
+    // Kernels run a good part of the time yet hold few SMs, and the thread
+    // that launches them never rests: the GPU waits between small kernels.
+    d.kind = "launch-bound";
+    d.sentence = fmt::format("launch-bound: a kernel ran {} of the time but SMs were active only {} while thread {}{} is busy {} of a "
+                             "core: kernels too small to fill the GPU (fuse them, give each more work, or capture them in a CUDA graph)",
+                             pct(util), pct(sm), thread_label(*t), f.nodes > 1 ? " on " + t->node : "", pct(t->busy));
   } else if (busy >= kGpuBusy) {
     const bool mem = v(memory) >= kMemoryBound && v(memory) >= v(compute);
     d.kind = mem ? "memory-bound" : "compute-bound";
     d.sentence = fmt::format("{}: {} {} of the time, {} {} against {} {}", d.kind, busy_what, pct(busy),
                              mem ? "DRAM bandwidth" : "busiest compute pipe", pct(mem ? v(memory) : std::max(0.0, v(compute))),
                              mem ? "busiest compute pipe" : "DRAM bandwidth", v(mem ? compute : memory) < 0 ? "not measured" : pct(v(mem ? compute : memory)));
+  } else if (const auto* t = bound_thread(f); t && (f.gpus > 0 || f.cpus != 1)) {
+    // With GPUs: they wait on the thread. Without: the command is one
+    // thread's work, which more cores would not speed up (on a one-CPU node
+    // that is the whole host: host-cpu-bound).
+    d.kind = "host-bound";
+    const std::string where = f.nodes > 1 ? " on " + t->node : "";
+    if (f.gpus > 0) {
+      d.sentence = fmt::format("host-bound (one thread): {} thread {}{} is busy {} of a core: single-threaded host work (data "
+                               "preparation, Python overhead or kernel launches) limits the GPU",
+                               busy >= 0 ? fmt::format("GPUs idle {} of the time while", pct(1 - busy)) : "GPU activity not recorded;",
+                               thread_label(*t), where, pct(t->busy));
+    } else {
+      std::string node;
+      if (f.cpu_busy && f.cpus > 0) {
+        const double idle_cores = (1 - *f.cpu_busy) * f.cpus;
+        node = fmt::format(" while the {} CPUs are {} busy ({:.1f} of {:.0f} cores idle{})", f.nodes > 1 ? "nodes'" : "node's",
+                           pct(*f.cpu_busy), idle_cores, f.cpus, idle_cores < 0.5 ? ", other processes take the rest" : "");
+      }
+      d.sentence = fmt::format("host-bound (one thread): no GPU was recorded and thread {}{} is busy {} of a core{}: the command is "
+                               "single-threaded host work; more threads or processes (data-loader workers, torch.set_num_threads) "
+                               "would use more cores",
+                               thread_label(*t), where, pct(t->busy), node);
+    }
   } else if (v(host) >= kHostBound) {
     d.kind = "host-cpu-bound";
     const double own = f.process_cores && f.cpus > 0 ? *f.process_cores / f.cpus : v(host);
@@ -435,6 +517,13 @@ Verdict decide(const RunFacts& f, const std::vector<Score>& scores) {
     if (top < 0 && busy < 0) {
       d.kind = "unknown";
       d.sentence = "unknown: the catalog holds nothing to judge for this run";
+    } else if (f.samples == 0 && !f.busiest_thread && busy < 0 && !f.cpu_busy && !f.process_cores && !f.disk_busy) {
+      // Steps alone (pacer.telemetry without pacer monitor) show neither
+      // GPUs nor CPUs: low wait shares do not make the run idle.
+      d.kind = "unknown";
+      d.sentence = fmt::format("unknown: no sampler data for this run, only {} training steps (data wait {}, communication {} of step "
+                               "time); run the command under pacer monitor to judge its GPUs and CPUs",
+                               f.steps, v(input) >= 0 ? pct(v(input)) : "not reported", f.comm_s ? pct(comm_share) : "not reported");
     } else if (std::max(top, busy) < kIdle) {
       d.kind = "idle";
       d.sentence = fmt::format("idle: nothing is busy ({}; highest score {} {})",
@@ -497,6 +586,12 @@ nlohmann::json to_json(const ScoreReport& r) {
           {"samples", f.samples},
           {"catalog_status", f.catalog_status},
           {"scores", scores},
+          {"busiest_thread", f.busiest_thread ? json{{"node", f.busiest_thread->node}, {"pid", f.busiest_thread->pid},
+                                                     {"tid", f.busiest_thread->tid}, {"comm", f.busiest_thread->comm},
+                                                     {"main", f.busiest_thread->main}, {"python", f.busiest_thread->python},
+                                                     {"busy", f.busiest_thread->busy}, {"busy_threads", f.busiest_thread->busy_threads},
+                                                     {"intervals", f.busiest_thread->intervals}}
+                                              : json(nullptr)},
           {"verdict", {{"kind", r.verdict.kind}, {"sentence", r.verdict.sentence}}},
           {"not_judged", r.not_judged}};
 }

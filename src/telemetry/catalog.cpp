@@ -27,6 +27,15 @@ using detail::Stmt;
 
 namespace {
 
+// The busiest thread of the followed process tree per sampling pass
+// (ThreadRecord). Added within version 1, so kept apart from kSchema: see
+// Catalog::open.
+constexpr const char* kThreadsTable = R"sql(
+CREATE TABLE IF NOT EXISTS threads(
+  run_id INTEGER NOT NULL, t REAL NOT NULL, node_id INTEGER NOT NULL, pid INTEGER, tid INTEGER, comm TEXT,
+  main INTEGER, python INTEGER, busy REAL NOT NULL, threads INTEGER, busy_threads INTEGER);
+)sql";
+
 // Version 1. Times are Unix seconds (REAL); values are in the metric's unit.
 // docs/telemetry.md describes every column.
 constexpr const char* kSchema = R"sql(
@@ -60,6 +69,7 @@ CREATE VIEW IF NOT EXISTS samples_named AS
   SELECT s.run_id, s.t, n.hostname, g.gpu_index, s.device, m.name AS metric, m.unit, s.value
   FROM samples s JOIN metrics m USING(metric_id) JOIN nodes n USING(node_id) LEFT JOIN gpus g ON g.gpu_id = s.gpu_id;
 )sql";
+
 
 bool is_space_error(int rc) {
   const int primary = rc & 0xff;
@@ -177,6 +187,10 @@ Expected<std::unique_ptr<Catalog>> Catalog::open(const std::string& path, Catalo
     if (auto s = c->exec("PRAGMA synchronous=NORMAL"); !s) return s.error();
     if (version == 0)
       if (auto s = c->create_schema(); !s) return s.error();
+    // The threads table came later within version 1: a catalog made before
+    // it gets it when opened for writing (readers check that it is there).
+    if (version > 0)
+      if (auto s = c->exec(kThreadsTable); !s) return s.error();
     // After the schema, so that the cap limits data, not the catalog's creation.
     if (options.max_pages > 0)
       if (auto s = c->exec(fmt::format("PRAGMA max_page_count={}", options.max_pages)); !s) return s.error();
@@ -226,6 +240,7 @@ Status Catalog::create_schema() {
     if (st.ok() && st.step() == SQLITE_ROW && st.int64(0) != 0) return exec("COMMIT");
   }
   Status s = exec(kSchema);
+  if (s) s = exec(kThreadsTable);
   if (s) s = exec(fmt::format("INSERT OR REPLACE INTO meta VALUES('schema', 'pacer.catalog/{0}'); PRAGMA user_version={0}",
                               kCatalogSchemaVersion));
   if (!s) {
@@ -379,7 +394,7 @@ Expected<std::int64_t> Catalog::gpu_id(std::int64_t node_id, int index) {
 }
 
 Status Catalog::write_sample(std::int64_t run_id, std::int64_t node_id, const Sample& sample) {
-  return write(run_id, sample.readings.size() + sample.events.size(), [&]() -> int {
+  return write(run_id, sample.readings.size() + sample.events.size() + (sample.busiest_thread ? 1 : 0), [&]() -> int {
     Stmt st(db_, "INSERT INTO samples(run_id, t, node_id, gpu_id, device, metric_id, value) VALUES(?,?,?,?,?,?,?)");
     if (!st.ok()) return st.prepare_rc();
     for (const auto& r : sample.readings) {
@@ -424,6 +439,27 @@ Status Catalog::write_sample(std::int64_t run_id, std::int64_t node_id, const Sa
       ev.bind(6, e.kind);
       ev.bind(7, e.detail);
       if (const int rc = ev.step(); rc != SQLITE_DONE) return rc;
+    }
+    if (const auto& th = sample.busiest_thread) {
+      if (!std::isfinite(th->busy)) {
+        ++nonfinite_;
+        return SQLITE_OK;
+      }
+      Stmt ins(db_, "INSERT INTO threads(run_id, t, node_id, pid, tid, comm, main, python, busy, threads, busy_threads) "
+                    "VALUES(?,?,?,?,?,?,?,?,?,?,?)");
+      if (!ins.ok()) return ins.prepare_rc();
+      ins.bind(1, run_id);
+      ins.bind(2, sample.t);
+      ins.bind(3, node_id);
+      ins.bind(4, std::int64_t{th->pid});
+      ins.bind(5, std::int64_t{th->tid});
+      ins.bind(6, th->comm);
+      ins.bind(7, std::int64_t{th->main});
+      ins.bind(8, std::int64_t{th->python});
+      ins.bind(9, th->busy);
+      ins.bind(10, std::int64_t{th->threads});
+      ins.bind(11, std::int64_t{th->busy_threads});
+      if (const int rc = ins.step(); rc != SQLITE_DONE) return rc;
     }
     return SQLITE_OK;
   });
@@ -717,6 +753,11 @@ INSERT INTO main.samples(run_id, t, node_id, gpu_id, device, metric_id, value)
   SELECT rmap.new, s.t, nmap.new, gmap.new, s.device, mmap.new, s.value FROM src.samples s
   JOIN temp.rmap ON rmap.old = s.run_id JOIN temp.nmap ON nmap.old = s.node_id JOIN temp.mmap ON mmap.old = s.metric_id
   LEFT JOIN temp.gmap ON gmap.old = s.gpu_id)sql", &totals.samples);
+  if (has_table(db, "src", "threads"))
+    copy(R"sql(
+INSERT INTO main.threads(run_id, t, node_id, pid, tid, comm, main, python, busy, threads, busy_threads)
+  SELECT rmap.new, h.t, nmap.new, h.pid, h.tid, h.comm, h.main, h.python, h.busy, h.threads, h.busy_threads FROM src.threads h
+  JOIN temp.rmap ON rmap.old = h.run_id JOIN temp.nmap ON nmap.old = h.node_id)sql", nullptr);
   copy(R"sql(
 INSERT OR IGNORE INTO main.ranks(run_id, rank, node_id)
   SELECT rmap.new, r.rank, nmap.new FROM src.ranks r JOIN temp.rmap ON rmap.old = r.run_id LEFT JOIN temp.nmap ON nmap.old = r.node_id)sql",

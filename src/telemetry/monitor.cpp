@@ -313,6 +313,7 @@ Expected<MonitorResult> run_monitor(const MonitorOptions& o) {
   sopt.pid = o.pid;
   sopt.gpus = o.gpus;
   sopt.per_core = o.per_core;
+  sopt.threads = o.threads;
   Sampler sampler(sopt);
   std::int64_t node_id = 0;
   auto run_id = begin_run(catalog, sampler, o, node_id);

@@ -43,6 +43,14 @@ std::string render_prometheus(const Sample& sample, const std::string& node) {
       out += fmt::format("{}{{{}}} {}\n", name, labels, counter ? *r->total : r->value);
     }
   }
+  // Labelled by name, not tid: a tid per series would make a new series for
+  // every thread that happens to be busiest.
+  if (const auto& t = sample.busiest_thread) {
+    out += "# HELP pacer_process_busiest_thread_ratio Share of one core used by the monitored tree's busiest thread over the "
+           "last interval\n# TYPE pacer_process_busiest_thread_ratio gauge\n";
+    out += fmt::format("pacer_process_busiest_thread_ratio{{node=\"{}\",comm=\"{}\",main=\"{}\"}} {}\n", escape_label(node),
+                       escape_label(t->comm), t->main ? "true" : "false", t->busy);
+  }
   return out;
 }
 

@@ -58,4 +58,9 @@ const MetricDef* find_metric(std::string_view name) {
   return nullptr;
 }
 
+nlohmann::json to_json(const ThreadRecord& r) {
+  return {{"pid", r.pid}, {"tid", r.tid}, {"comm", r.comm}, {"main", r.main}, {"python", r.python},
+          {"busy", r.busy}, {"threads", r.threads}, {"busy_threads", r.busy_threads}};
+}
+
 }  // namespace pacer::telemetry

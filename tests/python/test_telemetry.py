@@ -1,4 +1,5 @@
 """pacer.telemetry from Python: steps reach the catalog with rank and node, the loop never waits, drops are counted."""
+import json
 import os
 import socket
 import sqlite3
@@ -59,6 +60,19 @@ class TelemetryTest(unittest.TestCase):
         code = "import pacer.telemetry as tm\nfor i in range(5): tm.step(step=i, loss=1.0)\n"
         subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)  # closed at exit
         self.assertEqual(rows(self.db, "SELECT count(*), min(rank) FROM steps"), [(5, 7)])
+
+    def test_steps_without_a_sampler_are_scored_unknown_not_idle(self):
+        """A train.py that logs steps through pacer.telemetry, not under pacer monitor: nothing says the GPUs idled."""
+        tm.open(self.db, rank=0)
+        for i in range(20):
+            tm.step(step=i, loss=2.0 - i / 100, tokens=4096, data_wait_s=0.001, comm_s=0.0, step_time_s=0.1)
+        tm.close()
+        pacer_bin = os.environ.get("PACER_BIN", os.path.join(os.path.dirname(__file__), "../../build/bin/pacer"))
+        r = subprocess.run([pacer_bin, "score", self.db, "--json"], capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        verdict = json.loads(r.stdout)["verdict"]
+        self.assertEqual(verdict["kind"], "unknown", verdict["sentence"])
+        self.assertIn("no sampler data for this run, only 20 training steps", verdict["sentence"])
 
     def test_bad_values_raise_pacer_error(self):
         tm.open(self.db, rank=0)

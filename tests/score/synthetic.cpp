@@ -20,6 +20,9 @@ struct Shape {
   double proc_cores_share = 0.02, disk = 0.01;
   double data_wait = 0.02, comm = 0.05;  // shares of step time
   double node_busy = -1;                 // all-CPU busy; -1: the command's share plus a little
+  double util = -1;                      // NVML utilization; -1: from sm
+  double thread = -1;                    // the busiest thread's share of a core; -1: no threads table rows
+  unsigned busy_threads = 1;             // threads at half a core or more
   std::string verdict;
 };
 
@@ -35,6 +38,11 @@ const std::map<std::string, Shape>& shapes() {
       {"cpu", {.gpus = false, .steps = false, .proc_cores_share = 0.95, .verdict = "host-cpu-bound"}},
       {"cpu-contended", {.gpus = false, .steps = false, .proc_cores_share = 0.15, .node_busy = 1.0, .verdict = "host-cpu-bound"}},
       {"steps-only", {.gpus = false, .sampler = false, .data_wait = 0.5, .verdict = "input-bound"}},
+      {"steps-quiet", {.gpus = false, .sampler = false, .data_wait = 0, .comm = 0, .verdict = "unknown"}},
+      {"host-thread", {.steps = false, .sm = 0.25, .tensor = 0.05, .dram = 0.06, .proc_cores_share = 1.1 / 32, .thread = 0.97, .verdict = "host-bound"}},
+      {"launch", {.steps = false, .sm = 0.04, .tensor = 0.0, .dram = 0.03, .proc_cores_share = 1.0 / 32, .util = 0.6, .thread = 0.99, .verdict = "launch-bound"}},
+      {"cpu-thread", {.gpus = false, .steps = false, .proc_cores_share = 1.0 / 32, .thread = 0.96, .verdict = "host-bound"}},
+      {"cpu-threads", {.gpus = false, .steps = false, .proc_cores_share = 8.0 / 32, .thread = 0.95, .busy_threads = 8, .verdict = "unsaturated"}},
       {"empty", {.gpus = false, .sampler = false, .steps = false, .verdict = "unknown"}},
   };
   return kShapes;
@@ -86,7 +94,7 @@ Status write_synthetic_catalog(const std::string& path, const std::string& workl
       auto w = [&](int g, double base) { return std::clamp(base * (1 + 0.05 * std::sin(0.3 * i + g + 2 * n)), 0.0, 1.0); };
       auto add = [&](const char* name, int gpu, const std::string& dev, double v) { s.readings.push_back({find_metric(name), gpu, dev, v, {}}); };
       for (int g = 0; g < gpus_per_node; ++g) {
-        add("gpu.util", g, "", sh.sm > 0.05 ? std::min(1.0, w(g, sh.sm) + 0.03) : 0.0);
+        add("gpu.util", g, "", sh.util >= 0 ? w(g, sh.util) : sh.sm > 0.05 ? std::min(1.0, w(g, sh.sm) + 0.03) : 0.0);
         add("gpu.mem_util", g, "", w(g, sh.dram));
         add("gpm.sm_util", g, "", w(g, sh.sm));
         add("gpm.tensor_util", g, "", w(g, sh.tensor));
@@ -106,6 +114,10 @@ Status write_synthetic_catalog(const std::string& path, const std::string& workl
       add("net.tx_bytes", -1, "eth0", 1e6);
       add("ib.rx_bytes", -1, "mlx5_0:1", 1e9);
       add("ib.tx_bytes", -1, "mlx5_0:1", 1e9);
+      // The main thread of one Python process per node, steady near its share.
+      if (sh.thread >= 0)
+        s.busiest_thread = ThreadRecord{1000 + n, 1000 + n, "python3", true, true, std::clamp(sh.thread + 0.02 * std::sin(i), 0.0, 1.0),
+                                        40, sh.busy_threads};
       if (workload == "gemm" && n == 1 && i == 30) s.events.push_back({s.t, "gpu.throttle", "sw_power_cap", 2, -1});
       if (workload == "gemm" && n == 1 && i == 34) s.events.push_back({s.t, "gpu.throttle_end", "", 2, -1});
       if (Status st = cat.write_sample(*run, *node, s); !st) return st;

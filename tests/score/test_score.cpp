@@ -20,6 +20,13 @@ const Score& find(const ScoreReport& r, const std::string& name) {
   throw std::runtime_error("no score " + name);
 }
 
+// The score of a fresh synthetic catalog of `workload`.
+ScoreReport score_synthetic(const std::string& workload) {
+  TempDir dir("score-");
+  if (!test::write_synthetic_catalog(dir.path() + "/c.db", workload)) throw std::runtime_error("cannot write " + workload);
+  return score_catalog(dir.path() + "/c.db", {}).value();
+}
+
 class Workload : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Workload, VerdictMatchesTheWorkload) {
@@ -29,7 +36,8 @@ TEST_P(Workload, VerdictMatchesTheWorkload) {
   auto r = score_catalog(db, {});
   ASSERT_TRUE(r.has_value()) << r.error().message;
   EXPECT_EQ(r->verdict.kind, test::expected_verdict(GetParam())) << r->verdict.sentence << "\n" << to_text(*r);
-  EXPECT_EQ(r->verdict.sentence.rfind(r->verdict.kind + ":", 0), 0u) << r->verdict.sentence;
+  const std::string lead = r->verdict.kind == "host-bound" ? "host-bound (one thread):" : r->verdict.kind + ":";
+  EXPECT_EQ(r->verdict.sentence.rfind(lead, 0), 0u) << r->verdict.sentence;
   for (const auto& s : r->scores) {
     if (s.value) {
       EXPECT_GE(*s.value, 0.0) << s.name;
@@ -149,6 +157,88 @@ TEST(Score, RulesAtTheThresholds) {
   EXPECT_EQ(judge(f).verdict.kind, "input-bound");
   f.comm_s = 3.0;  // more time in communication than waiting for data
   EXPECT_EQ(judge(f).verdict.kind, "communication-bound");
+}
+
+TEST(Score, OneSaturatedThreadWithIdleGpusIsHostBoundAndNamesTheThread) {
+  auto r = score_synthetic("host-thread");
+  ASSERT_TRUE(r.facts.busiest_thread.has_value());
+  EXPECT_EQ(r.facts.busiest_thread->comm, "python3");
+  EXPECT_TRUE(r.facts.busiest_thread->main);
+  EXPECT_TRUE(r.facts.busiest_thread->python);
+  EXPECT_EQ(r.facts.busiest_thread->intervals, 60);
+  const double idle = 1 - r.facts.gpu_util->mean, thread = r.facts.busiest_thread->busy;
+  EXPECT_EQ(r.verdict.sentence,
+            fmt::format("host-bound (one thread): GPUs idle {:.0f}% of the time while thread `python3` (main) on gpu00{} is busy {:.0f}% "
+                        "of a core: single-threaded host work (data preparation, Python overhead or kernel launches) limits the GPU",
+                        100 * idle, r.facts.busiest_thread->node.back() - '0', 100 * thread));
+  bool evidence = false;
+  for (const auto& e : find(r, "host_cpu").evidence) evidence |= contains(e.what, "busiest thread `python3` (main)");
+  EXPECT_TRUE(evidence);
+  const auto j = to_json(r);
+  EXPECT_EQ(j["busiest_thread"]["comm"], "python3");
+  EXPECT_EQ(j["busiest_thread"]["python"], true);
+}
+
+TEST(Score, SmallKernelsFromASaturatedThreadAreLaunchBound) {
+  auto r = score_synthetic("launch");
+  EXPECT_TRUE(contains(r.verdict.sentence, "kernels too small to fill the GPU")) << r.verdict.sentence;
+  EXPECT_TRUE(contains(r.verdict.sentence, "SMs were active only 4%")) << r.verdict.sentence;
+  // The same GPUs with a thread that rests (it waits on the GPU): the old verdict.
+  RunFacts f = r.facts;
+  f.busiest_thread->busy = 0.4;
+  EXPECT_EQ(judge(f).verdict.kind, "compute-bound");
+}
+
+TEST(Score, OneThreadWithoutGpusAndManyBusyThreads) {
+  auto r = score_synthetic("cpu-thread");
+  EXPECT_EQ(r.verdict.kind, "host-bound");
+  EXPECT_TRUE(contains(r.verdict.sentence, "no GPU was recorded and thread `python3` (main)")) << r.verdict.sentence;
+  EXPECT_TRUE(contains(r.verdict.sentence, "cores idle")) << r.verdict.sentence;
+  // A node of one CPU: that thread is the whole host.
+  RunFacts one = r.facts;
+  one.cpus = 1;
+  one.process_cores = 1;
+  one.cpu_busy = 1;
+  EXPECT_EQ(judge(one).verdict.kind, "host-cpu-bound");
+  EXPECT_NE(score_synthetic("cpu-threads").verdict.kind, "host-bound");
+}
+
+TEST(Score, StepsWithoutAnySamplerAreUnknownNotIdle) {
+  auto r = score_synthetic("steps-quiet");
+  EXPECT_EQ(r.verdict.kind, "unknown");
+  EXPECT_TRUE(contains(r.verdict.sentence, "no sampler data for this run, only 800 training steps")) << r.verdict.sentence;
+  EXPECT_TRUE(contains(r.verdict.sentence, "pacer monitor"));
+}
+
+TEST(Score, ThreadRulesAtTheThresholds) {
+  RunFacts f;
+  f.gpus = 8;
+  f.cpus = 64;
+  f.samples = 100;
+  RunFacts::GpuMetric m;
+  m.mean = m.min = 0.2;
+  m.gpus = 8;
+  f.gpu_util = m;
+  f.busiest_thread = RunFacts::Thread{"n", 10, 10, "python3", true, true, kThreadBound, 1.0, 60};
+  EXPECT_EQ(judge(f).verdict.kind, "host-bound");
+  f.busiest_thread->busy = kThreadBound - 0.01;
+  EXPECT_EQ(judge(f).verdict.kind, "unsaturated");
+  f.busiest_thread->busy = 1.0;
+  f.busiest_thread->busy_threads = kOtherThreadsBusy;  // the work is spread over threads
+  EXPECT_NE(judge(f).verdict.kind, "host-bound");
+  f.busiest_thread->busy_threads = 1;
+  f.gpu_util->mean = kGpuBusy;  // GPUs busy enough: their own verdict
+  EXPECT_EQ(judge(f).verdict.kind, "compute-bound");
+  // GPM: a kernel runs 40% of the time on 20% of the SMs: launch-bound at a ratio of 2.
+  f.gpu_util->mean = 0.4;
+  f.sm_util = m;
+  f.sm_util->mean = 0.4 / kLaunchRatio;
+  EXPECT_EQ(judge(f).verdict.kind, "launch-bound");
+  f.sm_util->mean = 0.4 / kLaunchRatio + 0.01;
+  EXPECT_EQ(judge(f).verdict.kind, "host-bound");
+  f.sm_util->mean = 0.05;
+  f.gpu_util->mean = kLaunchBusyUtil;  // a kernel always runs: not waiting on launches
+  EXPECT_EQ(judge(f).verdict.kind, "compute-bound");
 }
 
 TEST(Score, MissingRunAndEmptyCatalogAreUsageErrors) {

@@ -84,6 +84,7 @@ struct PidStat {
   std::uint64_t utime = 0;
   std::uint64_t stime = 0;
   std::uint64_t rss_pages = 0;
+  std::uint64_t starttime = 0;  // clock ticks after boot: with the pid, names one process or thread for good
 };
 // The command name may contain spaces and parentheses; it ends at the last ')'.
 Expected<PidStat> parse_pid_stat(std::string_view text);

@@ -23,6 +23,7 @@ struct MonitorOptions {
   std::string prometheus;            // "HOST:PORT" or "PORT" (loopback); empty: none
   bool gpus = true;
   bool per_core = true;
+  bool threads = true;               // the busiest thread of the command's tree (SamplerOptions::threads)
   std::string root;                  // prefixed to /proc and /sys (tests)
   std::int64_t db_max_pages = 0;     // test seam, see CatalogOptions::max_pages
   // Called with warnings as they happen (the CLI prints them to stderr).

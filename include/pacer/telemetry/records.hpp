@@ -7,6 +7,8 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 namespace pacer::telemetry {
 
 // A gauge is stored as read. A counter is read as a cumulative total; the
@@ -52,12 +54,29 @@ struct EventRecord {
   int rank = -1;
 };
 
+// The busiest thread of the followed process tree over one sampling
+// interval (the catalog's threads table): what finds a run held back by one
+// host thread (a Python loop preparing batches, a thread launching kernels).
+struct ThreadRecord {
+  int pid = 0;                // its process
+  int tid = 0;
+  std::string comm;           // the thread's name (comm in /proc/PID/task/TID/stat, 15 characters at most)
+  bool main = false;          // the process's main thread (tid == pid)
+  bool python = false;        // the process runs a Python interpreter (exe or argv[0] named python*)
+  double busy = 0;            // share of one core (user + system time over the interval), in [0, 1]
+  unsigned threads = 0;       // threads of the tree seen in both passes
+  unsigned busy_threads = 0;  // threads of its process busy at least half a core (itself included)
+};
+// {"pid", "tid", "comm", "main", "python", "busy", "threads", "busy_threads"}.
+nlohmann::json to_json(const ThreadRecord& r);
+
 // Everything one sampling pass produced. Times are Unix seconds.
 struct Sample {
   double t = 0;
   double interval_s = 0;  // since the previous pass; 0 for the first
   std::vector<Reading> readings;
   std::vector<EventRecord> events;
+  std::optional<ThreadRecord> busiest_thread;  // read at most once a second: none in other passes, the first, or without a process tree
 };
 
 // One training step as a rank reports it. All durations are seconds;

@@ -3,7 +3,9 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "pacer/hw/nvml.hpp"
@@ -12,11 +14,45 @@
 
 namespace pacer::telemetry {
 
+// Per-thread CPU time of a process tree, from /proc/PID/task/TID/stat: each
+// pass reads every thread of the given processes and returns the one that
+// used the most CPU time since the previous pass. Threads are told apart by
+// tid and start time, so a tid reused by a new thread starts from nothing
+// rather than yielding a difference against another thread's time; a thread
+// that ends between the listing and the read is skipped; a thread first seen
+// in this pass has no interval yet and counts from the next. Not thread-safe.
+class ThreadSampler {
+ public:
+  explicit ThreadSampler(std::string root = "") : root_(std::move(root)) {}
+  // One pass at time `now` (seconds, any clock that does not step back).
+  std::optional<ThreadRecord> sample(const std::vector<int>& pids, double now);
+
+ private:
+  struct Seen {
+    std::uint64_t starttime = 0;
+    std::uint64_t ticks = 0;  // utime + stime
+    std::uint64_t pass = 0;   // the last pass that saw it
+  };
+  struct Interpreter {
+    std::uint64_t starttime = 0;
+    std::string comm;  // the main thread's, which exec changes
+    bool python = false;
+  };
+  bool is_python(int pid, std::uint64_t starttime, const std::string& main_comm);
+
+  std::string root_;
+  std::unordered_map<int, Seen> seen_;  // by tid
+  std::unordered_map<int, Interpreter> interpreters_;  // by pid
+  std::uint64_t pass_ = 0;
+  double prev_t_ = 0;
+};
+
 struct SamplerOptions {
   std::string root{};       // prefixed to /proc and /sys; "" for the real ones
   int pid = 0;              // process tree to follow; 0: none
   bool gpus = true;         // query NVML (and GPM where the GPU has it)
   bool per_core = true;     // one cpu.busy reading per core as well as the total
+  bool threads = true;      // the followed tree's busiest thread (ThreadSampler), at most once a second
   std::shared_ptr<hw::Nvml> nvml = nullptr;  // used when set; otherwise opened when `gpus`
 };
 
@@ -69,7 +105,10 @@ class Sampler {
   static constexpr double kSlowQueryEverySeconds = 5;
   static constexpr double kGpmEverySeconds = 1;
   static constexpr double kTreeScanEverySeconds = 1;
+  static constexpr double kThreadsEverySeconds = 1;
+  double last_threads_ = -1e300;
   std::vector<int> tree_pids_;
+  ThreadSampler threads_;
   double last_tree_scan_ = 0;
   double last_full_query_ = -1e300;
   double last_slow_query_ = -1e300;
