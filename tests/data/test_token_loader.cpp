@@ -315,5 +315,20 @@ TEST(TokenLoader, MessagesNameTheDataset) {
   EXPECT_TRUE(test::contains(e.error().message, empty + ": the dataset has 0 documents, fewer than the 1 ranks")) << e.error().message;
 }
 
+// Prefetch hints for any document, offset and stage are harmless and leave
+// the tokens as they are.
+TEST(TokenLoader, PrefetchHintsChangeNothing) {
+  Corpus c(20);
+  for (int stage = 0; stage < 3; ++stage)
+    for (std::uint64_t d : {std::uint64_t{0}, std::uint64_t{7}, c.ds->documents(), c.ds->documents() + 5, ~std::uint64_t{0}})
+      for (std::uint64_t off : {std::uint64_t{0}, std::uint64_t{3}, std::uint64_t{1} << 40}) c.ds->prefetch(d, off, stage);
+  for (std::uint64_t d = 0; d < c.ds->documents(); ++d) {
+    const std::uint64_t n = c.ds->document_tokens(d);
+    std::vector<std::int64_t> out(n);
+    ASSERT_TRUE(c.ds->copy_tokens(d, 0, n, out.data()));
+    for (std::uint64_t t = 0; t < n; ++t) ASSERT_EQ(out[t], static_cast<std::int64_t>(1000 * d + t + 1)) << d << " " << t;
+  }
+}
+
 }  // namespace
 }  // namespace pacer::data
