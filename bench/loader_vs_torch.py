@@ -1,7 +1,7 @@
 """pacer.data.Loader against PyTorch's DataLoader and `cat` on the same tar shards.
 
 Usage: PYTHONPATH=build/python /usr/bin/python3 bench/loader_vs_torch.py [--samples N] [--size BYTES] [--rounds R]
-           [--per-shard N] [--open-shards N] [--name NAME]
+           [--per-shard N] [--open-shards N] [--name NAME] [--keep]
 Writes bench/results/NAME.{json,md} (default NAME: loader_vs_torch-DATE). Shards live in a scratch
 directory under the repository and are removed at the end. The page cache is
 warmed first: this measures the loaders, not the disk.
@@ -182,6 +182,7 @@ def main():
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--open-shards", type=int, default=10000)
+    ap.add_argument("--keep", action="store_true", help="keep the scratch directory (its bench-*.tar for loader_copy_floor)")
     args = ap.parse_args()
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     scratch = tempfile.mkdtemp(prefix=".loader-bench-", dir=repo)
@@ -284,7 +285,10 @@ def main():
             f.write("\n".join(md) + "\n")
         print("\n".join(md))
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        if args.keep:
+            print(f"shards kept in {scratch}")
+        else:
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 if __name__ == "__main__":
