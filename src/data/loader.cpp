@@ -209,9 +209,9 @@ class TokenSource : public Loader::Source {
     auto p = plan(seed, epoch);
     return o_.pack ? p->packing.rows() : p->docs.size();
   }
-  // Planning a shuffled epoch of 68,000 documents took ~0.03 s on the
-  // consumer's thread, the readers idle meanwhile (1/3 of an epoch's time in
-  // bench/results/tokens_speed-2026-12-01.md).
+  // Planning a shuffled epoch of 68,000 documents took ~0.026 CPU s of the
+  // epoch's ~0.14, on the consumer's thread with the readers idle
+  // (bench/results/tokens_speed-2026-12-01.md).
   void prepare(std::uint64_t seed, std::uint64_t epoch) override { (void)plan(seed, epoch); }
 
   Status fill(std::uint64_t seed, std::uint64_t epoch, std::uint64_t lo, std::uint64_t hi, Batch& b, std::uint64_t& bytes,

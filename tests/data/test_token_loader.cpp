@@ -1,10 +1,12 @@
 // The loader over Megatron token datasets: packed and unpacked rows, exact-once per epoch across ranks, resume and bucketing.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <fstream>
 #include <iterator>
 #include <map>
 #include <set>
+#include <thread>
 
 #include "pacer/data.hpp"
 #include "test_util.hpp"
@@ -328,6 +330,28 @@ TEST(TokenLoader, PrefetchHintsChangeNothing) {
     ASSERT_TRUE(c.ds->copy_tokens(d, 0, n, out.data()));
     for (std::uint64_t t = 0; t < n; ++t) ASSERT_EQ(out[t], static_cast<std::int64_t>(1000 * d + t + 1)) << d << " " << t;
   }
+}
+
+// Once an epoch is scheduled an idle reader plans the next: the epoch read
+// after it is the one a fresh loader reads there, with one reader or two,
+// whether or not the plan was done before the next epoch was asked for.
+TEST(TokenLoader, NextEpochPlannedAheadIsTheSameEpoch) {
+  Corpus c(90);
+  for (int threads : {1, 2})
+    for (bool pack : {true, false}) {
+      auto o = token_opts(4, 0, 1, pack);
+      o.threads = threads;
+      auto fresh = Loader::open(c.ds, o).value();
+      fresh->set_epoch(1);
+      const auto want = drain(*fresh).batches;
+      for (int wait_ms : {0, 50}) {
+        auto l = Loader::open(c.ds, o).value();
+        drain(*l);
+        std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
+        l->set_epoch(1);
+        EXPECT_EQ(drain(*l).batches, want) << threads << " " << pack << " " << wait_ms;
+      }
+    }
 }
 
 }  // namespace
