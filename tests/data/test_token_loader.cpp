@@ -332,9 +332,10 @@ TEST(TokenLoader, PrefetchHintsChangeNothing) {
   }
 }
 
-// Once an epoch is scheduled an idle reader plans the next: the epoch read
-// after it is the one a fresh loader reads there, with one reader or two,
-// whether or not the plan was done before the next epoch was asked for.
+// A loader that went on to another epoch plans the next one on an idle
+// reader once the current one is scheduled: the epoch read after it is the
+// one a fresh loader reads there, with one reader or two, whether or not the
+// plan was done before the next epoch was asked for.
 TEST(TokenLoader, NextEpochPlannedAheadIsTheSameEpoch) {
   Corpus c(90);
   for (int threads : {1, 2})
@@ -342,13 +343,15 @@ TEST(TokenLoader, NextEpochPlannedAheadIsTheSameEpoch) {
       auto o = token_opts(4, 0, 1, pack);
       o.threads = threads;
       auto fresh = Loader::open(c.ds, o).value();
-      fresh->set_epoch(1);
+      fresh->set_epoch(2);
       const auto want = drain(*fresh).batches;
       for (int wait_ms : {0, 50}) {
         auto l = Loader::open(c.ds, o).value();
         drain(*l);
-        std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
         l->set_epoch(1);
+        drain(*l);
+        std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
+        l->set_epoch(2);
         EXPECT_EQ(drain(*l).batches, want) << threads << " " << pack << " " << wait_ms;
       }
     }
