@@ -150,6 +150,19 @@ class Dataset {
   };
   Expected<SampleEntry> read_into(std::uint64_t i, BatchBuffer& buf, ReadCheck* check) const;
   Status confirm(const ReadCheck& check) const;
+  // read_into(i, buf, check) without copying the entry out: returns sample
+  // i's index entry (owned by the dataset, valid while it is open) and sets
+  // at[k] to where its field k now lies in `buf` (the loader's per-sample
+  // path: copying the key and every extension per sample cost it ~8% of an
+  // epoch, bench/results/loader_speed-2026-12-01.md).
+  Expected<const SampleEntry*> read_fields(std::uint64_t i, BatchBuffer& buf, ReadCheck* check, std::vector<std::uint64_t>& at) const;
+  // A hint (no I/O, no lock, never an error; nothing unless sample i's
+  // shard is open and mapped): stage 0 starts bringing sample i's bytes into
+  // the CPU caches, stage 1 its entry's field list, stage 2 its entry. A
+  // reader that knows its next samples issues 2, 1, 0 a few samples apart,
+  // so each stage finds the memory the one before fetched and the latency of
+  // shuffled reads overlaps the copy of the current sample.
+  void prefetch(std::uint64_t i, int stage = 0) const;
 
   struct Impl;
 
@@ -159,6 +172,9 @@ class Dataset {
   // Reads sample i's span (its first field's data to the end of its last)
   // with one copy into room(bytes); field offsets are relative to the span.
   Expected<SampleEntry> read_span(std::uint64_t i, const std::function<unsigned char*(std::uint64_t)>& room, ReadCheck* check = nullptr) const;
+  // read_span's work: at[k] is field k's offset from the start of room().
+  Expected<const SampleEntry*> read_located(std::uint64_t i, const std::function<unsigned char*(std::uint64_t)>& room, ReadCheck* check,
+                                            std::vector<std::uint64_t>& at) const;
   Dataset() = default;
   std::string name_;
   std::vector<std::string> shards_;
@@ -213,6 +229,13 @@ class TokenDataset {
   // check_size has passed.
   Status copy_tokens(std::uint64_t d, std::uint64_t offset, std::uint64_t count, std::int64_t* out, std::uint64_t* furthest) const;
   Status check_size(std::uint64_t furthest) const;
+  // A hint for copy_tokens(d, offset, ...) soon (no I/O, never an error):
+  // stage 2 prefetches document d's index entry, stage 1 its first
+  // sequence's length and offset, stage 0 the first pages of its tokens in
+  // the mapped .bin. A loader issues them a few pieces ahead (2, 1, 0), so
+  // shuffled documents' memory latency overlaps the widening of the current
+  // one (bench/results/tokens_speed-2026-12-01.md).
+  void prefetch(std::uint64_t d, std::uint64_t offset, int stage) const;
   // The loss mask of an SFT dataset (sft_mask_prefix(prefix) exists beside
   // it), else null: a uint8 dataset of the same shape, 1 for trained tokens.
   const TokenDataset* loss_mask() const { return mask_.get(); }

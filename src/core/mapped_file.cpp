@@ -143,6 +143,22 @@ Status MappedFile::check_size(std::uint64_t end) const {
   return Error{ErrorKind::kIo, fmt::format("{}: offset {}: unexpected end of file: truncated while open (it had {} bytes when opened)", path_, now, size_)};
 }
 
+void MappedFile::prefetch(std::uint64_t offset, std::size_t n) const {
+  if (offset > size_ || n > size_ - offset || n == 0) return;
+  // The first two lines of each page the range touches: the hardware
+  // prefetcher follows a stream within a page but starts again at each page
+  // boundary. Prefetching every line instead filled the core's miss buffers
+  // and stalled it as long as the copy would have (measured in
+  // bench/results/loader_speed-2026-12-01.md).
+  const unsigned char* p = data_ + offset;
+  const unsigned char* end = p + n;
+  for (const unsigned char* q = p; q < end;) {
+    __builtin_prefetch(q, 0, 3);
+    if (q + 64 < end) __builtin_prefetch(q + 64, 0, 3);
+    q = reinterpret_cast<const unsigned char*>((reinterpret_cast<std::uintptr_t>(q) | 4095) + 1);
+  }
+}
+
 Status MappedFile::copy(std::uint64_t offset, std::size_t n, void* dst) const { return read(offset, n, copy_to, dst); }
 
 Status MappedFile::read(std::uint64_t offset, std::size_t n, Reader fn, void* ctx) const {

@@ -388,7 +388,8 @@ Status pread_all(int fd, const MappedFile* map, unsigned char* dst, std::uint64_
 }
 }  // namespace
 
-Expected<SampleEntry> Dataset::read_span(std::uint64_t i, const std::function<unsigned char*(std::uint64_t)>& room, ReadCheck* check) const {
+Expected<const SampleEntry*> Dataset::read_located(std::uint64_t i, const std::function<unsigned char*(std::uint64_t)>& room, ReadCheck* check,
+                                                    std::vector<std::uint64_t>& at) const {
   auto loc = locate(i);
   if (!loc) return loc.error();
   const SampleEntry& e = *loc->entry;
@@ -410,9 +411,8 @@ Expected<SampleEntry> Dataset::read_span(std::uint64_t i, const std::function<un
     check->ends.emplace_back(loc->shard, end);
     return {};
   };
-  SampleEntry out;
-  out.key = e.key;
-  if (e.fields.empty()) return out;
+  at.clear();
+  if (e.fields.empty()) return &e;
   std::uint64_t lo = e.fields.front().offset, hi = 0, total = 0;
   for (const auto& f : e.fields) {
     lo = std::min(lo, f.offset);
@@ -426,21 +426,71 @@ Expected<SampleEntry> Dataset::read_span(std::uint64_t i, const std::function<un
   const std::uint64_t slack = 3 * kTarBlock * e.fields.size();
   if (hi - lo <= total + slack) {
     if (Status st = pread_all(loc->file->get(), loc->map, room(hi - lo), hi - lo, lo, shards_[loc->shard], e.key); !st) return st.error();
-    for (const auto& f : e.fields) out.fields.push_back({f.ext, f.offset - lo, f.size});
+    for (const auto& f : e.fields) at.push_back(f.offset - lo);
     end = hi;
     if (Status st = checked(); !st) return st.error();
-    return out;
+    return &e;
   }
   unsigned char* dst = room(total);
-  std::uint64_t at = 0;
+  std::uint64_t put = 0;
   for (const auto& f : e.fields) {
-    if (Status st = pread_all(loc->file->get(), loc->map, dst + at, f.size, f.offset, shards_[loc->shard], e.key); !st) return st.error();
-    out.fields.push_back({f.ext, at, f.size});
-    at += f.size;
+    if (Status st = pread_all(loc->file->get(), loc->map, dst + put, f.size, f.offset, shards_[loc->shard], e.key); !st) return st.error();
+    at.push_back(put);
+    put += f.size;
     end = std::max(end, f.offset + f.size);
   }
   if (Status st = checked(); !st) return st.error();
+  return &e;
+}
+
+Expected<SampleEntry> Dataset::read_span(std::uint64_t i, const std::function<unsigned char*(std::uint64_t)>& room, ReadCheck* check) const {
+  std::vector<std::uint64_t> at;
+  auto e = read_located(i, room, check, at);
+  if (!e) return e.error();
+  SampleEntry out;
+  out.key = (*e)->key;
+  for (std::size_t k = 0; k < at.size(); ++k) out.fields.push_back({(*e)->fields[k].ext, at[k], (*e)->fields[k].size});
   return out;
+}
+
+Expected<const SampleEntry*> Dataset::read_fields(std::uint64_t i, BatchBuffer& buf, ReadCheck* check, std::vector<std::uint64_t>& at) const {
+  std::size_t base = 0;
+  auto e = read_located(
+      i,
+      [&](std::uint64_t n) {
+        base = buf.append(n);
+        return buf.data() + base;
+      },
+      check, at);
+  if (!e) return e.error();
+  for (auto& a : at) a += base;
+  return e;
+}
+
+void Dataset::prefetch(std::uint64_t i, int stage) const {
+  if (i >= total_) return;
+  const std::size_t s = static_cast<std::size_t>(std::upper_bound(starts_.begin(), starts_.end(), i) - starts_.begin() - 1);
+  const Impl::Shard& sh = *impl_->shards[s];
+  // Only a settled shard's entries and mapping are read without its lock.
+  if (!sh.settled.load(std::memory_order_acquire) || !sh.map) return;
+  const SampleEntry& e = (*sh.entries)[i - starts_[s]];
+  if (stage >= 2) {
+    __builtin_prefetch(&e, 0, 3);
+    __builtin_prefetch(reinterpret_cast<const char*>(&e) + sizeof(e) - 1, 0, 3);
+    return;
+  }
+  if (e.fields.empty()) return;
+  if (stage == 1) {
+    __builtin_prefetch(e.fields.data(), 0, 3);
+    __builtin_prefetch(reinterpret_cast<const char*>(e.fields.data() + e.fields.size()) - 1, 0, 3);
+    return;
+  }
+  std::uint64_t lo = e.fields.front().offset, hi = 0;
+  for (const auto& f : e.fields) {
+    lo = std::min(lo, f.offset);
+    hi = std::max(hi, f.offset + f.size);
+  }
+  sh.map->prefetch(lo, hi - lo);
 }
 
 Expected<Dataset::Sample> Dataset::read(std::uint64_t i) const {

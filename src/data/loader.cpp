@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <limits>
+#include <optional>
 #include <thread>
 
 #include "pacer/core/host_buffer.hpp"
@@ -131,10 +132,28 @@ class SampleSource : public Loader::Source {
  private:
   Status read_range(const Permutation& perm, std::uint64_t lo, std::uint64_t hi, Batch& b, std::uint64_t& bytes, std::uint64_t& skipped,
                     Dataset::ReadCheck* check) const {
+    std::vector<std::uint64_t> at;
+    // Shuffled samples lie anywhere in the shards and the index: the entry
+    // of the sample 4 ahead, the field list of the one 2 ahead and the bytes
+    // of the next are asked for now, so their memory latency overlaps this
+    // copy (bench/results/loader_speed-2026-12-01.md).
+    constexpr std::uint64_t kAhead = 4;
+    std::uint64_t ring[kAhead] = {};
+    auto index_at = [&](std::uint64_t pos) { return shuffle_ ? perm(pos) : pos; };
+    for (std::uint64_t pos = lo; pos < std::min(hi, lo + kAhead); ++pos) {
+      ring[pos % kAhead] = index_at(pos);
+      ds_->prefetch(ring[pos % kAhead], 2);
+    }
     for (std::uint64_t pos = lo; pos < hi; ++pos) {
-      const std::uint64_t idx = shuffle_ ? perm(pos) : pos;
+      const std::uint64_t idx = ring[pos % kAhead];
+      if (pos + kAhead < hi) {
+        ring[pos % kAhead] = index_at(pos + kAhead);
+        ds_->prefetch(ring[pos % kAhead], 2);
+      }
+      if (pos + 2 < hi) ds_->prefetch(ring[(pos + 2) % kAhead], 1);
+      if (pos + 1 < hi) ds_->prefetch(ring[(pos + 1) % kAhead], 0);
       const std::size_t mark = b.buffer->size();
-      auto e = ds_->read_into(idx, *b.buffer, check);
+      auto e = ds_->read_fields(idx, *b.buffer, check, at);
       if (!e) {
         if (skip_bad_) {
           ++skipped;
@@ -143,12 +162,14 @@ class SampleSource : public Loader::Source {
         }
         return e.error();
       }
-      b.keys.push_back(std::move(e->key));
-      for (auto& f : e->fields) {
+      const SampleEntry& entry = **e;
+      b.keys.push_back(entry.key);
+      for (std::size_t k = 0; k < at.size(); ++k) {
+        const Field& f = entry.fields[k];
         std::uint32_t x = 0;
         while (x < b.exts.size() && b.exts[x] != f.ext) ++x;
         if (x == b.exts.size()) b.exts.push_back(f.ext);
-        b.fields.push_back({x, f.offset, f.size});
+        b.fields.push_back({x, at[k], f.size});
         bytes += f.size;
       }
       b.first_field.push_back(b.fields.size());
@@ -188,6 +209,10 @@ class TokenSource : public Loader::Source {
     auto p = plan(seed, epoch);
     return o_.pack ? p->packing.rows() : p->docs.size();
   }
+  // Planning a shuffled epoch of 68,000 documents took ~0.026 CPU s of the
+  // epoch's ~0.14, on the consumer's thread with the readers idle
+  // (bench/results/tokens_speed-2026-12-01.md).
+  void prepare(std::uint64_t seed, std::uint64_t epoch) override { (void)plan(seed, epoch); }
 
   Status fill(std::uint64_t seed, std::uint64_t epoch, std::uint64_t lo, std::uint64_t hi, Batch& b, std::uint64_t& bytes,
               std::uint64_t&) override {
@@ -258,8 +283,26 @@ class TokenSource : public Loader::Source {
       };
       if (o_.pack) {
         const PackPlan& pp = p->packing;
+        // Pieces of shuffled documents lie anywhere in the .idx arrays and the
+        // .bin: the index entry of the piece 6 ahead, its sequence 4 ahead and
+        // the tokens of the piece 2 ahead are asked for while this one is
+        // widened (1, 2 or 4 pieces apart measured the same).
+        const std::uint64_t pieces_end = pp.first_piece[hi];
+        constexpr std::uint64_t kPieceAhead = 2;
+        auto ahead = [&](std::uint64_t j, int stage) {
+          if (j < pieces_end) ds_->prefetch(pp.pieces[j].document, pp.pieces[j].offset, stage);
+        };
+        if (k == 0)
+          for (std::uint64_t j = pp.first_piece[lo]; j < std::min(pieces_end, pp.first_piece[lo] + kPieceAhead); ++j) {
+            ahead(j, 2);
+            ahead(j, 1);
+            ahead(j, 0);
+          }
         for (std::uint64_t j = pp.first_piece[lo + k]; j < pp.first_piece[lo + k + 1]; ++j) {
           const PackPiece& piece = pp.pieces[j];
+          ahead(j + 3 * kPieceAhead, 2);
+          ahead(j + 2 * kPieceAhead, 1);
+          ahead(j + kPieceAhead, 0);
           if (Status st = ds_->copy_tokens(piece.document, piece.offset, piece.length, row + at, &furthest); !st) return st;
           if (Status st = label(piece.document, piece.offset, piece.length); !st) return st;
           segment(static_cast<std::int64_t>(piece.document), piece.length);
@@ -381,6 +424,9 @@ struct Loader::Impl {
   std::uint64_t sched_base = 0;   // the epoch position its batches count from
   std::uint64_t sched_next = 0;   // next global batch to schedule
   bool sched_done = false;        // epoch fully scheduled and not looping
+  // The epoch a reader is to prepare (Source::prepare) once idle, if any.
+  std::optional<std::pair<std::uint64_t, std::uint64_t>> prepare;  // seed, epoch
+  bool moved_on = false;  // seek() went to another epoch than the consumer's
 
   LoaderStats stats;
   std::optional<Clock::time_point> first_next;
@@ -404,6 +450,15 @@ struct Loader::Impl {
       if (sched_next >= p.batches()) {
         if (!opt.loop) {
           sched_done = true;
+          // A loader that went on to another epoch once is likely to again
+          // (set_epoch, or a new loop over it): an idle reader prepares the
+          // next one meanwhile. One read for a single epoch and dropped does
+          // not pay for a plan it never uses (that cost a new loader's epoch
+          // ~0.03 s of its 2 cores, measured).
+          if (moved_on) {
+            prepare = std::make_pair(opt.seed, sched_epoch + 1);
+            cv.notify_one();
+          }
           break;
         }
         ++sched_epoch;
@@ -433,8 +488,9 @@ struct Loader::Impl {
     std::unique_lock lock(mu);
     for (;;) {
       std::shared_ptr<Slot> s;
+      auto none_untaken = [&] { return std::none_of(window.begin(), window.end(), [](const auto& w) { return !w->taken; }); };
       cv.wait(lock, [&] {
-        if (stopping) return true;
+        if (stopping || (prepare && none_untaken())) return true;
         // Bounded memory: wait while ready batches hold max_bytes, unless the
         // consumer is waiting for the very first one.
         if (ready_bytes >= opt.max_bytes && !(window.size() && !window.front()->ready && !window.front()->taken)) return false;
@@ -443,6 +499,14 @@ struct Loader::Impl {
         return false;
       });
       if (stopping) return;
+      if (prepare && none_untaken()) {
+        const auto [seed, e] = *prepare;
+        prepare.reset();
+        lock.unlock();
+        src->prepare(seed, e);
+        lock.lock();
+        continue;
+      }
       for (auto& w : window)
         if (!w->taken) {
           s = w;
@@ -475,6 +539,8 @@ struct Loader::Impl {
   void seek(std::uint64_t e, std::uint64_t pos) {
     std::lock_guard g(mu);
     ++generation;
+    prepare.reset();
+    if (e != epoch) moved_on = true;
     window.clear();
     ready_bytes = 0;
     epoch = e;

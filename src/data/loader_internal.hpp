@@ -27,6 +27,10 @@ struct Loader::Source {
   virtual std::string legacy_order() const { return ""; }
   // Positions in epoch `epoch`.
   virtual std::uint64_t epoch_size(std::uint64_t seed, std::uint64_t epoch) = 0;
+  // Work for epoch `epoch` that can be done before it starts (a token
+  // source's shuffled packing plan), called by an idle reader once the
+  // current epoch is fully scheduled, so the next one does not start with it.
+  virtual void prepare(std::uint64_t /*seed*/, std::uint64_t /*epoch*/) {}
   // Reads positions [lo, hi) of the epoch into b (its buffer already set);
   // `bytes` gets the payload, `skipped` what skip_bad dropped. Appends to
   // what b already holds where the batch kind allows it (tar samples).

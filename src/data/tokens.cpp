@@ -280,6 +280,27 @@ std::uint64_t TokenDataset::document_tokens(std::uint64_t d) const {
   return n;
 }
 
+void TokenDataset::prefetch(std::uint64_t d, std::uint64_t offset, int stage) const {
+  if (d + 1 >= doc_index_.size()) return;
+  if (stage >= 2) {
+    __builtin_prefetch(&doc_index_[d], 0, 3);
+    __builtin_prefetch(&doc_index_[d + 1], 0, 3);
+    return;
+  }
+  const auto first = static_cast<std::uint64_t>(doc_index_[d]);
+  if (first >= lengths_.size()) return;
+  if (stage == 1) {
+    __builtin_prefetch(&lengths_[first], 0, 3);
+    __builtin_prefetch(&pointers_[first], 0, 3);
+    return;
+  }
+  if (!bin_map_) return;
+  // Within the first sequence only: a piece further in is found by the copy.
+  const auto len = static_cast<std::uint64_t>(lengths_[first]);
+  if (offset >= len) return;
+  bin_map_->prefetch(static_cast<std::uint64_t>(pointers_[first]) + offset * itemsize_, static_cast<std::size_t>((len - offset) * itemsize_));
+}
+
 Status TokenDataset::copy_tokens(std::uint64_t d, std::uint64_t offset, std::uint64_t count, std::int64_t* out) const {
   return copy_tokens(d, offset, count, out, nullptr);
 }

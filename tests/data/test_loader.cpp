@@ -606,5 +606,37 @@ TEST(LoaderShutdown, DestroyingMidEpochDoesNotHang) {
   });
 }
 
+// The loader's per-sample path: read_fields hands back the index entry and
+// where each field landed, the same bytes read() gives, and prefetch hints
+// (any stage, any index, before or after a shard is first read) change
+// nothing and never fail.
+TEST(DatasetReadFields, SameBytesAsReadAndPrefetchIsOnlyAHint) {
+  Data d(counts_for(60));
+  for (int stage = 0; stage < 3; ++stage) {
+    d.ds->prefetch(0, stage);  // before any shard is read: nothing to hint
+    d.ds->prefetch(d.size(), stage);
+    d.ds->prefetch(~std::uint64_t{0}, stage);
+  }
+  BatchBuffer buf;
+  std::vector<std::uint64_t> at;
+  Dataset::ReadCheck check;
+  for (std::uint64_t i = 0; i < d.size(); ++i) {
+    for (int stage = 2; stage >= 0; --stage) d.ds->prefetch((i * 7 + 3) % d.size(), stage);
+    auto e = d.ds->read_fields(i, buf, &check, at);
+    ASSERT_TRUE(e) << e.error().message;
+    ASSERT_EQ(at.size(), (*e)->fields.size());
+    Fields got;
+    for (std::size_t k = 0; k < at.size(); ++k)
+      got.emplace_back((*e)->fields[k].ext, std::string(reinterpret_cast<const char*>(buf.data() + at[k]), (*e)->fields[k].size));
+    EXPECT_EQ((*e)->key, d.keys[i]);
+    EXPECT_EQ(got, d.expected.at(d.keys[i])) << i;
+    auto r = d.ds->read(i);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->fields, got) << i;
+  }
+  EXPECT_TRUE(d.ds->confirm(check));
+  EXPECT_FALSE(d.ds->read_fields(d.size(), buf, &check, at));
+}
+
 }  // namespace
 }  // namespace pacer::data

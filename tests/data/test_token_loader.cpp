@@ -1,10 +1,12 @@
 // The loader over Megatron token datasets: packed and unpacked rows, exact-once per epoch across ranks, resume and bucketing.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <fstream>
 #include <iterator>
 #include <map>
 #include <set>
+#include <thread>
 
 #include "pacer/data.hpp"
 #include "test_util.hpp"
@@ -313,6 +315,46 @@ TEST(TokenLoader, MessagesNameTheDataset) {
   auto e = Loader::open(TokenDataset::open(empty).value(), token_opts(1, 0, 1, false));
   ASSERT_FALSE(e);
   EXPECT_TRUE(test::contains(e.error().message, empty + ": the dataset has 0 documents, fewer than the 1 ranks")) << e.error().message;
+}
+
+// Prefetch hints for any document, offset and stage are harmless and leave
+// the tokens as they are.
+TEST(TokenLoader, PrefetchHintsChangeNothing) {
+  Corpus c(20);
+  for (int stage = 0; stage < 3; ++stage)
+    for (std::uint64_t d : {std::uint64_t{0}, std::uint64_t{7}, c.ds->documents(), c.ds->documents() + 5, ~std::uint64_t{0}})
+      for (std::uint64_t off : {std::uint64_t{0}, std::uint64_t{3}, std::uint64_t{1} << 40}) c.ds->prefetch(d, off, stage);
+  for (std::uint64_t d = 0; d < c.ds->documents(); ++d) {
+    const std::uint64_t n = c.ds->document_tokens(d);
+    std::vector<std::int64_t> out(n);
+    ASSERT_TRUE(c.ds->copy_tokens(d, 0, n, out.data()));
+    for (std::uint64_t t = 0; t < n; ++t) ASSERT_EQ(out[t], static_cast<std::int64_t>(1000 * d + t + 1)) << d << " " << t;
+  }
+}
+
+// A loader that went on to another epoch plans the next one on an idle
+// reader once the current one is scheduled: the epoch read after it is the
+// one a fresh loader reads there, with one reader or two, whether or not the
+// plan was done before the next epoch was asked for.
+TEST(TokenLoader, NextEpochPlannedAheadIsTheSameEpoch) {
+  Corpus c(90);
+  for (int threads : {1, 2})
+    for (bool pack : {true, false}) {
+      auto o = token_opts(4, 0, 1, pack);
+      o.threads = threads;
+      auto fresh = Loader::open(c.ds, o).value();
+      fresh->set_epoch(2);
+      const auto want = drain(*fresh).batches;
+      for (int wait_ms : {0, 50}) {
+        auto l = Loader::open(c.ds, o).value();
+        drain(*l);
+        l->set_epoch(1);
+        drain(*l);
+        std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
+        l->set_epoch(2);
+        EXPECT_EQ(drain(*l).batches, want) << threads << " " << pack << " " << wait_ms;
+      }
+    }
 }
 
 }  // namespace

@@ -60,6 +60,10 @@ class MappedFile {
   // OK when the file still holds its first `end` bytes; else an I/O error
   // naming the file and the offset where it now ends.
   Status check_size(std::uint64_t end) const;
+  // A hint that [offset, offset+n) is read soon: prefetches the start of it
+  // in each page (prefetches never fault, so no guard is needed and a
+  // truncated file only makes it useless). Out of range: nothing.
+  void prefetch(std::uint64_t offset, std::size_t n) const;
 
  private:
   int fd_ = -1;
