@@ -11,6 +11,7 @@ import collections
 import concurrent.futures
 import datetime
 import io
+import itertools
 import json
 import math
 import os
@@ -744,16 +745,19 @@ class _Plan:
             group_bytes += j[4]
         if group:
             groups.append(group)
-        # One more thread faults the destinations in, group by group in the
-        # order the groups are read, ahead of the readers: a reader whose
+        # More threads (_FAULTERS) fault the destinations in, group by group in
+        # the order the groups are read, ahead of the readers: a reader whose
         # destination is new memory otherwise faults it in (slow on a VM,
         # where each first touch goes to the host) before its read goes out,
         # while the disk idles (bench/results/ckpt_load_alloc-2026-12-01.md).
-        ready, stop, faulter = None, threading.Event(), None
+        ready, stop, faulters = None, threading.Event(), []
         if len(groups) > 1 and sum(j[4] for j in jobs) >= _PREFAULT_FROM:
             ready = [threading.Event() for _ in groups]
-            faulter = threading.Thread(target=self._fault_ahead, args=(groups, ready, stop), daemon=True)
-            faulter.start()
+            order = itertools.count()  # the next group to fault; next() on it is atomic under the GIL
+            for _ in range(min(_FAULTERS, len(groups))):
+                faulters.append(threading.Thread(target=self._fault_ahead, args=(groups, ready, stop, order),
+                                                 daemon=True))
+                faulters[-1].start()
         dev = _DeviceCopies(self, workers) if self.device else None
         with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
             futures = [pool.submit(self._read_host, g, ready[i] if ready else None) for i, g in enumerate(groups)]
@@ -768,25 +772,32 @@ class _Plan:
                     f.cancel()
                 raise
             finally:
-                if faulter is not None:
-                    stop.set()
-                    faulter.join()
+                stop.set()
+                for t in faulters:
+                    t.join()
         for f in self.after:
             f()
 
     @staticmethod
-    def _fault_ahead(groups, ready, stop):
+    def _fault_ahead(groups, ready, stop, order):
+        """One of the faulting threads: takes the next group in reading order until none is left."""
         try:
-            for group, done in zip(groups, ready):
-                if stop.is_set():
-                    break
-                for _, buf, _, lo, n in group:
+            while not stop.is_set():
+                i = next(order)
+                if i >= len(groups):
+                    return
+                for _, buf, _, lo, n in groups[i]:
                     if not _prefault(buf[lo:lo + n]):
-                        return  # the kernel cannot: the readers fault their own
-                done.set()
+                        stop.set()  # the kernel cannot: the readers fault their own
+                        return
+                ready[i].set()
+        except BaseException:
+            stop.set()
+            raise
         finally:
-            for done in ready:
-                done.set()
+            if stop.is_set():  # no reader may wait for a group nobody will fault
+                for done in ready:
+                    done.set()
 
     def _read_host(self, group, ready=None):
         if ready is not None:
@@ -797,11 +808,16 @@ class _Plan:
 
 # Loads smaller than this are not worth a faulting thread.
 _PREFAULT_FROM = 64 << 20
+# Threads that fault the destinations in, ahead of the readers. One: on the
+# 2-core VM two made load() slower (3.07 s against 2.03 s, medians,
+# bench/results/ckpt_load-2026-12-01.md), competing with the readers'
+# checksumming for the cores; bench/ckpt_load.py compares both.
+_FAULTERS = 1
 
 # Whether new load destinations are advised as transparent huge pages before
 # their first write (one fault and zeroing per 2 MiB instead of per 4 KiB).
 # Off: on the 2-core VM a huge first touch measured slower than 4 KiB pages
-# (bench/results/ckpt_load-2026-12-01.md); bench/ckpt_vs_torch.py compares both.
+# (bench/results/ckpt_load-2026-12-01.md); bench/ckpt_load.py compares both.
 _LOAD_HUGE_PAGES = False
 
 

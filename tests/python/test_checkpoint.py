@@ -144,6 +144,21 @@ class RoundTrip(CheckpointTestCase):
         ck.load(1, into=into)
         for name, want in state.items():
             self.assertArrayIdentical(into[name], want, name)
+        keep = pacer.checkpoint._FAULTERS
+        try:
+            for faulters in (2, keep):  # several faulting threads (bench/ckpt_load.py compares them), then the default
+                pacer.checkpoint._FAULTERS = faulters
+                got = ck.load(1).state
+                for name, want in state.items():
+                    self.assertArrayIdentical(got[name], want, f"{name} with {faulters} faulting threads")
+            # A checksum that fails while the faulting threads may still be ahead stops the load; nothing waits for ever.
+            flip_byte(os.path.join(step_dir(self.root, 1), DATA_FILE), 40 << 20)
+            for faulters in (2, keep):
+                pacer.checkpoint._FAULTERS = faulters
+                with captured_stderr([]), self.assertRaisesRegex(pacer.Error, "no valid checkpoint"):
+                    ck.load(1)
+        finally:
+            pacer.checkpoint._FAULTERS = keep
 
     def test_overflow_takes_a_state_larger_than_the_staging_pool(self):
         # A pool of two 4 KiB buffers and a 256 KiB state: without overflow
