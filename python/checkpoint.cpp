@@ -258,8 +258,11 @@ void register_checkpoint(py::module_& m) {
     const ckpt::PruneResult r = call_nogil([&] { return ckpt::prune(root, o); });
     py::list damaged;
     for (const auto& e : r.damaged) damaged.append(py::make_tuple(e.path, e.problem));
+    py::list partial;
+    for (const auto& e : r.removed_partial) partial.append(py::make_tuple(e.path, e.problem));
     return py::dict("newest_valid"_a = r.newest_valid ? py::cast(*r.newest_valid) : py::none(), "removed"_a = r.removed,
-                    "kept"_a = r.kept, "damaged"_a = damaged, "removed_damaged"_a = r.removed_damaged, "busy"_a = r.busy);
+                    "kept"_a = r.kept, "damaged"_a = damaged, "removed_damaged"_a = r.removed_damaged, "busy"_a = r.busy,
+                    "removed_partial"_a = partial);
   }, py::arg("root"), py::arg("keep_last"), py::arg("keep_every"), py::arg("remove_damaged"), py::arg("dry_run"));
   m.def("_export_safetensors", [](const std::string& root, std::optional<std::uint64_t> step, const std::string& out_dir,
                                   const std::string& prefix, std::uint64_t max_shard_bytes) {
@@ -281,6 +284,10 @@ void register_checkpoint(py::module_& m) {
     py::gil_scoped_release nogil;
     return prefault_for_write(p, size);
   }, py::arg("dst"), "Fault the pages of a writable buffer in ahead of a read into it; False where the kernel cannot");
+  m.def("_advise_huge_pages", [](py::buffer dst) {
+    py::buffer_info info = dst.request(true);
+    return advise_huge_pages(info.ptr, static_cast<std::size_t>(info.size * info.itemsize));
+  }, py::arg("dst"), "Advise the 2 MiB-aligned interior of a writable buffer, not yet written, as huge pages; False where nothing was");
 }
 
 }  // namespace pacer::python

@@ -92,6 +92,7 @@ int prune(const CkptArgs& a) {
     else text += fmt::format("damaged step {} left in place ({}): {}\n", d.step, d.path, d.problem);
   }
   for (auto s : r.busy) text += fmt::format("step {} is being read: left for the next prune\n", s);
+  for (const auto& p : r.removed_partial) text += fmt::format("{} stale partial save of step {} ({}): {}\n", verb, p.step, p.path, p.problem);
   const std::size_t n = r.removed.size() + r.removed_damaged.size();
   if (a.dry_run) text += fmt::format("dry run: {} checkpoint(s) would be removed from {}; nothing was changed\n", n, a.dir);
   else text += fmt::format("OK: {} checkpoint(s) removed from {}\n", n, a.dir);

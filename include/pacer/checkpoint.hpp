@@ -191,6 +191,12 @@ struct VerifyReport {
 };
 nlohmann::json to_json(const VerifyReport& r);
 
+// How long a .partial-* directory of another host must have been left
+// untouched before a newer committed step lets cleanup remove it: well beyond
+// the gaps of a live saver (its writes, the default flush_timeout_s of 600 s
+// that rank 0 waits for the other ranks' copies).
+inline constexpr double kStalePartialS = 3600;
+
 // Retention, by hand (`pacer ckpt prune`) or after each save. Only valid
 // steps count: the steps are checked from the newest down until one verifies
 // (every checksum); that step and every older committed one are the
@@ -206,6 +212,10 @@ struct PruneOptions {
   int keep_every = 0;
   bool remove_damaged = false;  // also remove damaged steps and moved-aside .damaged-* directories
   bool dry_run = false;         // decide and report, remove nothing
+  // A .partial-* directory of another host (or of a dead saver of this one)
+  // is removed once a step at or after its own is committed and nothing in
+  // it changed for this long (a live saver writes into it all the time).
+  double stale_partial_s = kStalePartialS;
 };
 struct PruneResult {
   std::optional<std::uint64_t> newest_valid;  // the step that verified; never removed
@@ -214,6 +224,7 @@ struct PruneResult {
   std::vector<Entry> damaged;                 // damaged steps and moved-aside directories, each with its problem
   std::vector<std::string> removed_damaged;   // with remove_damaged: the damaged directories removed (dry run: would be)
   std::vector<std::uint64_t> busy;            // would be removed but a Reader holds them: left for the next prune
+  std::vector<Entry> removed_partial;         // stale .partial-* directories removed (dry run: would be); problem: why
 };
 Expected<PruneResult> prune(const std::string& root, const PruneOptions& options);
 // The record of `pacer ckpt prune` (schema pacer.ckpt.prune/1) for prune(dir, {.dry_run = dry_run, ...}).

@@ -11,6 +11,7 @@ import collections
 import concurrent.futures
 import datetime
 import io
+import itertools
 import json
 import math
 import os
@@ -24,7 +25,8 @@ import warnings
 
 import numpy as np
 
-from ._pacer import Error, HostBuffer, _Checkpointer, _export_safetensors, _prefault, _prune, built_with_mpi, dtype_size
+from ._pacer import Error, HostBuffer, _Checkpointer, _advise_huge_pages, _export_safetensors, _prefault, _prune, built_with_mpi, \
+    dtype_size
 
 SCHEMA = "pacer.state/1"
 META_KEY = "pacer"
@@ -587,21 +589,21 @@ class _Plan:
         if n["t"] == "ndarray" or dtype == "bytes":
             np_dtype = np.dtype(np.uint8 if dtype == "bytes" else dtype)
             count = int(np.prod(shape, dtype=np.int64))
-            buf = np.frombuffer(HostBuffer(max(size, 1)), dtype=np.uint8)[:size]
+            buf = np.frombuffer(_new_host_buffer(size), dtype=np.uint8)[:size]
             self.read_host(name, buf)
             return buf.view(np_dtype)[:count].reshape(shape)
         torch = _torch() or __import__("torch")
         tdtype = _torch_dtype(dtype, path)
         device = torch.device(self.map_location) if self.map_location is not None else torch.device("cpu")
         if device.type == "cpu":
-            host = torch.frombuffer(HostBuffer(max(size, 1)), dtype=torch.uint8)[:size]
+            host = torch.frombuffer(_new_host_buffer(size), dtype=torch.uint8)[:size]
             self.read_host(name, host.numpy())
             return host.view(tdtype).reshape(shape)
         out = torch.empty(shape, dtype=tdtype, device=device)
         if device.type == "cuda":
             self.read_device(name, out.reshape(-1).view(torch.uint8))
         else:
-            host = torch.frombuffer(HostBuffer(max(size, 1)), dtype=torch.uint8)[:size]
+            host = torch.frombuffer(_new_host_buffer(size), dtype=torch.uint8)[:size]
             self.read_host(name, host.numpy())
             self.after.append(lambda: out.copy_(host.view(tdtype).reshape(shape)))
         return out
@@ -711,7 +713,7 @@ class _Plan:
             elif t.device.type == "cpu" and t.is_contiguous():
                 self.read_host(name, t.reshape(-1).view(torch.uint8).numpy(), offset)
             else:
-                tmp = torch.frombuffer(HostBuffer(max(nbytes, 1)), dtype=torch.uint8)[:nbytes]
+                tmp = torch.frombuffer(_new_host_buffer(nbytes), dtype=torch.uint8)[:nbytes]
                 self.read_host(name, tmp.numpy(), offset)
                 self.after.append(lambda: t.copy_(tmp.view(t.dtype).reshape(t.shape)))
             return given
@@ -720,7 +722,7 @@ class _Plan:
         if t.flags.c_contiguous and t.dtype.isnative:
             self.read_host(name, t.reshape(-1).view(np.uint8), offset)
         else:
-            tmp = np.frombuffer(HostBuffer(max(nbytes, 1)), dtype=np.uint8)[:nbytes]
+            tmp = np.frombuffer(_new_host_buffer(nbytes), dtype=np.uint8)[:nbytes]
             self.read_host(name, tmp, offset)
             self.after.append(lambda: np.copyto(t, tmp.view(t.dtype.newbyteorder("=")).reshape(t.shape)))
         return given
@@ -743,16 +745,19 @@ class _Plan:
             group_bytes += j[4]
         if group:
             groups.append(group)
-        # One more thread faults the destinations in, group by group in the
-        # order the groups are read, ahead of the readers: a reader whose
+        # More threads (_FAULTERS) fault the destinations in, group by group in
+        # the order the groups are read, ahead of the readers: a reader whose
         # destination is new memory otherwise faults it in (slow on a VM,
         # where each first touch goes to the host) before its read goes out,
         # while the disk idles (bench/results/ckpt_load_alloc-2026-12-01.md).
-        ready, stop, faulter = None, threading.Event(), None
+        ready, stop, faulters = None, threading.Event(), []
         if len(groups) > 1 and sum(j[4] for j in jobs) >= _PREFAULT_FROM:
             ready = [threading.Event() for _ in groups]
-            faulter = threading.Thread(target=self._fault_ahead, args=(groups, ready, stop), daemon=True)
-            faulter.start()
+            order = itertools.count()  # the next group to fault; next() on it is atomic under the GIL
+            for _ in range(min(_FAULTERS, len(groups))):
+                faulters.append(threading.Thread(target=self._fault_ahead, args=(groups, ready, stop, order),
+                                                 daemon=True))
+                faulters[-1].start()
         dev = _DeviceCopies(self, workers) if self.device else None
         with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
             futures = [pool.submit(self._read_host, g, ready[i] if ready else None) for i, g in enumerate(groups)]
@@ -767,25 +772,32 @@ class _Plan:
                     f.cancel()
                 raise
             finally:
-                if faulter is not None:
-                    stop.set()
-                    faulter.join()
+                stop.set()
+                for t in faulters:
+                    t.join()
         for f in self.after:
             f()
 
     @staticmethod
-    def _fault_ahead(groups, ready, stop):
+    def _fault_ahead(groups, ready, stop, order):
+        """One of the faulting threads: takes the next group in reading order until none is left."""
         try:
-            for group, done in zip(groups, ready):
-                if stop.is_set():
-                    break
-                for _, buf, _, lo, n in group:
+            while not stop.is_set():
+                i = next(order)
+                if i >= len(groups):
+                    return
+                for _, buf, _, lo, n in groups[i]:
                     if not _prefault(buf[lo:lo + n]):
-                        return  # the kernel cannot: the readers fault their own
-                done.set()
+                        stop.set()  # the kernel cannot: the readers fault their own
+                        return
+                ready[i].set()
+        except BaseException:
+            stop.set()
+            raise
         finally:
-            for done in ready:
-                done.set()
+            if stop.is_set():  # no reader may wait for a group nobody will fault
+                for done in ready:
+                    done.set()
 
     def _read_host(self, group, ready=None):
         if ready is not None:
@@ -796,6 +808,25 @@ class _Plan:
 
 # Loads smaller than this are not worth a faulting thread.
 _PREFAULT_FROM = 64 << 20
+# Threads that fault the destinations in, ahead of the readers. One: on the
+# 2-core VM two made load() slower (3.07 s against 2.03 s, medians,
+# bench/results/ckpt_load-2026-12-01.md), competing with the readers'
+# checksumming for the cores; bench/ckpt_load.py compares both.
+_FAULTERS = 1
+
+# Whether new load destinations are advised as transparent huge pages before
+# their first write (one fault and zeroing per 2 MiB instead of per 4 KiB).
+# Off: on the 2-core VM a huge first touch measured slower than 4 KiB pages
+# (bench/results/ckpt_load-2026-12-01.md); bench/ckpt_load.py compares both.
+_LOAD_HUGE_PAGES = False
+
+
+def _new_host_buffer(size):
+    """Fresh page-aligned memory for a load destination (never written before the read)."""
+    buf = HostBuffer(max(size, 1))
+    if _LOAD_HUGE_PAGES:
+        _advise_huge_pages(buf)
+    return buf
 
 
 class _DeviceCopies:
@@ -1300,7 +1331,8 @@ def prune(root, keep_last=3, keep_every=0, remove_damaged=False, dry_run=False):
     The newest keep_last valid steps and every multiple of keep_every (when > 0) stay. Damaged steps are reported
     and left unless remove_damaged; a step that a reader holds is skipped (busy). With dry_run nothing is removed.
     Returns a dict: newest_valid (a step or None), removed and kept (steps, newest first; with dry_run: would be
-    removed), damaged ((path, problem) pairs), removed_damaged (paths) and busy (steps).
+    removed), damaged ((path, problem) pairs), removed_damaged (paths), busy (steps) and removed_partial ((path, why)
+    pairs: stale .partial-* directories of saves that are gone, see docs/checkpoint.md).
     """
     if keep_last < 1:
         raise Error("keep_last must be at least 1")

@@ -614,7 +614,23 @@ struct Checkpointer::Impl {
     last_committed[tier_root] = m.step;
   }
 
+  // Leftovers of savers that are gone (docs/checkpoint.md, "Leftovers"): this
+  // host's whose pid is gone, and other hosts' that a newer commit has
+  // passed and nothing has touched for a long while. Longer than the wait for
+  // the other ranks' copies, during which a live directory may sit unchanged.
+  void remove_stale_partials(const std::string& tier_root) const {
+    const double window = std::max(kStalePartialS, 2 * opt.flush_timeout_s);
+    for (const auto& p : stale_partials(tier_root, host, window)) {
+      auto gone = remove_checkpoint_dir(p.path);
+      std::error_code ec;
+      if (!gone && fs::exists(p.path, ec)) warn(gone.error().message);  // (gone meanwhile: another rank removed it)
+      else if (gone && *gone && !p.saver_gone_here)
+        warn(fmt::format("removed {}, a save that never committed: {}", p.path, p.why));
+    }
+  }
+
   void apply_retention(const std::string& tier_root) {
+    remove_stale_partials(tier_root);
     if (opt.keep_last <= 0) return;
     std::lock_guard g(retention_mu);
     const bool fast = opt.fast_tier && tier_root == *opt.fast_tier;
@@ -1217,23 +1233,16 @@ Expected<std::unique_ptr<Checkpointer>> Checkpointer::open(Options o) {
   if (o.fast_tier && ::access(o.fast_tier->c_str(), W_OK) != 0) return io_error("not writable", *o.fast_tier, errno);
   impl->host = hw::hostname();
   impl->read_only = std::move(read_only);
-  // Leftovers of this host's crashed savers: their pid is gone.
   for (const auto& t : tiers) {
     std::error_code ec;
-    for (const auto& e : fs::directory_iterator(t, ec)) {
-      // A prune that was killed between its rename and its delete.
-      if (e.path().filename().string().rfind(".deleting-", 0) == 0) {
-        fs::remove_all(e.path(), ec);
-        continue;
-      }
-      auto tn = parse_temp_dir_name(e.path().filename().string());
-      if (!tn || tn->host != impl->host) continue;
-      if (tn->pid > 0 && (::kill(tn->pid, 0) == 0 || errno != ESRCH)) continue;
-      fs::remove_all(e.path(), ec);
-    }
+    // A prune that was killed between its rename and its delete.
+    for (const auto& e : fs::directory_iterator(t, ec))
+      if (e.path().filename().string().rfind(".deleting-", 0) == 0) fs::remove_all(e.path(), ec);
   }
   impl->pool = std::make_unique<StagingPool>(o.staging_bytes, o.overflow_bytes, o.chunk_bytes, o.pin_staging);
   impl->opt = std::move(o);
+  for (const auto& t : tiers)
+    if (t != impl->opt.root || impl->read_only.empty()) impl->remove_stale_partials(t);
   Impl* raw = impl.get();
   impl->writer = std::thread([raw] { raw->writer_loop(); });
   if (impl->opt.fast_tier) {

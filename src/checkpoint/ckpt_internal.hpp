@@ -23,6 +23,19 @@ struct TempName {
 std::string temp_dir_name(std::uint64_t step, const std::string& host, int pid);
 std::optional<TempName> parse_temp_dir_name(const std::string& name);
 
+// A .partial-* directory that no saver can still be filling: its saver's pid
+// is gone on this host, or (a saver on another host, which this host cannot
+// ask) a step at or after its own is committed on the same tier and nothing
+// in it was modified for `stale_after_s`. One whose pid is alive on this host
+// is never stale. `why` says which rule applied.
+struct StalePartial {
+  std::string path;
+  std::uint64_t step = 0;
+  std::string why;
+  bool saver_gone_here = false;  // the first rule: a crash on this host, removed without a warning
+};
+std::vector<StalePartial> stale_partials(const std::string& tier, const std::string& this_host, double stale_after_s);
+
 // The manifest without its self-checksum.
 nlohmann::json manifest_body(const Manifest& m);
 

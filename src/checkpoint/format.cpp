@@ -1,5 +1,6 @@
 // The on-disk format: manifests, step directories, checksummed reads, listing and retention.
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <fmt/format.h>
@@ -27,6 +28,7 @@
 #include "pacer/core/host_buffer.hpp"
 #include "pacer/core/posix_io.hpp"
 #include "pacer/core/time.hpp"
+#include "pacer/hw/system.hpp"
 
 namespace pacer::ckpt {
 
@@ -780,6 +782,63 @@ Status verify_step(const std::string& step_dir) {
   return st;
 }
 
+namespace {
+
+// The newest modification time of a directory and of what it holds (a saver
+// writes its files, creates parts and markers), in seconds since the epoch;
+// nullopt when it cannot be read (gone meanwhile).
+std::optional<double> newest_mtime(const std::string& dir) {
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0) return std::nullopt;
+  auto secs = [](const struct stat& s) { return static_cast<double>(s.st_mtim.tv_sec) + s.st_mtim.tv_nsec * 1e-9; };
+  double newest = secs(st);
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    struct stat f {};
+    if (::lstat(e.path().c_str(), &f) == 0) newest = std::max(newest, secs(f));
+  }
+  return newest;
+}
+
+bool pid_alive(int pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno != ESRCH); }
+
+}  // namespace
+
+std::vector<StalePartial> stale_partials(const std::string& tier, const std::string& this_host, double stale_after_s) {
+  std::vector<StalePartial> out;
+  std::vector<std::pair<std::string, TempName>> others;  // not provably dead: decided by the committed steps
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(tier, ec)) {
+    const std::string name = e.path().filename().string();
+    auto tn = parse_temp_dir_name(name);
+    if (!tn) continue;
+    if (tn->host == this_host) {
+      // Its saver may be alive: then it may still be filling it, whatever its age.
+      if (pid_alive(tn->pid)) continue;
+      if (tn->pid > 0) {
+        out.push_back({e.path().string(), tn->step, fmt::format("its saver, pid {} on this host, is gone", tn->pid), true});
+        continue;
+      }
+    }
+    others.emplace_back(e.path().string(), *tn);
+  }
+  if (others.empty()) return out;
+  std::optional<std::uint64_t> newest_committed;
+  for (const auto& en : list(tier, false))
+    if (en.committed && (!newest_committed || en.step > *newest_committed)) newest_committed = en.step;
+  if (!newest_committed) return out;
+  const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  for (const auto& [path, tn] : others) {
+    if (tn.step > *newest_committed) continue;  // maybe the next step, still being written
+    const auto touched = newest_mtime(path);
+    if (!touched || now - *touched < stale_after_s) continue;  // a future time (clock skew) counts as fresh
+    out.push_back({path, tn.step,
+                   fmt::format("step {} is committed and nothing in it changed for {:.0f} s (saver: host {}, pid {})",
+                               *newest_committed, now - *touched, tn.host, tn.pid)});
+  }
+  return out;
+}
+
 std::vector<std::uint64_t> retention_victims(const std::vector<std::uint64_t>& committed_desc, int keep_last, int keep_every) {
   std::vector<std::uint64_t> victims;
   if (keep_last <= 0) return victims;
@@ -836,6 +895,20 @@ Expected<PruneResult> prune(const std::string& root, const PruneOptions& o) {
     for (auto s : out.removed) done += (done.empty() ? "" : ", ") + std::to_string(s);
     return Error{e.kind, done.empty() ? e.message : fmt::format("{} (after removing step(s) {})", e.message, done)};
   };
+  for (auto& p : stale_partials(root, hw::hostname(), o.stale_partial_s)) {
+    Entry e;
+    e.step = p.step;
+    e.path = p.path;
+    e.partial = true;
+    e.problem = p.why;
+    if (!o.dry_run) {
+      auto gone = remove_checkpoint_dir(p.path);
+      std::error_code ec;
+      if (!gone && fs::exists(p.path, ec)) return failed(gone.error());
+      if (!gone || !*gone) continue;  // removed meanwhile by another cleanup, or being read
+    }
+    out.removed_partial.push_back(std::move(e));
+  }
   for (auto s : plan.victims) {
     if (o.dry_run) {
       out.removed.push_back(s);

@@ -39,6 +39,8 @@ json to_json(const PruneResult& r, const std::string& dir, bool dry_run) {
     const bool gone = std::find(r.removed_damaged.begin(), r.removed_damaged.end(), d.path) != r.removed_damaged.end();
     damaged.push_back({{"step", d.step}, {"path", d.path}, {"moved_aside", d.damaged}, {"problem", d.problem}, {"removed", gone}});
   }
+  json partial = json::array();
+  for (const auto& p : r.removed_partial) partial.push_back({{"step", p.step}, {"path", p.path}, {"problem", p.problem}});
   return {{"schema", "pacer.ckpt.prune/1"},
           {"dir", dir},
           {"dry_run", dry_run},
@@ -46,6 +48,7 @@ json to_json(const PruneResult& r, const std::string& dir, bool dry_run) {
           {"kept", r.kept},
           {"damaged", damaged},
           {"busy", r.busy},
+          {"removed_partial", partial},
           {"newest_valid", r.newest_valid ? json(*r.newest_valid) : json(nullptr)}};
 }
 

@@ -28,7 +28,7 @@ HostBuffer::HostBuffer(std::size_t bytes, bool huge) : size_(bytes) {
   const std::uintptr_t end = base + total;
   if (end > aligned + mapped_) ::munmap(reinterpret_cast<void*>(aligned + mapped_), end - (aligned + mapped_));
   data_ = reinterpret_cast<unsigned char*>(aligned);
-  if (huge) ::madvise(data_, mapped_, MADV_HUGEPAGE);
+  if (huge) (void)advise_huge_pages(data_, mapped_);
 }
 
 void HostBuffer::release_lazily() {
@@ -45,6 +45,15 @@ bool prefault_for_write(void* p, std::size_t bytes) {
   const auto begin = reinterpret_cast<std::uintptr_t>(p) / page * page;
   const auto end = (reinterpret_cast<std::uintptr_t>(p) + bytes + page - 1) / page * page;
   return ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_WRITE) == 0;
+}
+
+bool advise_huge_pages(void* p, std::size_t bytes) {
+  const auto lo = reinterpret_cast<std::uintptr_t>(p);
+  if (!p || bytes < kHuge || lo > UINTPTR_MAX - bytes) return false;
+  const std::uintptr_t begin = (lo + kHuge - 1) / kHuge * kHuge;
+  const std::uintptr_t end = (lo + bytes) / kHuge * kHuge;
+  if (end <= begin) return false;
+  return ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE) == 0;
 }
 
 HostBuffer::~HostBuffer() {

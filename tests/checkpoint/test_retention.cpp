@@ -431,3 +431,115 @@ TEST(RetentionKilledPrune, KilledAtAnyPointKeepsTheNewestValidStep) {
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------------------
+// Leftover .partial-* directories of savers on other hosts (a node that died):
+// removed once a step at or after theirs is committed and nothing in them
+// changed for the staleness window; never one a live saver may be filling.
+
+namespace {
+
+std::string this_host() {
+  char buf[256] = {};
+  ::gethostname(buf, sizeof(buf) - 1);
+  return buf;
+}
+
+// A partial directory holding one file, both last modified `age` ago.
+std::string make_partial(const std::string& root, std::uint64_t step, const std::string& host, int pid,
+                         std::chrono::seconds age) {
+  const std::string p = fmt::format("{}/.partial-{}-{}-{}-0000beef", root, ckpt::step_dir_name(step), host, pid);
+  fs::create_directories(p);
+  std::ofstream(p + "/rank-00000.bin") << "half a save";
+  const auto t = fs::file_time_type::clock::now() - age;
+  fs::last_write_time(p + "/rank-00000.bin", t);
+  fs::last_write_time(p, t);
+  return p;
+}
+
+}  // namespace
+
+TEST(RetentionPartials, PruneRemovesOnlyPartialsNoSaverCanStillFill) {
+  TempDir dir("pacer-ret-");
+  const std::string root = dir.path() + "/root";
+  make_steps(root, {4, 5});
+  const auto old = std::chrono::hours(2);
+  const std::string dead_node = make_partial(root, 3, "node-dead", 4242, old);
+  const std::string same_step = make_partial(root, 5, "node-dead", 4243, old);  // lost the race for step 5
+  const std::string fresh = make_partial(root, 3, "node-busy", 4242, std::chrono::seconds(5));
+  const std::string newer = make_partial(root, 6, "node-dead", 4244, old);  // the next step: maybe still being written
+  const std::string live_here = make_partial(root, 3, this_host(), ::getpid(), old);
+  const std::string dead_here = make_partial(root, 3, this_host(), 999999999, std::chrono::seconds(0));
+  // A file written just now inside an old directory: a saver is still at work.
+  const std::string touched = make_partial(root, 3, "node-slow", 4245, old);
+  std::ofstream(touched + "/rank-00000.bin", std::ios::app) << "more";
+  fs::last_write_time(touched, fs::file_time_type::clock::now() - old);
+
+  auto names = [](const std::vector<ckpt::Entry>& v) {
+    std::vector<std::string> out;
+    for (const auto& e : v) out.push_back(e.path);
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  std::vector<std::string> stale = {dead_node, same_step, dead_here};
+  std::sort(stale.begin(), stale.end());
+
+  auto r = ckpt::prune(root, {.keep_last = 5, .dry_run = true});
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_EQ(names(r->removed_partial), stale);
+  for (const auto& p : {dead_node, same_step, fresh, newer, live_here, dead_here, touched}) EXPECT_TRUE(fs::exists(p)) << p;
+  const auto j = ckpt::to_json(*r, root, true);
+  ASSERT_EQ(j["removed_partial"].size(), 3u);
+  for (const auto& e : r->removed_partial) {
+    EXPECT_TRUE(e.partial);
+    EXPECT_EQ(e.step, e.path == same_step ? 5u : 3u);
+    EXPECT_TRUE(contains(e.problem, e.path == dead_here ? "is gone" : "nothing in it changed")) << e.problem;
+  }
+
+  r = ckpt::prune(root, {.keep_last = 5});
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_EQ(names(r->removed_partial), stale);
+  for (const auto& p : stale) EXPECT_FALSE(fs::exists(p)) << p;
+  for (const auto& p : {fresh, newer, live_here, touched}) EXPECT_TRUE(fs::exists(p)) << p;
+  EXPECT_EQ(steps_in(root), (std::vector<std::uint64_t>{5, 4}));
+  EXPECT_TRUE(loadable(root, 5));
+
+  // A shorter window makes the fresh one stale too; the live saver's and the
+  // next step's stay whatever the window.
+  r = ckpt::prune(root, {.keep_last = 5, .stale_partial_s = 1});
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_FALSE(fs::exists(fresh));
+  EXPECT_TRUE(fs::exists(newer));
+  EXPECT_TRUE(fs::exists(live_here));
+}
+
+TEST(RetentionPartials, WithoutACommittedStepOtherHostsPartialsStay) {
+  TempDir dir("pacer-ret-");
+  const std::string root = dir.path() + "/root";
+  fs::create_directories(root);
+  const std::string p = make_partial(root, 3, "node-dead", 4242, std::chrono::hours(48));
+  auto r = ckpt::prune(root, {.keep_last = 1});
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_TRUE(r->removed_partial.empty());
+  EXPECT_TRUE(fs::exists(p));
+}
+
+// The Checkpointer applies the same rule when it opens and after each save's
+// retention, with a warning naming what it removed.
+TEST(RetentionPartials, CheckpointerRemovesStalePartialsOfOtherHosts) {
+  TempDir dir("pacer-ret-");
+  const std::string root = dir.path() + "/root";
+  make_steps(root, {4});
+  const std::string at_open = make_partial(root, 3, "node-dead", 4242, std::chrono::hours(2));
+  const std::string fresh = make_partial(root, 3, "node-busy", 4242, std::chrono::seconds(5));
+  Ck c = open_ck(root, 3);
+  ASSERT_TRUE(c.ck);
+  EXPECT_FALSE(fs::exists(at_open));
+  EXPECT_TRUE(fs::exists(fresh));
+  EXPECT_TRUE(c.warned(at_open)) << c.all_warnings();
+  const std::string later = make_partial(root, 4, "node-dead", 4243, std::chrono::hours(2));
+  ASSERT_TRUE(save(*c.ck, 5));
+  EXPECT_FALSE(fs::exists(later));
+  EXPECT_TRUE(fs::exists(fresh));
+  EXPECT_TRUE(c.warned(later)) << c.all_warnings();
+}

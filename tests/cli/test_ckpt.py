@@ -304,6 +304,34 @@ class CkptCli(unittest.TestCase):
         self.assertEqual(self.committed(), [2])
         self.assertEqual(pacer("ckpt", "verify", self.root).returncode, 0)
 
+    def test_prune_removes_stale_partials_of_other_hosts(self):
+        # A save that a dead node left behind: a newer step is committed and
+        # nothing in it changed for two hours. A fresh one (a live saver on
+        # another node) stays, as does the fixture's partial of step 9 (newer).
+        self.make([1, 2, 3])
+        stale = os.path.join(self.root, ".partial-step-000000000002-node-gone-4242-0000beef")
+        fresh = os.path.join(self.root, ".partial-step-000000000002-node-busy-4242-0000beef")
+        for d in (stale, fresh):
+            os.makedirs(d)
+            with open(os.path.join(d, DATA_FILE), "wb") as f:
+                f.write(b"half a save")
+        old = os.path.getmtime(stale) - 7200
+        for p in (os.path.join(stale, DATA_FILE), stale):
+            os.utime(p, (old, old))
+        r = pacer("ckpt", "prune", self.root, "--keep-last", "3", "--dry-run", "--json")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        j = json.loads(r.stdout)
+        self.assertEqual([(p["step"], p["path"]) for p in j["removed_partial"]], [(2, stale)])
+        self.assertIn("nothing in it changed", j["removed_partial"][0]["problem"])
+        self.assertTrue(os.path.isdir(stale))
+        r = pacer("ckpt", "prune", self.root, "--keep-last", "3")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("removed stale partial save of step 2", r.stdout)
+        self.assertFalse(os.path.exists(stale))
+        self.assertTrue(os.path.isdir(fresh))
+        self.assertTrue(os.path.isdir(os.path.join(self.root, PARTIAL)))
+        self.assertEqual(self.committed(), [1, 2, 3])
+
     def test_prune_with_nothing_valid_exits_1_and_removes_nothing(self):
         self.make([1, 2], partial=False)
         self.corrupt(1)

@@ -144,6 +144,21 @@ class RoundTrip(CheckpointTestCase):
         ck.load(1, into=into)
         for name, want in state.items():
             self.assertArrayIdentical(into[name], want, name)
+        keep = pacer.checkpoint._FAULTERS
+        try:
+            for faulters in (2, keep):  # several faulting threads (bench/ckpt_load.py compares them), then the default
+                pacer.checkpoint._FAULTERS = faulters
+                got = ck.load(1).state
+                for name, want in state.items():
+                    self.assertArrayIdentical(got[name], want, f"{name} with {faulters} faulting threads")
+            # A checksum that fails while the faulting threads may still be ahead stops the load; nothing waits for ever.
+            flip_byte(os.path.join(step_dir(self.root, 1), DATA_FILE), 40 << 20)
+            for faulters in (2, keep):
+                pacer.checkpoint._FAULTERS = faulters
+                with captured_stderr([]), self.assertRaisesRegex(pacer.Error, "no valid checkpoint"):
+                    ck.load(1)
+        finally:
+            pacer.checkpoint._FAULTERS = keep
 
     def test_overflow_takes_a_state_larger_than_the_staging_pool(self):
         # A pool of two 4 KiB buffers and a 256 KiB state: without overflow
@@ -548,14 +563,39 @@ class Corruption(CheckpointTestCase):
         self.assertIn("truncated", err[0])
 
 
+class HugePageDestinations(CheckpointTestCase):
+    def test_load_into_huge_page_destinations_reads_the_same_bytes(self):
+        # The advice is off by default (slower on the 2-core VM); the path it takes must still load correctly.
+        ck = pacer.Checkpointer(self.root)
+        x = random_array(self.rng, "float32", (3 << 20,))  # 12 MiB: whole 2 MiB pages inside
+        ck.save(1, {"x": x, "small": random_array(self.rng, "int64", (10,))}).wait()
+        keep = pacer.checkpoint._LOAD_HUGE_PAGES
+        pacer.checkpoint._LOAD_HUGE_PAGES = True
+        try:
+            got = ck.load(1).state
+        finally:
+            pacer.checkpoint._LOAD_HUGE_PAGES = keep
+        np.testing.assert_array_equal(got["x"], x)
+        self.assertEqual(got["small"].shape, (10,))
+        self.assertFalse(pacer.checkpoint._advise_huge_pages(bytearray(4096)))  # no whole huge page: nothing advised
+
+
 class PruneAndExport(CheckpointTestCase):
     def test_prune_keeps_the_newest_valid_step_behind_a_damaged_one(self):
         ck = pacer.Checkpointer(self.root, keep_last=0)
         for s in (1, 2, 3):
             ck.save(s, {"x": random_array(self.rng, "int64", (1000,))}).wait()
         flip_byte(os.path.join(step_dir(self.root, 3), DATA_FILE), 100)
+        # A save that a dead node left: step 2 is committed since, and it has not changed for two hours.
+        stale = os.path.join(self.root, ".partial-step-000000000001-node-gone-7-0000beef")
+        os.makedirs(stale)
+        old = os.path.getmtime(stale) - 7200
+        os.utime(stale, (old, old))
         with captured_stderr([]):
             r = pacer.prune(self.root, keep_last=1, dry_run=True)
+        self.assertEqual([p for p, _ in r["removed_partial"]], [stale])
+        self.assertIn("nothing in it changed", r["removed_partial"][0][1])
+        self.assertTrue(os.path.isdir(stale))
         self.assertEqual(r["newest_valid"], 2)
         self.assertEqual(r["removed"], [1])
         self.assertEqual(r["kept"], [2])
@@ -565,6 +605,7 @@ class PruneAndExport(CheckpointTestCase):
         with captured_stderr([]):
             r = pacer.prune(self.root, keep_last=1)
         self.assertFalse(os.path.exists(step_dir(self.root, 1)))
+        self.assertFalse(os.path.exists(stale))
         self.assertTrue(os.path.isdir(step_dir(self.root, 2)))
         self.assertTrue(os.path.isdir(step_dir(self.root, 3)))  # damaged: left for the user
         with captured_stderr([]):

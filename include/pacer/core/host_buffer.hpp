@@ -45,4 +45,14 @@ class HostBuffer {
 // kernel cannot (older kernels, other mappings): nothing was done.
 bool prefault_for_write(void* p, std::size_t bytes);
 
+// Advises the 2 MiB-aligned interior of [p, p + bytes) of anonymous memory as
+// transparent huge pages (MADV_HUGEPAGE), so that its first touch faults and
+// zeroes once per 2 MiB instead of once per 4 KiB; the ragged ends keep 4 KiB
+// pages. To take effect it must come before the first write. Whether that is
+// faster depends on the machine: on a VM whose balloon returns free 2 MiB
+// blocks to the host (free page reporting) a huge first touch measured slower
+// (bench/results/ckpt_load_alloc-2026-12-01.md). False where nothing was
+// advised (a range without a whole 2 MiB page, THP off, other mappings).
+bool advise_huge_pages(void* p, std::size_t bytes);
+
 }  // namespace pacer
