@@ -145,6 +145,12 @@ def measure(d, nodes, hang_timeout, hang_rank, hang_at, mode, code, tail):
     exited = [e for e in log if e["event"] == "exited"]
     if not hung or not hangs or len(firsts) < 2 * RANKS_PER_NODE or not exited:
         rec["error"] = f"incomplete trial (exit {code}): {tail}"
+        # A hang before the injected one (a stall past the timeout) says where it was.
+        rec["hangs"] = [{"attempt": h.get("attempt"), "rank": h.get("rank"), "host": h.get("host"),
+                         "step": h.get("step"), "named": h.get("named"),
+                         "stacks": {f"{x.get('host')}/{x.get('rank')}": (x.get("text") or "")[:1500]
+                                    for x in h.get("stacks", [])}} for h in hangs]
+        rec["injected"] = bool(hung)
         return rec
     h = hangs[0]
     committed = exited[0].get("committed_step")

@@ -542,7 +542,8 @@ class Leader {
   // idle longest; but idle times are known only to an agent's poll period,
   // and ranks waiting in a collective for a hung one stop a moment after it,
   // one step further. So among the ranks within two poll periods of the
-  // longest idle, the one with the lowest last step is named.
+  // longest idle, the one with the lowest last step is picked; on_hang then
+  // names one with the stacks as well (hang_naming.cpp).
   void check_hang() {
     const auto t = hang_timeout();
     if (!t || stopping_) return;

@@ -84,10 +84,15 @@ def train_dist(args, rank):
     if args.master_addr:
         os.environ["MASTER_ADDR"] = args.master_addr
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    dist.init_process_group("gloo", rank=rank, world_size=int(os.environ["WORLD_SIZE"]))
+    dist.init_process_group(args.backend, rank=rank, world_size=int(os.environ["WORLD_SIZE"]))
     how = planned_hang(args, rank)
     ck, first = resume(args)
-    t = torch.zeros(4)
+    # nccl: a GPU per local rank; the all_reduce only queues work, so the
+    # step ends with a read of the result, where the CPU waits (as a loss.item() does).
+    cuda = args.backend == "nccl"
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    t = torch.zeros(4, device="cuda" if cuda else "cpu")
     for step in range(first, args.steps):
         hang_now = how and step == args.hang_at
         if hang_now:
@@ -99,6 +104,8 @@ def train_dist(args, rank):
             stuck_in_compute()
         t.fill_(float(step))
         dist.all_reduce(t)
+        if cuda:
+            float(t[0])
         pacer.run.heartbeat(step)
         if step == first:
             event(args, rank, "first-step", step)
@@ -165,6 +172,7 @@ def main():
     p.add_argument("--hang-in", choices=["heartbeat", "compute", "collective"], default="heartbeat",
                    help="with --dist: compute (before the all_reduce) or collective (a barrier the others skip)")
     p.add_argument("--hang-plan", help="RANK:HOW,... the hung rank and --hang-in of attempt 0, 1, ...")
+    p.add_argument("--backend", choices=["gloo", "nccl"], default="gloo", help="with --dist (nccl: one GPU per rank)")
     p.add_argument("--master-addr", help="with --dist: instead of $MASTER_ADDR (fake nodes on one machine)")
     args = p.parse_args()
     if args.ranks:
