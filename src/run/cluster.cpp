@@ -14,6 +14,7 @@
 #include "pacer/core/process.hpp"
 #include "pacer/hw/system.hpp"
 #include "pacer/run/ports.hpp"
+#include "run/hang_naming.hpp"
 #include "run_internal.hpp"
 
 namespace pacer::run {
@@ -554,7 +555,8 @@ class Leader {
   // idle longest; but idle times are known only to an agent's poll period,
   // and ranks waiting in a collective for a hung one stop a moment after it,
   // one step further. So among the ranks within two poll periods of the
-  // longest idle, the one with the lowest last step is named.
+  // longest idle, the one with the lowest last step is picked; on_hang then
+  // names one with the stacks as well (hang_naming.cpp).
   void check_hang() {
     const auto t = hang_timeout();
     if (!t || stopping_) return;
@@ -586,10 +588,10 @@ class Leader {
   }
 
   void on_hang(const Member& fm, const RankView& first, double t, bool all_stalled) {
-    const RankView f = first;
-    const std::string host = fm.node;
-    const int node_rank = fm.node_rank;
-    const double idle = f.idle(mono_now());
+    RankView f = first;
+    std::string host = fm.node;
+    int node_rank = fm.node_rank;
+    double idle = f.idle(mono_now());
     for (auto& m : members_)
       if (m.conn && !m.done()) {
         m.dump.reset();
@@ -615,18 +617,41 @@ class Leader {
       }
       gpu[m.node] = m.dump ? d.value("gpu", json()) : json{{"note", "no dump from this node within 5 s"}};
     }
+    // The stacks decide between ranks that stopped together (hang_naming.cpp).
+    std::vector<Suspect> suspects;
+    std::vector<std::pair<const Member*, const RankView*>> who;
+    const double now = mono_now();
+    for (const auto& m : members_)
+      for (const auto& r : m.ranks) {
+        if (m.done()) break;
+        suspects.push_back({r.rank, m.node, r.step.is_number_unsigned() ? std::optional(r.step.get<std::uint64_t>()) : std::nullopt,
+                            r.idle(now), std::nullopt});
+        who.emplace_back(&m, &r);
+      }
+    attach_stacks(suspects, stacks);
+    json named_json = nullptr;
+    std::string reason;
+    if (!who.empty()) {
+      const Naming named = name_hung_rank(suspects, naming_window(t, poll_s()));
+      f = *who[named.index].second;
+      host = who[named.index].first->node;
+      node_rank = who[named.index].first->node_rank;
+      idle = f.idle(now);
+      named_json = naming_json(suspects, named);
+      reason = "; named: " + named.reason;
+    }
     const std::string source = o_.hang_timeout_s ? "--hang-timeout" : "derived from the heartbeat intervals";
     const std::string msg = fmt::format(
         "rank {} on {} (node rank {}, local rank {}, pid {}) made no progress for {:.1f} s ({} {:.1f} s; {}), last "
-        "step {}; {} rank(s) on {} node(s) watched, stacks of {} captured",
+        "step {}; {} rank(s) on {} node(s) watched, stacks of {} captured{}",
         f.rank, host, node_rank, f.local_rank, f.pid, idle, source, t,
         all_stalled ? "no rank progressed" : "the other ranks did", f.step.is_null() ? "none" : f.step.dump(),
-        ranks.size(), members_.size(), captured);
+        ranks.size(), members_.size(), captured, reason);
     log_("hang", msg,
          {{"attempt", attempt_}, {"rank", f.rank}, {"host", host}, {"node_rank", node_rank}, {"local_rank", f.local_rank},
           {"pid", f.pid}, {"step", f.step}, {"idle_s", idle}, {"hang_timeout_s", t},
-          {"timeout_source", o_.hang_timeout_s ? "option" : "derived"}, {"all_stalled", all_stalled}, {"ranks", ranks},
-          {"stacks", stacks}, {"gpu", gpu}});
+          {"timeout_source", o_.hang_timeout_s ? "option" : "derived"}, {"all_stalled", all_stalled},
+          {"named", named_json}, {"ranks", ranks}, {"stacks", stacks}, {"gpu", gpu}});
     fail({"hung", host, static_cast<int>(ExitCode::kRuntime), fmt::format("hang of rank {} on {}", f.rank, host)});
   }
 

@@ -76,7 +76,7 @@ struct RankProgress {
 };
 
 struct Hang {
-  RankProgress first;            // the rank that stopped first
+  RankProgress first;            // the rank idle longest (the event names one by name_hung_rank)
   double idle_s = 0;             // since its last heartbeat
   double timeout_s = 0;
   bool all_stalled = false;      // no rank progressed for timeout_s (else: the others did)

@@ -24,6 +24,7 @@
 #include "pacer/core/time.hpp"
 #include "pacer/hw/nvml.hpp"
 #include "pacer/hw/system.hpp"
+#include "run/hang_naming.hpp"
 #include "run_internal.hpp"
 
 namespace pacer::run {
@@ -203,20 +204,28 @@ struct Supervisor {
                        {"step", r.step ? json(*r.step) : json(nullptr)}, {"idle_s", now - r.last_change}});
       stacks.push_back(read_stacks(stack_path(r.pid), r.rank, r.pid));
     }
-    const auto& f = h.first;
+    // Which rank to name is decided with the stacks (hang_naming.cpp).
+    std::vector<Suspect> suspects;
+    for (const auto& r : h.ranks) suspects.push_back({r.rank, "", r.step, now - r.last_change, std::nullopt});
+    attach_stacks(suspects, stacks);
+    const Naming named = name_hung_rank(suspects, naming_window(h.timeout_s, poll_s()));
+    const auto& f = h.ranks.at(named.index);
+    const double idle_s = h.first.last_change + h.idle_s - f.last_change;
     const std::string source = o.hang_timeout_s ? "--hang-timeout"
                                                 : fmt::format("derived from {} heartbeat intervals", hangs->intervals_seen());
     const std::string msg = fmt::format(
         "rank {} (local rank {}, pid {}) made no progress for {:.1f} s ({} {:.1f} s; {}), last step {}; "
-        "{} rank(s) watched, stacks of {} captured",
-        f.rank, f.local_rank, f.pid, h.idle_s, source, h.timeout_s,
+        "{} rank(s) watched, stacks of {} captured; named: {}",
+        f.rank, f.local_rank, f.pid, idle_s, source, h.timeout_s,
         h.all_stalled ? "no rank progressed" : "the other ranks did", f.step ? std::to_string(*f.step) : "none",
-        h.ranks.size(), std::count_if(stacks.begin(), stacks.end(), [](const json& x) { return x["text"].is_string(); }));
+        h.ranks.size(), std::count_if(stacks.begin(), stacks.end(), [](const json& x) { return x["text"].is_string(); }),
+        named.reason);
     log("hang", msg,
         {{"attempt", a.number}, {"rank", f.rank}, {"local_rank", f.local_rank}, {"pid", f.pid},
-         {"step", f.step ? json(*f.step) : json(nullptr)}, {"idle_s", h.idle_s}, {"hang_timeout_s", h.timeout_s},
+         {"step", f.step ? json(*f.step) : json(nullptr)}, {"idle_s", idle_s}, {"hang_timeout_s", h.timeout_s},
          {"timeout_source", o.hang_timeout_s ? "option" : "derived"}, {"all_stalled", h.all_stalled},
-         {"host", hw::hostname()}, {"ranks", ranks}, {"stacks", stacks}, {"gpu", gpu_state()}});
+         {"host", hw::hostname()}, {"named", naming_json(suspects, named)}, {"ranks", ranks}, {"stacks", stacks},
+         {"gpu", gpu_state()}});
     a.hung = true;
     stop(a, fmt::format("hang of rank {}", f.rank));
   }

@@ -31,6 +31,13 @@ def bare_env(**extra):
     return env
 
 
+def gloo_missing():
+    """Why a torch.distributed gloo job cannot run under $PACER_PYTHON, or None."""
+    probe = "import torch.distributed as d, sys; sys.exit(0 if d.is_available() and d.is_gloo_available() else 3)"
+    r = subprocess.run([PYTHON, "-c", probe], capture_output=True, text=True)
+    return None if r.returncode == 0 else f"no torch.distributed with gloo under {PYTHON}: {r.stderr[-300:]}"
+
+
 def read_log(path):
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
@@ -179,6 +186,38 @@ class RunTest(unittest.TestCase):
         texts = {x["rank"]: x["text"] for x in hang["stacks"]}
         self.assertIn("stuck_in_collective", texts[1])
         self.assertNotIn("stuck_in_collective", texts[0])
+
+    def test_hang_in_a_gloo_job_names_the_rank_the_collective_waits_for(self):
+        # Three ranks, an all_reduce per step; in attempt 0 rank 2 enters a
+        # barrier that 0 and 1 skip, and they block in the all_reduce. Every
+        # rank stops at the same step, a moment apart: only the stacks tell
+        # which one holds the others up. (A rank asleep in its compute:
+        # run.cluster's gloo test, across nodes.)
+        if gloo_missing():
+            self.skipTest(gloo_missing())
+        r = self.run_pacer("--hang-timeout", "3s", "--restart-delay", "0.1s", "--",
+                           *self.hang_cmd("--dist", "--ranks", "3", "--hang-plan", "2:collective", "--hang-at", "3",
+                                          "--steps", "8", "--step-s", "0.05", "--events", self.events), timeout=180)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        [hang] = self.logged("hang")
+        self.assertEqual((hang["attempt"], hang["rank"], hang["local_rank"]), (0, 2, 2))
+        self.assertEqual((hang["named"]["rank"], hang["named"]["rule"]), (2, "stacks"))
+        self.assertTrue(hang["all_stalled"])
+        self.assertEqual({x["step"] for x in hang["ranks"]}, {2})  # a tie that steps cannot break
+        ops = {x["rank"]: (x["collective"] or {}).get("op") for x in hang["stacks"]}
+        self.assertEqual(ops, {0: "torch.distributed.all_reduce", 1: "torch.distributed.all_reduce",
+                               2: "torch.distributed.barrier"})
+        self.assertRegex(hang["named"]["reason"], r"^ranks 0,1 wait in torch\.distributed\.all_reduce "
+                         r"\(hang_train\.py:\d+ in train_dist\); rank 2 waits in torch\.distributed\.barrier "
+                         r"\(hang_train\.py:\d+ in train_dist\)$")
+        self.assertIn("named: ranks 0,1 wait in", r.stderr)
+        # The hung attempt was killed and relaunched; the relaunch stepped to the end.
+        self.assertEqual([e["attempt"] for e in self.logged("started")], [0, 1])
+        self.assertEqual([e["exit_code"] for e in self.logged("exited")], [143, 0])
+        with open(self.events) as f:
+            firsts = [json.loads(line) for line in f if '"first-step"' in line]
+        self.assertEqual(sorted(e["rank"] for e in firsts if e["attempt"] == 1), [0, 1, 2])
+        self.assertEqual(r.stdout.count("finished"), 3)
 
     def test_no_hang_before_the_first_heartbeat_or_when_off(self):
         r = self.run_pacer("--hang-timeout", "0.5s", "--", *self.hang_cmd("--never-beat", "--steps", "30"), timeout=60)

@@ -181,6 +181,30 @@ class ClusterTest(unittest.TestCase):
         self.assertEqual(sorted(e["host"] for e in self.logged("node-exited")), ["n1", "n2"])
         self.assertIn("restart limit of 0", self.logged("give-up")[0]["message"])
 
+    def test_hang_in_a_gloo_job_across_nodes_names_the_rank_outside_the_all_reduce(self):
+        # One rank per node in one gloo job; rank 1 (n2) stops in its compute,
+        # rank 0 blocks in the all_reduce: both stop at the same step.
+        probe = "import torch.distributed as d, sys; sys.exit(0 if d.is_available() and d.is_gloo_available() else 3)"
+        if subprocess.run([PYTHON, "-c", probe], capture_output=True).returncode != 0:
+            self.skipTest(f"no torch.distributed with gloo under {PYTHON}")
+        r = self.run_pacer("--nodes", "2", "--hang-timeout", "2s", "--",
+                           *self.train("--dist", "--master-addr", "127.0.0.1", "--ranks", "1", "--hang-plan",
+                                       "1:compute", "--hang-at", "3", "--steps", "10", "--step-s", "0.05"),
+                           timeout=180)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        [hang] = self.logged("hang")
+        self.assertEqual((hang["rank"], hang["host"], hang["node_rank"]), (1, "n2", 1))
+        self.assertEqual((hang["named"]["rank"], hang["named"]["host"], hang["named"]["rule"]), (1, "n2", "stacks"))
+        self.assertRegex(hang["named"]["reason"], r"^rank 0 on n1 waits in torch\.distributed\.all_reduce "
+                         r"\(hang_train\.py:\d+ in train_dist\); rank 1 on n2 does not$")
+        self.assertEqual({x["step"] for x in hang["ranks"]}, {2})
+        ops = {(x["host"], x["rank"]): (x["collective"] or {}).get("op") for x in hang["stacks"]}
+        self.assertEqual(ops, {("n1", 0): "torch.distributed.all_reduce", ("n2", 1): None})
+        self.assertEqual([e["attempt"] for e in self.logged("started")], [0, 1])
+        with open(self.events) as f:
+            firsts = [json.loads(line) for line in f if '"first-step"' in line]
+        self.assertEqual(sorted(e["rank"] for e in firsts if e["attempt"] == 1), [0, 1])
+
     def test_lost_node_is_revetted_excluded_and_replaced_by_a_spare(self):
         # n4 fails its vet before the first attempt; n2's agent is SIGKILLed
         # mid-run and n2 cannot be reached any more: the next attempt runs on n1, n3.
