@@ -36,7 +36,7 @@ int monitor(const MonitorArgs& a) {
   o.pid = a.pid;
   o.interval_s = *interval;
   o.db = a.db;
-  if (a.run_id < 0) usage_error(fmt::format("--run-id {}: expected a run id of the catalog (1 or more)", a.run_id));
+  if (a.run_id < 0) usage_error(fmt::format("--run {}: expected a run id of the catalog (1 or more)", a.run_id));
   o.run_id = a.run_id;
   o.steps_file = a.steps;
   o.prometheus = a.prometheus;
@@ -77,7 +77,7 @@ Handler register_monitor(CLI::App& app) {
   cmd->add_option("--pid", args->pid, "Attach to this running process instead of starting one");
   cmd->add_option("--interval", args->interval, "Sampling interval (default 1s)");
   cmd->add_option("--db", args->db, "Catalog file (default pacer-$SLURM_JOB_ID.db, or pacer-telemetry.db)");
-  cmd->add_option("--run-id", args->run_id,
+  cmd->add_option("--run,--run-id", args->run_id,
                   "Record into this existing run of the catalog instead of a new one (pacer run --monitor uses it)");
   cmd->add_option("--steps", args->steps, "JSON-lines file of step records to ingest while the command runs");
   cmd->add_option("--prometheus", args->prometheus, "Serve /metrics on [HOST:]PORT (HOST defaults to 127.0.0.1)");

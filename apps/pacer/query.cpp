@@ -52,10 +52,13 @@ int query(const QueryArgs& a) {
   if (a.db.empty() || a.query.empty()) usage_error("usage: pacer query DB QUESTION|SQL (pacer query --list for the questions)");
   if (a.json && a.csv) usage_error("--json and --csv: choose one");
   const bool named = a.query.find(' ') == std::string::npos && a.query.find('\n') == std::string::npos;
+  if (a.q.run_id && !named)
+    usage_error(fmt::format("--run {0} applies to the named questions; in SQL, say WHERE run_id = {0}", *a.q.run_id));
   const std::string sql = named ? unwrap(telemetry::question_sql(a.query, a.q)) : a.query;
   if (!(a.timeout_s >= 0) || !std::isfinite(a.timeout_s)) usage_error("--timeout: seconds, 0 or more (0: no limit)");
   auto cat = unwrap(telemetry::Catalog::open(
       a.db, telemetry::CatalogOptions{.read_only = true, .query_timeout_s = a.timeout_s, .max_result_bytes = kMaxResultBytes}));
+  if (a.q.run_id) unwrap(telemetry::check_run(*cat, *a.q.run_id));
   const auto r = unwrap(cat->query(sql));
   if (a.csv) {
     std::string out;
@@ -107,6 +110,7 @@ Handler register_query(CLI::App& app) {
   cmd->add_option("--limit", args->q.limit, "slowest-steps: how many steps (default 10)");
   cmd->add_option("--threshold", args->q.threshold_c, "hot-nodes: GPU temperature in C (default 85)");
   cmd->add_option("--regression", args->q.regression, "hot-nodes: slower than this x the median step (default 1.2)");
+  cmd->add_option("--run", args->q.run_id, "A named question about this run only (default: every run; the run_id column)");
   cmd->add_option("--timeout", args->timeout_s, "Stop the query after this many seconds (default 30; 0: no limit)");
   cmd->add_flag("--json", args->json, "JSON output (pacer.query/1)");
   cmd->add_flag("--csv", args->csv, "CSV output");

@@ -56,6 +56,8 @@ struct GpuKey {
 
 // The run to score (--run, else the newest): its id and catalog status.
 Status find_run(Catalog& cat, const ScoreOptions& o, RunFacts& f) {
+  if (o.run_id)
+    if (auto s = telemetry::check_run(cat, *o.run_id); !s) return s;
   const std::string where = o.run_id ? fmt::format("WHERE run_id = {}", *o.run_id) : "";
   auto r = cat.query(fmt::format("SELECT run_id, catalog_status FROM runs {} ORDER BY started DESC, run_id DESC LIMIT 1", where));
   if (!r) return r.error();

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "pacer/core/posix_io.hpp"
+#include "pacer/core/time.hpp"
 #include "pacer/hw/system.hpp"
 #include "pacer/version.hpp"
 #include "sqlite_util.hpp"
@@ -839,6 +840,43 @@ Expected<MergeResult> merge_catalogs(const std::string& out, const std::vector<s
   for (const char* suffix : {"-wal", "-shm"}) fs::remove(out + suffix, ec);
   if (auto s = fsync_dir(fs::path(out).parent_path().string()); !s) return s.error();
   return result;
+}
+
+Status Catalog::discard_run(std::int64_t run_id) {
+  return write(0, 0, [&]() -> int {
+    for (const char* table : {"samples", "steps", "events", "ranks", "threads", "run_sources", "runs"}) {
+      Stmt st(db_, fmt::format("DELETE FROM {} WHERE run_id=?", table).c_str());
+      if (!st.ok()) return st.prepare_rc();
+      st.bind(1, run_id);
+      if (const int rc = st.step(); rc != SQLITE_DONE) return rc;
+    }
+    return SQLITE_OK;
+  });
+}
+
+Status check_run(Catalog& catalog, std::int64_t run_id) {
+  auto found = catalog.query(fmt::format("SELECT 1 FROM runs WHERE run_id = {}", run_id));
+  if (!found) return found.error();
+  if (!found->rows.empty()) return {};
+  // Enough of the list to pick from; a catalog of thousands of runs says how many more.
+  constexpr int kListed = 10;
+  auto runs = catalog.query(fmt::format(
+      "SELECT run_id, started, command, (SELECT count(*) FROM runs) FROM runs ORDER BY started DESC, run_id DESC LIMIT {}",
+      kListed));
+  if (!runs) return runs.error();
+  if (runs->rows.empty())
+    return Error{ErrorKind::kUsage, fmt::format("{}: no run {} in the catalog (it holds no run)", catalog.path(), run_id)};
+  std::string list;
+  for (const auto& row : runs->rows) {
+    const auto* id = std::get_if<std::int64_t>(&row[0]);
+    const auto* started = std::get_if<double>(&row[1]);
+    const auto* command = std::get_if<std::string>(&row[2]);
+    list += fmt::format("{}{} ({}{}{})", list.empty() ? "" : ", ", id ? *id : 0, started ? utc_iso(*started) : "not started",
+                        command && !command->empty() ? ": " : "", command ? *command : "");
+  }
+  const auto* total = std::get_if<std::int64_t>(&runs->rows[0][3]);
+  if (total && *total > kListed) list += fmt::format(" and {} more", *total - kListed);
+  return Error{ErrorKind::kUsage, fmt::format("{}: no run {} in the catalog; its runs: {}", catalog.path(), run_id, list)};
 }
 
 }  // namespace pacer::telemetry

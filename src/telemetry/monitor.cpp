@@ -131,8 +131,10 @@ Status check_options(const MonitorOptions& o) {
 // This node (and its GPUs) and a new run in the catalog (or the run given
 // by o.run_id); the run's id.
 Expected<std::int64_t> begin_run(Catalog& catalog, const Sampler& sampler, const MonitorOptions& o, std::int64_t& node_id) {
-  if (o.run_id > 0)
+  if (o.run_id > 0) {
+    if (auto s = check_run(catalog, o.run_id); !s) return s.error();
     if (auto s = catalog.continue_run(o.run_id, o.interval_s); !s) return s.error();
+  }
   auto node = catalog.node_id(sampler.node());
   if (!node) return node.error();
   node_id = *node;
@@ -213,7 +215,6 @@ class Recording {
     if (catalog_.dropped_records() == dropped_before)
       res_.readings += smp.readings.size() - std::min<std::uint64_t>(catalog_.nonfinite_values() - nonfinite_before,
                                                                      smp.readings.size());
-    if (exporter_) exporter_->update(render_prometheus(smp, sampler_.node().hostname));
     if (steps_) {
       auto recs = steps_->poll(final);
       // A line without "t" ended when it was read (at worst one interval late);
@@ -226,6 +227,11 @@ class Recording {
         res_.steps += recs.size();
         check(catalog_.write_steps(res_.run_id, recs));
       }
+    }
+    if (exporter_) {
+      // After this pass's step lines, so that a scrape sees them at once.
+      check(step_gauges_.update(catalog_, res_.run_id));
+      exporter_->update(render_prometheus(smp, sampler_.node().hostname) + step_gauges_.render(sampler_.node().hostname));
     }
   }
 
@@ -258,6 +264,7 @@ class Recording {
   std::int64_t node_id_;
   MonitorResult& res_;
   std::unique_ptr<StepFileReader> steps_;
+  StepGauges step_gauges_;
   bool warned_write_ = false;
 };
 
@@ -334,7 +341,11 @@ Expected<MonitorResult> run_monitor(const MonitorOptions& o) {
     auto pid = spawn_process(o.command, so);
     if (!pid) {
       signals.restore();
-      (void)catalog.end_run(res.run_id, unix_now(), std::nullopt, hw::process_cpu_seconds());
+      // A command that never started (not found, not executable) leaves no
+      // new run behind: there is nothing to score or report, and the run list
+      // would fill with typos. A joined run (o.run_id) belongs to its supervisor.
+      if (o.run_id > 0) (void)catalog.end_run(res.run_id, unix_now(), std::nullopt, hw::process_cpu_seconds());
+      else if (auto s = catalog.discard_run(res.run_id); !s) warn(s.error().message);
       return pid.error();
     }
     child = *pid;

@@ -3,6 +3,7 @@
 #include <charconv>
 #include <map>
 
+#include "pacer/telemetry/catalog.hpp"
 #include "pacer/telemetry/monitor.hpp"
 
 namespace pacer::telemetry {
@@ -50,6 +51,67 @@ std::string render_prometheus(const Sample& sample, const std::string& node) {
            "last interval\n# TYPE pacer_process_busiest_thread_ratio gauge\n";
     out += fmt::format("pacer_process_busiest_thread_ratio{{node=\"{}\",comm=\"{}\",main=\"{}\"}} {}\n", escape_label(node),
                        escape_label(t->comm), t->main ? "true" : "false", t->busy);
+  }
+  return out;
+}
+
+Status StepGauges::update(Catalog& catalog, std::int64_t run_id) {
+  auto top = catalog.query("SELECT max(rowid) FROM steps");
+  if (!top) return top.error();
+  const auto* hi = top->rows.empty() ? nullptr : std::get_if<std::int64_t>(&top->rows[0][0]);
+  if (!hi || *hi <= seen_rowid_) return {};
+  // SQLite takes the bare columns of a max() aggregate from the row that
+  // holds the maximum: one row per rank, the newest of the new ones.
+  auto r = catalog.query(fmt::format(
+      "SELECT st.rank, max(st.t), n.hostname, st.step_time_s, st.loss, st.tokens, st.data_wait_s FROM steps st "
+      "LEFT JOIN nodes n ON n.node_id = st.node_id WHERE st.rowid > {} AND st.rowid <= {} AND st.run_id = {} GROUP BY st.rank",
+      seen_rowid_, *hi, run_id));
+  if (!r) return r.error();
+  seen_rowid_ = *hi;
+  const auto num = [](const Value& v) -> std::optional<double> {
+    if (const auto* i = std::get_if<std::int64_t>(&v)) return static_cast<double>(*i);
+    if (const auto* d = std::get_if<double>(&v)) return *d;
+    return std::nullopt;
+  };
+  for (const auto& row : r->rows) {
+    const auto rank = num(row[0]);
+    const auto t = num(row[1]);
+    if (!rank || !t) continue;
+    auto [it, added] = by_rank_.try_emplace(static_cast<std::int64_t>(*rank));
+    if (!added && it->second.t > *t) continue;  // a late write of an older step
+    const auto* host = std::get_if<std::string>(&row[2]);
+    it->second = Latest{*t, host ? *host : "", num(row[3]), num(row[4]), num(row[5]), num(row[6])};
+  }
+  return {};
+}
+
+std::string StepGauges::render(const std::string& node) const {
+  if (by_rank_.empty()) return "";
+  struct Family {
+    const char* name;
+    const char* help;
+    std::optional<double> (*value)(const Latest&);
+  };
+  static const auto ratio = [](std::optional<double> part, std::optional<double> step) -> std::optional<double> {
+    if (!part || !step || !(*step > 0)) return std::nullopt;
+    return *part / *step;
+  };
+  static const Family kFamilies[] = {
+      {"pacer_step_time_seconds", "Duration of the newest training step of each rank",
+       [](const Latest& l) { return l.step_time_s; }},
+      {"pacer_loss", "Loss of the newest training step of each rank", [](const Latest& l) { return l.loss; }},
+      {"pacer_tokens_per_second", "Tokens per second of the newest training step of each rank (tokens / step time)",
+       [](const Latest& l) { return ratio(l.tokens, l.step_time_s); }},
+      {"pacer_data_wait_ratio", "Share of the newest training step of each rank spent waiting for data (0-1)",
+       [](const Latest& l) { return ratio(l.data_wait_s, l.step_time_s); }},
+  };
+  std::string out;
+  for (const auto& f : kFamilies) {
+    std::string lines;
+    for (const auto& [rank, l] : by_rank_)
+      if (const auto v = f.value(l))
+        lines += fmt::format("{}{{rank=\"{}\",node=\"{}\"}} {}\n", f.name, rank, escape_label(l.node.empty() ? node : l.node), *v);
+    if (!lines.empty()) out += fmt::format("# HELP {0} {1}\n# TYPE {0} gauge\n", f.name, f.help) + lines;
   }
   return out;
 }

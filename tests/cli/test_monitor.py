@@ -14,6 +14,10 @@ import urllib.request
 
 from cli_util import PACER, pacer
 
+PYTHON = os.environ.get("PACER_PYTHON", "/usr/bin/python3")
+PYTHONPATH = os.environ.get("PACER_PYTHONPATH",
+                            os.path.join(os.path.dirname(os.path.abspath(PACER)), os.pardir, "python"))
+
 
 def rows(db, sql):
     with sqlite3.connect(db) as c:
@@ -61,12 +65,35 @@ class MonitorTest(unittest.TestCase):
     def test_missing_command_is_a_usage_error(self):
         r = self.monitor("/no/such/program")
         self.assertEqual(r.returncode, 2)
-        self.assertIn("/no/such/program: cannot run", r.stderr)
+        self.assertIn("/no/such/program: cannot run: not found", r.stderr)
         r = pacer("monitor", "--db", self.db)
         self.assertEqual(r.returncode, 2)
         r = pacer("monitor", "--interval", "soon", "--", "true")
         self.assertEqual(r.returncode, 2)
         self.assertIn("--interval 'soon'", r.stderr)
+
+    def test_a_command_that_cannot_start_leaves_no_run(self):
+        self.assertEqual(self.monitor("true").returncode, 0)
+        noexec = os.path.join(self.tmp.name, "train.sh")
+        with open(noexec, "w") as f:
+            f.write("#!/bin/sh\n")
+        os.chmod(noexec, 0o644)  # no x bit: EACCES, for root too
+        for cmd, why in (("no-such-command-here", "not found"), (noexec, "Permission denied")):
+            with self.subTest(cmd):
+                r = self.monitor(cmd, "--flag")
+                self.assertEqual(r.returncode, 2, r.stderr)
+                self.assertIn(f"{cmd}: cannot run: {why}", r.stderr)
+                self.assertEqual(rows(self.db, "SELECT command, exit_code FROM runs"), [("true", 0)])
+                self.assertEqual(rows(self.db, "SELECT count(*) FROM samples WHERE run_id <> 1"), [(0,)])
+
+    def test_run_id_that_the_catalog_lacks_is_named(self):
+        self.assertEqual(self.monitor("true").returncode, 0)
+        r = self.monitor("true", extra=("--run", "9"))
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertRegex(r.stderr, r"m\.db: no run 9 in the catalog; its runs: 1 \(\S+Z: true\)")
+        r = self.monitor("true", extra=("--run", "1"))  # joins run 1: still one run
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(rows(self.db, "SELECT count(*) FROM runs"), [(1,)])
 
     def test_signals_are_forwarded_to_the_command(self):
         flag = os.path.join(self.tmp.name, "got-term")
@@ -177,6 +204,55 @@ class PrometheusTest(unittest.TestCase):
         self.assertRegex(body, r"pacer_sampler_cpu_seconds_total\{node=\"[^\"]+\"\} [0-9.e+-]+\n")
         check = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, text=True, timeout=60)
         self.assertEqual(check.returncode, 0, check.stdout + check.stderr)
+
+    def test_training_metrics_of_each_ranks_newest_step(self):
+        # A Python loop logging steps through pacer.telemetry (rank 3), and a
+        # --steps line written on another host (rank 5, node n7).
+        with tempfile.TemporaryDirectory() as tmp:
+            logged, done = os.path.join(tmp, "logged"), os.path.join(tmp, "done")
+            steps = os.path.join(tmp, "steps.jsonl")
+            with open(steps, "w") as f:
+                f.write(json.dumps({"step": 1, "t": time.time(), "rank": 5, "node": "n7", "step_time_s": 2.0,
+                                    "loss": 0.5, "tokens": 100}) + "\n")
+            loop = ("import os, sys, time\nimport pacer.telemetry as tm\ntm.open(flush_interval_s=0.05)\n"
+                    "for i in range(1, 4):\n"
+                    "    tm.step(i, loss=4.0 - i, tokens=2048, step_time_s=0.5, data_wait_s=0.125)\n"
+                    "tm.flush()\nopen(sys.argv[1], 'w').close()\n"
+                    "deadline = time.time() + 20\n"
+                    "while not os.path.exists(sys.argv[2]) and time.time() < deadline:\n    time.sleep(0.05)\n")
+            env = dict(os.environ, PYTHONPATH=PYTHONPATH, RANK="3")
+            p = subprocess.Popen([PACER, "monitor", "--interval", "100ms", "--db", os.path.join(tmp, "p.db"), "--no-gpu",
+                                  "--prometheus", "0", "--steps", steps, "--", PYTHON, "-c", loop, logged, done],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            try:
+                line = p.stderr.readline()
+                m = re.search(r"prometheus metrics at (http://\S+)", line)
+                self.assertIsNotNone(m, line)
+                body, deadline = "", time.time() + 10
+                while time.time() < deadline:
+                    if os.path.exists(logged):
+                        body = urllib.request.urlopen(m.group(1), timeout=10).read().decode()
+                        if 'pacer_loss{rank="3"' in body:
+                            break
+                    time.sleep(0.1)
+            finally:
+                open(done, "w").close()
+                _, err = p.communicate(timeout=30)
+        self.assertEqual(p.returncode, 0, err)
+        node = re.search(r'pacer_memory_used_bytes\{node="([^"]+)"\}', body).group(1)
+        values = {(name, rank, host): float(v) for name, rank, host, v in
+                  re.findall(r'^(pacer_\w+)\{rank="(\d+)",node="([^"]*)"\} (\S+)$', body, re.M)}
+        self.assertEqual(values, {
+            ("pacer_step_time_seconds", "3", node): 0.5, ("pacer_step_time_seconds", "5", "n7"): 2.0,
+            ("pacer_loss", "3", node): 1.0, ("pacer_loss", "5", "n7"): 0.5,
+            ("pacer_tokens_per_second", "3", node): 4096.0, ("pacer_tokens_per_second", "5", "n7"): 50.0,
+            ("pacer_data_wait_ratio", "3", node): 0.25}, body)
+        for name in ("pacer_step_time_seconds", "pacer_loss", "pacer_tokens_per_second", "pacer_data_wait_ratio"):
+            self.assertIn(f"# TYPE {name} gauge\n", body)
+        promtool = shutil.which("promtool")
+        if promtool:
+            check = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, text=True, timeout=60)
+            self.assertEqual(check.returncode, 0, check.stdout + check.stderr)
 
     def test_idle_connections_do_not_hold_up_a_scrape(self):
         # Idle TCP connections (a scanner, a stuck client) once held every

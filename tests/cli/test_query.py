@@ -45,6 +45,29 @@ class QueryTest(unittest.TestCase):
         self.assertEqual({r["step"] for r in rows}, {"6"})
         self.assertEqual(rows[0]["step_time_s"], "3")
 
+    def test_run_limits_a_question_and_is_checked(self):
+        two = os.path.join(self.tmp.name, "two.db")
+        with open(self.db, "rb") as src, open(two, "wb") as dst:
+            dst.write(src.read())
+        steps = os.path.join(self.tmp.name, "steps2.jsonl")
+        with open(steps, "w") as f:
+            f.write(json.dumps({"step": 0, "t": 5000, "step_time_s": 2.0, "data_wait_s": 1.0, "rank": 0}) + "\n")
+        r = pacer("monitor", "--interval", "100ms", "--db", two, "--no-gpu", "--steps", steps, "--", "true")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        both = list(csv.DictReader(io.StringIO(pacer("query", two, "data-wait", "--csv").stdout)))
+        self.assertEqual(sorted({row["run_id"] for row in both}), ["1", "2"])
+        only = list(csv.DictReader(io.StringIO(pacer("query", two, "data-wait", "--run", "2", "--csv").stdout)))
+        self.assertEqual([(row["run_id"], row["rank"], row["data_wait_share"]) for row in only], [("2", "0", "0.5")])
+        slow = list(csv.DictReader(io.StringIO(pacer("query", two, "slowest-steps", "--run", "1", "--csv").stdout)))
+        self.assertEqual({row["run_id"] for row in slow}, {"1"})
+        self.assertEqual(len(slow), 10)
+        r = pacer("query", two, "data-wait", "--run", "9")
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertRegex(r.stderr, r"two\.db: no run 9 in the catalog; its runs: 2 \(\S+Z: true\), 1 \(\S+Z: sleep 0\.3\)")
+        r = pacer("query", two, "SELECT count(*) FROM steps", "--run", "1")
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("WHERE run_id = 1", r.stderr)
+
     def test_any_sql_and_its_errors(self):
         r = pacer("query", self.db, "SELECT count(*) AS n FROM steps", "--json")
         self.assertEqual(json.loads(r.stdout)["rows"], [{"n": 20}])

@@ -249,7 +249,7 @@ TEST(Score, MissingRunAndEmptyCatalogAreUsageErrors) {
   auto r = score_catalog(dir.path() + "/c.db", run99);
   ASSERT_FALSE(r.has_value());
   EXPECT_EQ(r.error().kind, ErrorKind::kUsage);
-  EXPECT_TRUE(contains(r.error().message, "no run 99"));
+  EXPECT_TRUE(contains(r.error().message, dir.path() + "/c.db: no run 99 in the catalog; its runs: 1 (")) << r.error().message;
   EXPECT_FALSE(score_catalog(dir.path() + "/missing.db", {}).has_value());
 }
 

@@ -6,10 +6,12 @@
 
 #include <filesystem>
 #include <limits>
+#include <set>
 #include <thread>
 #include <tuple>
 #include <vector>
 
+#include "pacer/telemetry/monitor.hpp"
 #include "pacer/telemetry/questions.hpp"
 #include "test_util.hpp"
 
@@ -459,6 +461,98 @@ TEST(Catalog, QueryErrorsAreUsageErrors) {
   ASSERT_FALSE(r.has_value());
   EXPECT_EQ(r.error().kind, ErrorKind::kUsage);
   EXPECT_TRUE(contains(r.error().message, "SQL error"));
+}
+
+TEST(Catalog, CheckRunNamesTheIdAndListsTheRuns) {
+  Fixture f;
+  EXPECT_TRUE(check_run(*f.cat, f.run));
+  auto second = f.cat->begin_run(RunInfo{"78", "eval.py", "n1", 2000, 1}).value();
+  auto bad = check_run(*f.cat, 99);
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().kind, ErrorKind::kUsage);
+  const std::string& m = bad.error().message;
+  EXPECT_TRUE(contains(m, f.cat->path() + ": no run 99 in the catalog")) << m;
+  // Newest first, each with its start and command.
+  EXPECT_TRUE(contains(m, fmt::format("its runs: {} (1970-01-01T00:33:20Z: eval.py), {} (1970-01-01T00:16:40Z: train.py)",
+                                      second, f.run)))
+      << m;
+}
+
+TEST(Catalog, DiscardRunRemovesTheRunAndItsRowsOnly) {
+  Fixture f;
+  auto other = f.cat->begin_run(RunInfo{"78", "typo", "n1", 2000, 1}).value();
+  ASSERT_TRUE(f.cat->write_sample(other, f.node, sample_at(2001, 60, 0.5)));
+  ASSERT_TRUE(f.cat->write_steps(other, {StepRecord{1, 2001, 0, "n1", 1.0, 2.0, 10, 0, 0, ""}}));
+  ASSERT_TRUE(f.cat->write_sample(f.run, f.node, sample_at(1001, 60, 0.5)));
+  ASSERT_TRUE(f.cat->discard_run(other));
+  EXPECT_EQ(scalar(*f.cat, "SELECT count(*) FROM runs"), 1);
+  EXPECT_EQ(scalar(*f.cat, "SELECT run_id FROM runs"), f.run);
+  EXPECT_EQ(scalar(*f.cat, fmt::format("SELECT count(*) FROM samples WHERE run_id={}", other)), 0);
+  EXPECT_EQ(scalar(*f.cat, "SELECT count(*) FROM steps"), 0);
+  EXPECT_EQ(scalar(*f.cat, fmt::format("SELECT count(*) FROM samples WHERE run_id={}", f.run)), 3);
+}
+
+TEST(Questions, RunLimitsEveryQuestionAndEachShowsTheRun) {
+  Fixture f;
+  auto second = f.cat->begin_run(RunInfo{"78", "again.py", "n1", 2000, 1}).value();
+  for (auto run : {f.run, second}) {
+    const double base = run == f.run ? 1000 : 2000;
+    std::vector<StepRecord> steps;
+    for (int i = 0; i < 4; ++i) steps.push_back(StepRecord{i, base + i + 1, 0, "n1", i == 2 ? 3.0 : 1.0, 2.0, 10, 0.2, 0.1, ""});
+    ASSERT_TRUE(f.cat->write_steps(run, steps));
+    for (double t = base; t <= base + 5; t += 1) ASSERT_TRUE(f.cat->write_sample(run, f.node, sample_at(t, 92, 0.5)));
+    ASSERT_TRUE(f.cat->write_event(run, f.node, EventRecord{base + 1, "gpu.throttle", "hw_thermal", 0, -1}));
+  }
+  for (const auto& q : questions()) {
+    for (std::optional<std::int64_t> only : {std::optional<std::int64_t>{}, std::optional<std::int64_t>{second}}) {
+      auto r = f.cat->query(question_sql(q.name, QuestionArgs{.run_id = only}).value());
+      ASSERT_TRUE(r.has_value()) << q.name << ": " << r.error().message;
+      ASSERT_FALSE(r->rows.empty()) << q.name;
+      ASSERT_EQ(r->columns.at(0), "run_id") << q.name;
+      std::set<std::int64_t> runs;
+      for (const auto& row : r->rows) runs.insert(std::get<std::int64_t>(row[0]));
+      const std::set<std::int64_t> expected = only ? std::set<std::int64_t>{second} : std::set<std::int64_t>{f.run, second};
+      EXPECT_EQ(runs, expected) << q.name;
+    }
+  }
+}
+
+TEST(StepGauges, NewestStepOfEachRankWithItsWritersNode) {
+  Fixture f;
+  StepGauges g;
+  ASSERT_TRUE(g.update(*f.cat, f.run));
+  EXPECT_EQ(g.render("here"), "") << "no steps, no training families";
+  ASSERT_TRUE(f.cat->write_steps(f.run, {StepRecord{1, 1001, 0, "n1", 2.0, 3.5, 4096, 0.5, 0.1, ""},
+                                         StepRecord{2, 1003, 0, "n1", 2.0, 3.25, 8192, 0.25, 0.1, ""},
+                                         StepRecord{2, 1003, 1, "n2", 4.0, std::nullopt, 1000, std::nullopt, 0.1, ""}}));
+  // Another run's steps are not this run's.
+  auto other = f.cat->begin_run(RunInfo{"78", "x", "n1", 900, 1}).value();
+  ASSERT_TRUE(f.cat->write_steps(other, {StepRecord{9, 2000, 0, "n1", 1.0, 9.0, 1, 0, 0, ""}}));
+  ASSERT_TRUE(g.update(*f.cat, f.run));
+  // A late write of an older step of rank 0 does not replace the newest.
+  ASSERT_TRUE(f.cat->write_steps(f.run, {StepRecord{0, 999, 0, "n1", 2.0, 7.0, 1, 0, 0, ""}}));
+  ASSERT_TRUE(g.update(*f.cat, f.run));
+  const std::string text = g.render("here");
+  EXPECT_EQ(text,
+            "# HELP pacer_step_time_seconds Duration of the newest training step of each rank\n"
+            "# TYPE pacer_step_time_seconds gauge\n"
+            "pacer_step_time_seconds{rank=\"0\",node=\"n1\"} 2\n"
+            "pacer_step_time_seconds{rank=\"1\",node=\"n2\"} 4\n"
+            "# HELP pacer_loss Loss of the newest training step of each rank\n"
+            "# TYPE pacer_loss gauge\n"
+            "pacer_loss{rank=\"0\",node=\"n1\"} 3.25\n"
+            "# HELP pacer_tokens_per_second Tokens per second of the newest training step of each rank (tokens / step time)\n"
+            "# TYPE pacer_tokens_per_second gauge\n"
+            "pacer_tokens_per_second{rank=\"0\",node=\"n1\"} 4096\n"
+            "pacer_tokens_per_second{rank=\"1\",node=\"n2\"} 250\n"
+            "# HELP pacer_data_wait_ratio Share of the newest training step of each rank spent waiting for data (0-1)\n"
+            "# TYPE pacer_data_wait_ratio gauge\n"
+            "pacer_data_wait_ratio{rank=\"0\",node=\"n1\"} 0.125\n");
+  // A step whose node the catalog lacks (NULL node_id) is labelled with the exporter's host.
+  ASSERT_TRUE(f.cat->write_steps(f.run, {StepRecord{3, 1010, 1, "n2", 1.0, 1.0, 1, 0, 0, ""}}));
+  ASSERT_TRUE(f.cat->query(fmt::format("UPDATE steps SET node_id=NULL WHERE run_id={} AND step=3", f.run)).has_value());
+  ASSERT_TRUE(g.update(*f.cat, f.run));
+  EXPECT_TRUE(contains(g.render("here"), "pacer_loss{rank=\"1\",node=\"here\"} 1\n")) << g.render("here");
 }
 
 }  // namespace

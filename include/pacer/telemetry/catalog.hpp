@@ -95,6 +95,10 @@ class Catalog {
   // query_timeout_s or max_result_bytes: a runtime error naming the limit.
   Expected<QueryResult> query(const std::string& sql);
 
+  // Deletes a run this writer began and nothing recorded (the monitor's
+  // command could not be started), so that a failed start leaves no run.
+  Status discard_run(std::int64_t run_id);
+
   bool writes_stopped() const { return !stop_reason_.empty(); }
   const std::string& stop_reason() const { return stop_reason_; }
   // Records of batches that were not written (disk full, or a failed
@@ -152,5 +156,10 @@ struct MergeResult {
 Expected<MergeResult> merge_catalogs(const std::string& out, const std::vector<std::string>& inputs);
 // The record of `pacer catalog merge --json` (schema pacer.catalog.merge/1).
 nlohmann::json to_json(const MergeResult& r, const std::string& out, const std::vector<std::string>& inputs);
+
+// The check behind every `--run ID` (pacer query, score, report, monitor):
+// a usage error naming the id and listing the catalog's runs (newest first)
+// when it holds no run `run_id`.
+Status check_run(Catalog& catalog, std::int64_t run_id);
 
 }  // namespace pacer::telemetry

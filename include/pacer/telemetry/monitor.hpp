@@ -3,6 +3,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -65,6 +67,32 @@ nlohmann::json to_json(const MonitorResult& r);
 // family, labels node, gpu and device; counters as NAME_total with their
 // cumulative value.
 std::string render_prometheus(const Sample& sample, const std::string& node);
+
+class Catalog;
+
+// The training metrics of /metrics, from the newest step record (by its time
+// "t") of each rank of one run, whoever wrote it: pacer.telemetry in the
+// command, --steps, another process of the job.
+class StepGauges {
+ public:
+  // Reads the steps added since the last call: rows are looked at once, so a
+  // pass costs the new rows, not the run's whole history.
+  Status update(Catalog& catalog, std::int64_t run_id);
+  // pacer_step_time_seconds, pacer_loss, pacer_tokens_per_second and
+  // pacer_data_wait_ratio, labels rank and node (the host that wrote the
+  // step, else `node`); a rank's value is left out when its newest step
+  // lacks it.
+  std::string render(const std::string& node) const;
+
+ private:
+  struct Latest {
+    double t = 0;
+    std::string node;
+    std::optional<double> step_time_s, loss, tokens, data_wait_s;
+  };
+  std::map<std::int64_t, Latest> by_rank_;
+  std::int64_t seen_rowid_ = 0;
+};
 
 // Parses "PORT", "HOST:PORT" or "[V6]:PORT"; a bare port binds to 127.0.0.1.
 struct ListenAddress {

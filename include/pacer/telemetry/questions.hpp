@@ -1,6 +1,8 @@
 // Named questions over a catalog ("slowest-steps", "hot-nodes", "data-wait", "throttle") as SQL.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -20,6 +22,7 @@ struct QuestionArgs {
   int limit = 10;            // slowest-steps: how many steps
   double threshold_c = 85;   // hot-nodes: GPU temperature, degrees Celsius
   double regression = 1.2;   // hot-nodes: a step regressed when slower than this x its run's median
+  std::optional<std::int64_t> run_id = std::nullopt;  // only this run (--run); default: every run of the catalog
 };
 
 // The SQL that answers `name`; a usage error names the known questions.
