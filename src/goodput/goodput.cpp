@@ -138,9 +138,12 @@ Expected<std::vector<RankStep>> read_steps(Catalog& cat, std::int64_t run) {
   std::vector<RankStep> out;
   out.reserve(r->rows.size());
   for (const auto& row : r->rows) {
+    // A rank or step that is not a whole number in range is not a step record (a hand-edited catalog).
+    const double rank = number_of(row[0]), n = number_of(row[1]);
+    if (!(std::fabs(rank) < 1e9) || !(std::fabs(n) < 9e15)) continue;
     RankStep s;
-    s.rank = static_cast<int>(number_of(row[0]));
-    s.step = static_cast<std::int64_t>(number_of(row[1]));
+    s.rank = static_cast<int>(rank);
+    s.step = static_cast<std::int64_t>(n);
     s.t = number_of(row[2]);
     if (!std::isfinite(s.t)) continue;
     s.step_time = or_zero(number_of(row[3]));
@@ -160,7 +163,7 @@ Expected<std::vector<Event>> read_events(Catalog& cat, std::int64_t run) {
     Event e{number_of(row[0]), text_of(row[1]), text_of(row[2]), -1};
     if (!std::isfinite(e.t)) continue;
     const double node = number_of(row[3]);
-    if (std::isfinite(node)) e.node_id = static_cast<std::int64_t>(node);
+    if (std::fabs(node) < 9e15) e.node_id = static_cast<std::int64_t>(node);
     out.push_back(std::move(e));
   }
   return out;
@@ -458,7 +461,13 @@ Expected<Ledger> build_ledger(Catalog& cat, const Options& o) {
       } else {
         // From the previous attempt's last step: in-flight work until its exit, then the restart gap.
         const auto ex = std::lower_bound(exits.begin(), exits.end(), cursor);
-        if (ex != exits.end() && *ex < seg_start) advance_to(*ex, kLost);
+        if (ex != exits.end() && *ex < seg_start) {
+          for (const auto& e : *events)
+            if (e.kind == "run.hang" && e.t >= cursor && e.t <= *ex)
+              l.notes.push_back(fmt::format("restart_lost_work includes a hang: {} from the last step of attempt {} to its exit",
+                                            duration(*ex - cursor), attempt));
+          advance_to(*ex, kLost);
+        }
         advance_to(seg_start, kRestartGap);
       }
       attempt = j.attempt;
@@ -531,7 +540,7 @@ Expected<Ledger> build_ledger(Catalog& cat, const Options& o) {
       s.node = text_of(n->rows[0][0]);
       const double node_id = number_of(n->rows[0][1]);
       for (const auto& e : *events)
-        if (e.kind.rfind("vet", 0) == 0 && std::isfinite(node_id) && e.node_id == static_cast<std::int64_t>(node_id))
+        if (e.kind.rfind("vet", 0) == 0 && std::fabs(node_id) < 9e15 && e.node_id == static_cast<std::int64_t>(node_id))
           s.vet_findings.push_back(e.kind + ": " + e.detail.substr(0, 200));
     }
     l.straggler = std::move(s);
