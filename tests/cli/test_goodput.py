@@ -90,6 +90,11 @@ class GoodputTest(unittest.TestCase):
         slow = self.ledger(db, "--planned-step", "10")
         self.assertEqual(slow["faster_than_plan"], 20)
         self.assertEqual(slow["planned_from"], "--planned-step")
+        # --gpus scales the GPU-hours, not the seconds.
+        eight = self.ledger(db, "--gpus", "8")
+        self.assertEqual((eight["gpus"], eight["gpus_from"]), (8, "--gpus"))
+        self.assertAlmostEqual(eight["gpu_hours"], j["wall_s"] * 8 / 3600, places=9)
+        self.assertEqual(j["gpus_from"], "ranks (no GPU samples)")
         # The human table ends in OK and names the largest loss.
         r = pacer("goodput", db)
         self.assertEqual(r.returncode, 0, r.stderr)
@@ -106,6 +111,16 @@ class GoodputTest(unittest.TestCase):
         self.assertAlmostEqual(bucket(j, "productive"), 20 * 0.02, places=6)
         # What the measured 40 ms steps take beyond the 20 ms plan is unexplained: `other`.
         self.assertGreater(bucket(j, "other"), 20 * 0.015)
+        # The document `pacer plan step --json` writes, as it is.
+        r = pacer("plan", "step", "--layers", "2", "--hidden", "256", "--heads", "4", "--seq", "128", "--vocab", "1000",
+                  "--global-batch", "4", "--gemm-tflops", "0.05", "--peak-tflops", "0.1", "--hbm-gbps", "10",
+                  "--tp-gbps", "10", "--dp-gbps", "10", "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(plan, "w") as f:
+            f.write(r.stdout)
+        j = self.ledger(db, "--plan", plan)
+        self.assertEqual(j["planned_step_s"], json.loads(r.stdout)["step_s"])
+        self.assertEqual(j["planned_from"], "--plan " + plan)
         with open(plan, "w") as f:
             json.dump({"schema": "pacer.plan.memory/1"}, f)
         r = pacer("goodput", db, "--plan", plan)
