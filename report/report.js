@@ -133,6 +133,18 @@
     app.append(table, el("p", { class: "meta" }, "blue: idle, red: busy, grey: no sample"));
   }
 
+  // The goodput ledger (docs/goodput.md): where the allocation's time went.
+  const gp = data.goodput;
+  if (gp && gp.buckets) {
+    const gt = el("table", { id: "goodput" }, el("tr", {}, ...["bucket", "seconds", "GPU-hours", "share"].map((h) => el("th", {}, h))));
+    for (const b of gp.buckets)
+      gt.append(el("tr", { title: b.how }, el("td", {}, b.name), el("td", {}, b.seconds.toFixed(2)), el("td", {}, b.gpu_hours.toFixed(4)),
+        el("td", {}, pct(b.share))));
+    const loss = gp.largest_loss || {};
+    app.append(el("h2", {}, "Goodput"), el("p", { class: "meta" }, "planned step " + Number(gp.planned_step_s).toPrecision(3) + " s (" + gp.planned_from + ")"),
+      gt, el("p", { class: "note", id: "goodput-advice" }, "Largest loss: " + loss.bucket + " (" + pct(loss.share || 0) + "): " + loss.advice));
+  }
+
   // Vet results and the other events.
   const events = data.events || [];
   function eventTable(id, list) {

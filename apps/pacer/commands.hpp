@@ -24,5 +24,6 @@ Handler register_ports(CLI::App& app);
 Handler register_bcast(CLI::App& app);
 Handler register_score(CLI::App& app);
 Handler register_report(CLI::App& app);
+Handler register_goodput(CLI::App& app);
 
 }  // namespace pacer::cli

@@ -7,6 +7,7 @@
 #include <map>
 
 #include "pacer/core/atomic_file.hpp"
+#include "pacer/goodput.hpp"
 #include "pacer/telemetry/catalog.hpp"
 #include "report/assets.hpp"
 
@@ -151,6 +152,13 @@ Expected<json> report_data(const std::string& db, const ReportOptions& o) {
   }
   data["events"] = events;
   data["events_truncated"] = r->rows.size() > o.max_events;
+
+  // The goodput ledger, for a run with steps; null for one without (docs/goodput.md).
+  goodput::Options go;
+  go.run_id = run;
+  auto ledger = goodput::build_ledger(cat, go);
+  if (!ledger && ledger.error().kind != ErrorKind::kUsage) return ledger.error();
+  data["goodput"] = ledger ? goodput::to_json(*ledger) : json(nullptr);
   return data;
 }
 
