@@ -281,7 +281,7 @@ std::uint64_t TokenDataset::document_tokens(std::uint64_t d) const {
 }
 
 void TokenDataset::prefetch(std::uint64_t d, std::uint64_t offset, int stage) const {
-  if (d + 1 >= doc_index_.size()) return;
+  if (doc_index_.size() < 2 || d >= doc_index_.size() - 1) return;  // d + 1 would wrap for d = 2^64 - 1
   if (stage >= 2) {
     __builtin_prefetch(&doc_index_[d], 0, 3);
     __builtin_prefetch(&doc_index_[d + 1], 0, 3);
