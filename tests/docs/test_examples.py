@@ -170,6 +170,9 @@ def fixture(d):
     with open(os.path.join(stubs, "my-server"), "w") as f:
         f.write('#!/bin/sh\necho "my-server: PACER_PORTS=$PACER_PORTS"\n')
     os.chmod(os.path.join(stubs, "my-server"), 0o755)
+    # `python3` in sh blocks is the interpreter the Python blocks use (the one with torch and numpy),
+    # not whichever comes first on the caller's PATH (a pyenv shim, a virtualenv).
+    os.symlink(PYTHON, os.path.join(stubs, "python3"))
 
 
 def block_env(d):

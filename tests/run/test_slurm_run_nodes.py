@@ -71,7 +71,9 @@ class SlurmRunNodesTest(unittest.TestCase):
                                 .format(os.path.join(self.tmp, "hang")),
                                 "--ranks 2 --hang-rank 3 --steps 300 --hang-at 5 --step-s 0.02 --telemetry")
         log, out = self.finish(d, job_id)
-        [hang] = [e for e in log if e["event"] == "hang"]
+        hangs = [e for e in log if e["event"] == "hang"]
+        self.assertEqual(len(hangs), 1, f"{[(e['event'], e.get('attempt'), e.get('message')) for e in log]}\n{out[-3000:]}")
+        [hang] = hangs
         self.assertEqual((hang["rank"], hang["host"], hang["node_rank"]), (3, c.nodes[1], 1), out[-3000:])
         texts = {(x["host"], x["rank"]): x["text"] for x in hang["stacks"]}
         self.assertIn("stuck_in_collective", texts[(c.nodes[1], 3)])
