@@ -13,6 +13,7 @@
 #include "pacer/core/atomic_file.hpp"
 #include "pacer/core/stats.hpp"  // optional_interval
 #include "pacer/core/table.hpp"
+#include "pacer/core/units.hpp"
 #include "pacer/telemetry/catalog.hpp"
 
 namespace pacer::goodput {
@@ -102,24 +103,18 @@ double percentile(std::vector<double> v, double q) {
 
 std::string pct(double v) { return fmt::format("{:.1f}%", 100 * v); }
 
-std::string duration(double s) {
-  if (s >= 3600) return fmt::format("{:.2f} h", s / 3600);
-  if (s >= 120) return fmt::format("{:.1f} min", s / 60);
-  return fmt::format("{:.2f} s", s);
-}
-
 // Waste of the allocation for checkpoints every `tau` seconds: each save
 // stalls `cost`, and a failure loses half an interval on average.
 double checkpoint_waste(double tau, double cost, double mtbf) { return cost / tau + tau / (2 * mtbf); }
 
 Status find_run(Catalog& cat, const Options& o, Ledger& l, std::string& status) {
+  if (o.run_id)
+    if (auto s = telemetry::check_run(cat, *o.run_id); !s) return s;
   const std::string where = o.run_id ? fmt::format("WHERE run_id = {}", *o.run_id) : "";
   auto r = cat.query(fmt::format(
       "SELECT run_id, started, ended, catalog_status FROM runs {} ORDER BY started DESC, run_id DESC LIMIT 1", where));
   if (!r) return r.error();
-  if (r->rows.empty())
-    return Error{ErrorKind::kUsage, o.run_id ? fmt::format("{}: no run {} in the catalog", cat.path(), *o.run_id)
-                                                 : fmt::format("{}: the catalog holds no run", cat.path())};
+  if (r->rows.empty()) return Error{ErrorKind::kUsage, fmt::format("{}: the catalog holds no run", cat.path())};
   const auto& row = r->rows[0];
   l.run_id = static_cast<std::int64_t>(number_of(row[0]));
   l.started = number_of(row[1]);
@@ -269,16 +264,16 @@ Recovery recover(const Ledger& l, const std::array<double, kBuckets>& s) {
         r.saves_share = std::max(0.0, now - best);
         r.advice = fmt::format(
             "checkpoint every {} instead of {} (Young/Daly with the measured save cost {} and MTBF {}) saves {} of the allocation",
-            duration(c.optimal_interval_s), duration(c.interval_s), duration(c.save_cost_s), duration(c.mtbf_s),
+            format_duration(c.optimal_interval_s), format_duration(c.interval_s), format_duration(c.save_cost_s), format_duration(c.mtbf_s),
             pct(*r.saves_share));
       } else if (c.optimal_interval_s > 0) {
         r.saves_share.reset();
         r.advice = fmt::format("checkpoint every {} (Young/Daly with the measured save cost {} and MTBF {})",
-                               duration(c.optimal_interval_s), duration(c.save_cost_s), duration(c.mtbf_s));
+                               format_duration(c.optimal_interval_s), format_duration(c.save_cost_s), format_duration(c.mtbf_s));
       } else if (worst == kCkpt) {
         r.advice = fmt::format("each save stalls the job {} and no failure was seen to weigh it against: save less often, "
                                "or asynchronously (pacer.Checkpointer returns once the state is staged),",
-                               duration(c.save_cost_s)) + up_to;
+                               format_duration(c.save_cost_s)) + up_to;
       } else {
         r.saves_share.reset();
         r.advice = fmt::format("{} steps were done again after a restart with no measured save cost: checkpoint more often "
@@ -465,7 +460,7 @@ Expected<Ledger> build_ledger(Catalog& cat, const Options& o) {
           for (const auto& e : *events)
             if (e.kind == "run.hang" && e.t >= cursor && e.t <= *ex)
               l.notes.push_back(fmt::format("restart_lost_work includes a hang: {} from the last step of attempt {} to its exit",
-                                            duration(*ex - cursor), attempt));
+                                            format_duration(*ex - cursor), attempt));
           advance_to(*ex, kLost);
         }
         advance_to(seg_start, kRestartGap);
@@ -521,11 +516,11 @@ Expected<Ledger> build_ledger(Catalog& cat, const Options& o) {
       "from the run's start to the first step",
       "from the last step to the run's end"};
   for (int b = 0; b < kBuckets; ++b) l.buckets.push_back({kNames[b], sec[b], how[b]});
-  if (vet_s > 0) l.notes.push_back(fmt::format("start-up includes vetting: {} until the vet result", duration(vet_s)));
+  if (vet_s > 0) l.notes.push_back(fmt::format("start-up includes vetting: {} until the vet result", format_duration(vet_s)));
   if (l.faster_than_plan > 0)
     l.notes.push_back(fmt::format("{} of {} steps left less than the planned {} for compute after their losses "
                                   "(they count their own time as productive)",
-                                  l.faster_than_plan, l.steps, duration(l.planned_step_s)));
+                                  l.faster_than_plan, l.steps, format_duration(l.planned_step_s)));
 
   // The straggler, its node and the node's vet findings.
   if (!strag.empty()) {
@@ -625,9 +620,9 @@ nlohmann::json to_json(const Ledger& l) {
 std::string to_text(const Ledger& l) {
   const double whole = l.whole_s();
   std::string out = fmt::format("run {}: {} x {} GPU(s) ({}) = {:.3f} GPU-hours, {} steps, {} rank(s), {} attempt(s)\n",
-                                l.run_id, duration(whole), l.gpus, l.gpus_from, whole * l.gpus / 3600, l.steps, l.ranks,
+                                l.run_id, format_duration(whole), l.gpus, l.gpus_from, whole * l.gpus / 3600, l.steps, l.ranks,
                                 l.attempts);
-  out += fmt::format("planned step {} ({})\n", duration(l.planned_step_s), l.planned_from);
+  out += fmt::format("planned step {} ({})\n", format_duration(l.planned_step_s), l.planned_from);
   Table t({{"bucket"}, {"seconds", true}, {"GPU-hours", true}, {"share", true}});
   for (const auto& b : l.buckets)
     t.add_row({b.name, fmt::format("{:.2f}", b.seconds), fmt::format("{:.4f}", b.seconds * l.gpus / 3600),
@@ -638,12 +633,12 @@ std::string to_text(const Ledger& l) {
   if (l.straggler)
     out += fmt::format("straggler: rank {}{}, slowest in {} steps, {} waited for it{}\n", l.straggler->rank,
                        l.straggler->node.empty() ? "" : " on " + l.straggler->node, l.straggler->steps,
-                       duration(l.straggler->seconds),
+                       format_duration(l.straggler->seconds),
                        l.straggler->vet_findings.empty() ? "" : "; vet: " + l.straggler->vet_findings.front());
   const auto& c = l.checkpoint;
   if (c.checkpoints || c.failures)
     out += fmt::format("checkpoints: {} (mean stall {}), restarts: {}, steps redone: {}\n", c.checkpoints,
-                       duration(c.save_cost_s), c.failures, c.redone_steps);
+                       format_duration(c.save_cost_s), c.failures, c.redone_steps);
   for (const auto& n : l.notes) out += "note: " + n + "\n";
   if (!balanced(l))
     out += fmt::format("FAILED: the parts sum to {:.2f} s, not the allocation's {:.2f} s\n", l.sum_s(), whole);

@@ -61,9 +61,7 @@ Status find_run(Catalog& cat, const ScoreOptions& o, RunFacts& f) {
   const std::string where = o.run_id ? fmt::format("WHERE run_id = {}", *o.run_id) : "";
   auto r = cat.query(fmt::format("SELECT run_id, catalog_status FROM runs {} ORDER BY started DESC, run_id DESC LIMIT 1", where));
   if (!r) return r.error();
-  if (r->rows.empty())
-    return Error{ErrorKind::kUsage, o.run_id ? fmt::format("{}: no run {} in the catalog", cat.path(), *o.run_id)
-                                                 : fmt::format("{}: the catalog holds no run", cat.path())};
+  if (r->rows.empty()) return Error{ErrorKind::kUsage, fmt::format("{}: the catalog holds no run", cat.path())};
   f.run_id = static_cast<std::int64_t>(num(r->rows[0][0]));
   if (!null(r->rows[0][1])) f.catalog_status = str(r->rows[0][1]);
   return {};
