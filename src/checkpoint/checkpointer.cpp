@@ -373,6 +373,11 @@ struct Piece {
   bool last = true;
 };
 
+// A device-to-host copy of a save that failed (queued, fenced or waited for).
+Error copy_error(std::uint64_t step, const Error& e) {
+  return Error{e.kind, fmt::format("step {}: copying device blobs to the host: {}", step, e.message)};
+}
+
 struct Xxh3StateFree {
   void operator()(XXH3_state_t* s) const { XXH3_freeState(s); }
 };
@@ -478,8 +483,7 @@ struct Checkpointer::Impl {
         if (t.fence && !t.job->failed) {
           if (Status st = t.fence->wait(); !st) {
             t.job->failed = true;
-            t.job->error = Error{st.error().kind, fmt::format("step {}: copying device blobs to the host: {}",
-                                                              t.job->manifest.step, st.error().message)};
+            t.job->error = copy_error(t.job->manifest.step, st.error());
           }
         }
         write_chunk(t);
@@ -1561,11 +1565,11 @@ class Stager {
       queued_ = false;
       if (defer) {
         auto f = im_.d2h->fence();
-        if (!f) return Error{f.error().kind, fmt::format("step {}: copying device blobs to the host: {}", step_, f.error().message)};
+        if (!f) return copy_error(step_, f.error());
         fence_ = *f;
         for (auto& t : landing_) t.fence = fence_;
       } else if (Status st = im_.d2h->synchronize(); !st) {
-        return Error{st.error().kind, fmt::format("step {}: copying device blobs to the host: {}", step_, st.error().message)};
+        return copy_error(step_, st.error());
       }
     }
     for (auto& t : landing_) im_.push(std::move(t));
