@@ -42,13 +42,19 @@ def sdpa_dense(self, x, cos, sin, mask):
     return gpt.Attention.forward_original(self, x, cos, sin, mask)
 
 
-def sdpa_causal(self, x, cos, sin, mask):
-    """Causal attention over the whole row (documents see each other): the flash kernel, GQA without copies."""
+def projections(self, x, cos, sin):
+    """The example's query, key and value heads, RoPE applied, without repeating the key/value heads."""
     b, n, _ = x.shape
     q = self.q(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)
     k = self.k(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
     v = self.v(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
-    q, k = gpt.apply_rope(q, cos, sin), gpt.apply_rope(k, cos, sin)
+    return gpt.apply_rope(q, cos, sin), gpt.apply_rope(k, cos, sin), v
+
+
+def sdpa_causal(self, x, cos, sin, mask):
+    """Causal attention over the whole row (documents see each other): the flash kernel, GQA without copies."""
+    b, n, _ = x.shape
+    q, k, v = projections(self, x, cos, sin)
     y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
     return self.o(y.transpose(1, 2).reshape(b, n, -1))
 
@@ -57,24 +63,8 @@ FLEX = {}
 
 
 def flex_doc(self, x, cos, sin, mask):
-    """Document-causal attention through flex_attention with a block mask built once per batch."""
-    b, n, _ = x.shape
-    q = self.q(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)
-    k = self.k(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
-    v = self.v(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
-    q, k = gpt.apply_rope(q, cos, sin), gpt.apply_rope(k, cos, sin)
-    y = FLEX["fn"](q, k, v, block_mask=FLEX["mask"], enable_gqa=True)
-    return self.o(y.transpose(1, 2).reshape(b, n, -1))
-
-
-def make_flex_mask(pos):
-    from torch.nn.attention.flex_attention import create_block_mask
-    piece = torch.cumsum((pos == 0).to(torch.int32), dim=1)
-
-    def doc_causal(b, h, q_idx, kv_idx):
-        return (piece[b, q_idx] == piece[b, kv_idx]) & (q_idx >= kv_idx)
-
-    return create_block_mask(doc_causal, pos.shape[0], None, pos.shape[1], pos.shape[1], device=pos.device)
+    """Document-causal attention through flex_attention: the example's own form, with the batch's block mask."""
+    return gpt.Attention.forward_original(self, x, cos, sin, FLEX["mask"])
 
 
 def main():
@@ -93,7 +83,7 @@ def main():
     dev = torch.device("cuda")
     torch.manual_seed(0)
     cfg = gpt.config(a.config, a.vocab, max_seq_len=a.seq)
-    m = gpt.GPT(cfg).to(dev)
+    m = gpt.GPT(cfg, attention="sdpa").to(dev)  # the dense mask; the flex variants build their own block mask
     opt = torch.optim.AdamW(m.parameters(), lr=1e-4, weight_decay=0.1)
     gen = torch.Generator().manual_seed(1)
     data = [tuple(t.to(dev) for t in batch(a.batch, a.seq, a.vocab, gen)) for _ in range(4)]
@@ -108,11 +98,8 @@ def main():
         "flex_document": (flex_doc, False, "the same without torch.use_deterministic_algorithms"),
         "causal_flash": (sdpa_causal, False, "plain causal SDPA over the row (flash kernel; documents see each other)"),
     }
-    try:
-        from torch.nn.attention.flex_attention import flex_attention
-        FLEX["fn"] = torch.compile(flex_attention)
-    except Exception as e:  # noqa: BLE001
-        print(f"flex_attention unavailable: {e}", flush=True)
+    if gpt._flex()[0] is None:
+        print(f"flex_attention unavailable in torch {torch.__version__}", flush=True)
         variants.pop("flex_document")
         variants.pop("flex_document_deterministic")
 
@@ -134,7 +121,7 @@ def main():
         for i in range(steps):
             tokens, pos = data[i % len(data)]
             if name.startswith("flex_document"):
-                FLEX["mask"] = make_flex_mask(pos)
+                FLEX["mask"] = gpt.document_block_mask(pos)
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             step(tokens, pos)
@@ -186,7 +173,7 @@ def main():
         for i in range(n):
             tokens, pos = data[i % len(data)]
             if name.startswith("flex_document"):
-                FLEX["mask"] = make_flex_mask(pos)
+                FLEX["mask"] = gpt.document_block_mask(pos)
             out.append(step(tokens, pos).float().item())
         return out
 
