@@ -634,7 +634,14 @@ struct Checkpointer::Impl {
   }
 
   void apply_retention(const std::string& tier_root) {
+    trim_steps(tier_root);
+    // After the steps: the scan of leftovers (a walk of each partial
+    // directory's files) must not widen the window between a commit and the
+    // pruning it calls for, in which a killed writer leaves one step too many.
     remove_stale_partials(tier_root);
+  }
+
+  void trim_steps(const std::string& tier_root) {
     if (opt.keep_last <= 0) return;
     std::lock_guard g(retention_mu);
     const bool fast = opt.fast_tier && tier_root == *opt.fast_tier;
