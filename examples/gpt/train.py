@@ -217,14 +217,29 @@ class PacerData:
                                         threads=2, prefetch=4, pin_memory=device.type == "cuda")
         self.device, self.batch_size = device, a.batch_size
         self.it = None
+        self.ahead = None  # (the loader's state before it, the batch read ahead by prefetch())
 
     def __len__(self):
         return len(self.loader)
 
     def epoch(self):
-        return self.loader.epoch
+        return self.ahead[0]["epoch"] if self.ahead else self.loader.epoch
+
+    def prefetch(self):
+        """Reads the next batch and queues its copy to the GPU now, while the GPU still runs this step's kernels,
+        so the next step starts without waiting for the host work. state_dict() and epoch() stay those of the
+        batch next() returns, so a checkpoint taken in between resumes with the batch read ahead."""
+        if self.ahead is None:
+            state = self.loader.state_dict()
+            self.ahead = (state, self._read())
 
     def next(self):
+        if self.ahead is not None:
+            batch, self.ahead = self.ahead[1], None
+            return batch
+        return self._read()
+
+    def _read(self):
         if self.it is None:
             self.it = batches(self.loader)
         b = next(self.it)
@@ -244,12 +259,16 @@ class PacerData:
         lengths = torch.as_tensor(host["lengths"]).to(d, non_blocking=True).long()
         return {"tokens": tokens, "pos": pos, "labels": gpt.labels_for(tokens, pos, lengths),
                 "n_tokens": int(host["lengths"].sum()), "host_tokens": b["tokens"],
-                "documents": (b["cu_seqlens"], b["documents"])}
+                "documents": (b["cu_seqlens"], b["documents"]),
+                # The loader's pinned buffers go back to its pool when `b` is dropped: the copies above may still
+                # be queued behind the running step (prefetch), so the batch keeps `b` until the step is over.
+                "host_batch": b}
 
     def state_dict(self):
-        return self.loader.state_dict()
+        return self.ahead[0] if self.ahead else self.loader.state_dict()
 
     def load_state_dict(self, s):
+        self.ahead = None
         self.loader.load_state_dict(s)
 
 
@@ -541,6 +560,8 @@ def main(argv=None):
             if a.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(net.parameters(), a.grad_clip)
             optimizer.step()  # the first one allocates AdamW's moments: 8 bytes per parameter
+            if step + 1 < a.steps and hasattr(data, "prefetch"):
+                data.prefetch()  # the GPU is still busy with this step: the next batch's host work hides behind it
         except Exception as e:  # noqa: BLE001 (only out-of-memory is ours to explain)
             if is_oom(e):
                 report_oom(e, a, cfg, world, device)
