@@ -167,9 +167,16 @@
   // Training curves against the step: loss, tokens/s and MFU per rank.
   const tr = data.training || {};
   const has = (m) => m && Object.keys(m).length;
-  const trainingCharts = [["Loss per rank", tr.loss, ""], ["Tokens/s per rank", tr.tokens_per_s, "tokens/s"]];
-  if (has(tr.mfu)) trainingCharts.push(["MFU per rank", tr.mfu, "%", 100]);
-  else if (has(tr.model_flops_per_s)) trainingCharts.push(["Model TFLOP/s per rank", tr.model_flops_per_s, "TFLOP/s", 1e-12]);
+  // One curve per rank of those that have any value of it, in chart()'s form.
+  function curves(key) {
+    const out = {};
+    for (const [label, r] of Object.entries(tr.ranks || {}))
+      if (r[key] && r[key].some((v) => v != null)) out[label] = { step: r.step, t: r.t, v: r[key] };
+    return out;
+  }
+  const trainingCharts = [["Loss per rank", curves("loss"), ""], ["Tokens/s per rank", curves("tokens_per_s"), "tokens/s"]];
+  if (tr.rate === "mfu") trainingCharts.push(["MFU per rank", curves("rate"), "%", 100]);
+  else if (tr.rate === "model_flops_per_s") trainingCharts.push(["Model TFLOP/s per rank", curves("rate"), "TFLOP/s", 1e-12]);
   app.append(el("h2", {}, "Training"));
   if (!trainingCharts.some((c) => has(c[1]))) app.append(el("p", { class: "note" }, "No loss or tokens in this run's steps."));
   else {
@@ -180,7 +187,7 @@
     if (tr.step_bucket > 1) how.push("each point the mean of " + tr.step_bucket + " steps");
     if (tr.flops_from) how.push("model FLOPs from " + tr.flops_from + (tr.peak_flops ? ", peak " + (tr.peak_flops / 1e12).toPrecision(4) + " TFLOP/s from " + tr.peak_from : ""));
     else how.push("no MFU: give the steps flops= or pacer report --plan");
-    if (has(tr.model_flops_per_s)) how.push("no MFU without a GPU peak: --peak-tflops");
+    if (tr.rate === "model_flops_per_s") how.push("no MFU without a GPU peak: --peak-tflops");
     app.append(el("p", { class: "meta", id: "training-source" }, how.join("; ")));
   }
 

@@ -48,13 +48,6 @@ void append(json& series, const std::string& label, const Value& t, const Value&
 // Six significant digits: a loss of 1e-5 keeps its value, a rate of 1e14 its size.
 json significant(double v) { return std::isfinite(v) ? json(std::stod(fmt::format("{:.6g}", v))) : json(nullptr); }
 
-void append_step(json& series, const std::string& label, double step, double t, double v) {
-  json& s = series[label];
-  if (s.is_null()) s = {{"step", json::array()}, {"t", json::array()}, {"v", json::array()}};
-  s["step"].push_back(step);
-  s["t"].push_back(std::round(t * 1e3) / 1e3);
-  s["v"].push_back(significant(v));
-}
 
 // What MFU is made of: each step's own `flops`, else FLOPs per token from
 // `pacer plan step --json` times the step's tokens, shared by the tp x pp
@@ -90,7 +83,7 @@ Expected<FlopsSource> flops_source(const ReportOptions& o) {
   return f;
 }
 
-// Loss, tokens/s and MFU per rank against the step. A step done again after
+// Loss, tokens/s and MFU (model FLOP/s without a peak: `rate`) per rank against the step. A step done again after
 // a restart counts once, as its last record (the one the run kept); steps
 // are averaged into at most max_points buckets of whole steps.
 Expected<json> training(Catalog& cat, std::int64_t run, const ReportOptions& o) {
@@ -104,8 +97,9 @@ Expected<json> training(Catalog& cat, std::int64_t run, const ReportOptions& o) 
   r = cat.query(fmt::format("SELECT min(step), max(step) FROM steps WHERE run_id = {}", run));
   if (!r) return r.error();
   const auto& range = r->rows.at(0);
-  json out = {{"step_bucket", nullptr}, {"loss", json::object()}, {"tokens_per_s", json::object()}, {"mfu", json::object()},
-              {"model_flops_per_s", json::object()}, {"flops_from", nullptr},
+  // Per rank one array of steps (and their end times) that every curve shares: the page's size is what it is.
+  json out = {{"step_bucket", nullptr}, {"ranks", json::object()}, {"rate", src->peak_flops ? "mfu" : "model_flops_per_s"},
+              {"flops_from", nullptr},
               {"peak_flops", src->peak_flops ? json(*src->peak_flops) : json(nullptr)},
               {"peak_from", src->peak_flops ? json(src->peak_from) : json(nullptr)}};
   if (std::holds_alternative<std::monostate>(range[0])) return out;
@@ -131,16 +125,22 @@ Expected<json> training(Catalog& cat, std::int64_t run, const ReportOptions& o) 
   bool own_flops = false, any_flops = false;
   for (const auto& s : r->rows) {
     const std::string label = fmt::format("rank {} ({})", std::get<std::int64_t>(s[0]), cell(s[1]).is_string() ? cell(s[1]).get<std::string>() : "?");
-    const double step = num(s[3]), t = num(s[4]);
-    if (std::isfinite(num(s[5]))) append_step(out["loss"], label, step, t, num(s[5]));
-    if (num(s[7]) > 0) append_step(out["tokens_per_s"], label, step, t, num(s[6]) / num(s[7]));
-    if (num(s[9]) > 0) {
-      any_flops = true;
-      const double rate = num(s[8]) / num(s[9]);
-      if (src->peak_flops) append_step(out["mfu"], label, step, t, rate / *src->peak_flops);
-      else append_step(out["model_flops_per_s"], label, step, t, rate);
-    }
+    json& curves = out["ranks"][label];
+    if (curves.is_null())
+      curves = {{"step", json::array()}, {"t", json::array()}, {"loss", json::array()}, {"tokens_per_s", json::array()},
+                {"rate", json::array()}};
+    curves["step"].push_back(num(s[3]));
+    curves["t"].push_back(std::round(num(s[4]) * 1e3) / 1e3);
+    curves["loss"].push_back(significant(num(s[5])));
+    curves["tokens_per_s"].push_back(num(s[7]) > 0 ? significant(num(s[6]) / num(s[7])) : json(nullptr));
+    const double rate = num(s[9]) > 0 ? num(s[8]) / num(s[9]) : NAN;
+    any_flops = any_flops || std::isfinite(rate);
+    curves["rate"].push_back(significant(src->peak_flops ? rate / *src->peak_flops : rate));
     own_flops = own_flops || num(s[10]) > 0;
+  }
+  if (!any_flops) {
+    for (auto& curves : out["ranks"]) curves.erase("rate");
+    out["rate"] = nullptr;
   }
   if (any_flops)
     out["flops_from"] = own_flops && src->per_token ? "steps' flops, else " + src->per_token_from

@@ -118,20 +118,30 @@ class ReportTest(unittest.TestCase):
         self.assertEqual(tr["flops_from"], "--plan " + plan)
         con = sqlite3.connect(db)
         st = dict(con.execute("SELECT step, step_time_s FROM steps WHERE rank = 3"))
-        mfu = tr["mfu"]["rank 3 (gpu001)"]
-        self.assertEqual(mfu["step"], list(range(100)))
-        for step, v in zip(mfu["step"], mfu["v"]):
+        self.assertEqual(tr["rate"], "mfu")
+        self.assertEqual(len(tr["ranks"]), 8)
+        rank3 = tr["ranks"]["rank 3 (gpu001)"]
+        self.assertEqual(rank3["step"], list(range(100)))
+        for step, v in zip(rank3["step"], rank3["rate"]):
             self.assertAlmostEqual(v, 3e9 * 8192 / 2 / st[step] / 100e12, delta=1e-5 * v)
-        self.assertEqual(len(tr["loss"]), 8)
-        self.assertAlmostEqual(tr["tokens_per_s"]["rank 3 (gpu001)"]["v"][0], 8192 / st[0], delta=1e-4 * 8192 / st[0])
+        self.assertAlmostEqual(rank3["tokens_per_s"][0], 8192 / st[0], delta=1e-4 * 8192 / st[0])
         self.assertEqual(d["goodput"]["planned_from"], "--plan " + plan)
         # --peak-tflops overrides the plan's peak.
         r = pacer("report", db, "-o", html, "--plan", plan, "--peak-tflops", "50")
         self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertAlmostEqual(page_data(html)["training"]["mfu"]["rank 3 (gpu001)"]["v"][0], 2 * mfu["v"][0], delta=1e-4)
-        # Without a peak there is no MFU: the model FLOP/s instead.
+        self.assertAlmostEqual(page_data(html)["training"]["ranks"]["rank 3 (gpu001)"]["rate"][0], 2 * rank3["rate"][0], delta=1e-4)
+        # Without a peak: the model FLOP/s instead of MFU; without FLOPs neither.
+        with open(plan) as f:
+            doc = json.load(f)
+        doc["hardware"]["peak_tflops"] = 0
+        with open(plan, "w") as f:
+            json.dump(doc, f)
+        r = pacer("report", db, "-o", html, "--plan", plan)
+        tr = page_data(html)["training"]
+        self.assertEqual(tr["rate"], "model_flops_per_s")
+        self.assertAlmostEqual(tr["ranks"]["rank 3 (gpu001)"]["rate"][0], 3e9 * 8192 / 2 / st[0], delta=1e-5 * 3e9 * 8192 / st[0])
         r = pacer("report", db, "-o", html)
-        self.assertEqual(page_data(html)["training"]["mfu"], {})
+        self.assertIsNone(page_data(html)["training"]["rate"])
         # A missing plan, a plan of another kind and a bad peak are usage errors naming what is wrong.
         r = pacer("report", db, "-o", html, "--plan", os.path.join(self.dir, "none.json"))
         self.assertEqual(r.returncode, 2, r.stderr)
@@ -161,13 +171,13 @@ class ReportTest(unittest.TestCase):
         r = pacer("report", db, "-o", html, "--peak-tflops", "0.2")
         self.assertEqual(r.returncode, 0, r.stderr)
         d = page_data(html)
-        loss, = d["training"]["loss"].values()
+        rank, = d["training"]["ranks"].values()
         # Steps 10-12 were done twice; each is drawn once, as the attempt that went on.
-        self.assertEqual(loss["step"], list(range(25)))
-        self.assertEqual(loss["t"], sorted(loss["t"]))
-        mfu, = d["training"]["mfu"].values()
+        self.assertEqual(rank["step"], list(range(25)))
+        self.assertEqual(rank["t"], sorted(rank["t"]))
+        self.assertEqual(d["training"]["rate"], "mfu")
         # 2e9 FLOPs in steps of at least 20 ms against 0.2 TFLOP/s: at most 50%.
-        self.assertTrue(all(0 < v <= 0.5 for v in mfu["v"]), mfu["v"])
+        self.assertTrue(all(0 < v <= 0.5 for v in rank["rate"]), rank["rate"])
         classes = [m["class"] for m in d["marks"]]
         for cls in ("checkpoint", "restart", "hang", "vet"):
             self.assertIn(cls, classes)
