@@ -7,6 +7,7 @@
 
 #include "pacer/annotate.hpp"
 #include "pacer/core/atomic_file.hpp"
+#include "pacer/data.hpp"
 #include "test_util.hpp"
 
 namespace pacer::annotate {
@@ -59,6 +60,24 @@ TEST(AnnotateInputs, JsonLinesIdsTextsAndMalformedLines) {
   auto dup = read_samples(p);
   ASSERT_FALSE(dup);
   EXPECT_TRUE(contains(dup.error().message, p + ":2: sample id 'x' again (first at " + p + ":1)"));
+}
+
+TEST(AnnotateInputs, ShardDirectoryKeysAndIds) {
+  TempDir dir("pacer-annotate-");
+  const std::string src = dir.path() + "/set.jsonl";
+  write(src, "{\"id\": \"x1\", \"text\": \"one\"}\n{\"messages\": [{\"role\": \"user\", \"content\": \"two\"}]}\n{\"no\": 1}\n");
+  data::PackOptions o;
+  o.src = src;
+  o.out = dir.path() + "/shards";
+  o.target_bytes = 1000;  // one sample a shard: samples are read across shards
+  ASSERT_TRUE(data::pack_shards(o));
+  auto s = unwrap(read_samples(o.out));
+  ASSERT_EQ(s.samples.size(), 2u);
+  EXPECT_EQ(s.samples[0].id, "x1");
+  EXPECT_EQ(s.samples[1].id, "000000002");  // the member key without an "id" field
+  EXPECT_EQ(s.samples[1].text, "user: two");
+  EXPECT_EQ(s.malformed, 1u);
+  EXPECT_TRUE(contains(s.malformed_at.at(0), "sample '000000003'"));
 }
 
 TEST(AnnotateInputs, LabelFileErrorsNameTheLine) {
