@@ -183,6 +183,8 @@ TEST(AnnotateStore, TokensAndNames) {
   Fixture f;
   const std::string t = unwrap(f.store->add_annotator("alice"));
   EXPECT_EQ(t.size(), 32u);
+  // The store holds the tokens: only its owner may read it.
+  EXPECT_EQ(fs::status(f.db).permissions() & fs::perms::all, fs::perms::owner_read | fs::perms::owner_write);
   EXPECT_EQ(f.store->annotator_for(t), std::optional<std::string>("alice"));
   EXPECT_EQ(f.store->annotator_for(""), std::nullopt);
   EXPECT_EQ(f.store->annotator_for(t + "0"), std::nullopt);
