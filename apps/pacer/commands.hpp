@@ -25,5 +25,6 @@ Handler register_bcast(CLI::App& app);
 Handler register_score(CLI::App& app);
 Handler register_report(CLI::App& app);
 Handler register_goodput(CLI::App& app);
+Handler register_annotate(CLI::App& app);
 
 }  // namespace pacer::cli
