@@ -77,6 +77,8 @@ def parse_args(argv=None):
     ap.add_argument("--baseline", action="store_true",
                     help="the same loop the usual way: torch DataLoader over the same tokens, torch.save checkpoints")
     ap.add_argument("--workers", type=int, default=2, help="--baseline: DataLoader worker processes")
+    ap.add_argument("--no-prefetch", action="store_true",
+                    help="read each batch when its step starts, not during the step before (the same batches either way)")
     # For tests: after this step (its checkpoint committed) wait to be killed, so a kill lands at a known step;
     # only in a job's first attempt, so the restarted run goes on.
     ap.add_argument("--hold-after", type=int, default=None, help=argparse.SUPPRESS)
@@ -560,7 +562,7 @@ def main(argv=None):
             if a.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(net.parameters(), a.grad_clip)
             optimizer.step()  # the first one allocates AdamW's moments: 8 bytes per parameter
-            if step + 1 < a.steps and hasattr(data, "prefetch"):
+            if step + 1 < a.steps and hasattr(data, "prefetch") and not a.no_prefetch:
                 data.prefetch()  # the GPU is still busy with this step: the next batch's host work hides behind it
         except Exception as e:  # noqa: BLE001 (only out-of-memory is ours to explain)
             if is_oom(e):
