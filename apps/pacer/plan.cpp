@@ -172,6 +172,8 @@ void add_model_options(CLI::App* c, PlanArgs& a) {
   c->add_option("--micro-batch", a.par.micro_batch, "Sequences per micro-batch")->capture_default_str();
   c->add_option("--global-batch", a.par.global_batch, "Sequences per step (default micro-batch x dp)");
   c->add_option("--interleave", a.par.interleave, "Virtual pipeline chunks per device")->capture_default_str();
+  c->add_flag("--uneven-stages", a.par.uneven_stages,
+              "Pipeline stages of unequal layer counts (Llama 3: fewer on the first and last); timed by the heaviest");
   c->add_flag("--sequence-parallel", a.par.sequence_parallel, "Sequence parallelism in the tensor-parallel group");
   c->add_flag("--flash-attention", a.par.flash_attention,
               "Fused attention (FlashAttention, cuDNN): no scores in memory, causal half skipped");
@@ -285,6 +287,7 @@ plan::HardwareSources resolve_hardware(PlanArgs& a) {
   const auto preset = gpu_preset(a);
   const bool overlap = a.hw.overlap_dp;
   if (preset) a.hw = preset->hw;
+  if (!a.par.flash_attention) a.hw.attention_tflops = 0;  // the preset's fused-kernel rate has nothing to time
   a.hw.overlap_dp = overlap;
   a.hw.tp_latency_s = a.tp_latency_us * 1e-6;
   a.hw.dp_latency_s = a.dp_latency_us * 1e-6;
@@ -335,7 +338,7 @@ int memory(PlanArgs& a) {
   t.add_row({"optimizer", format_bytes(r.optimizer_bytes), a.par.zero_stage >= 1 ? "12 B/param (Adam), sharded over dp" : "12 B/param (Adam)"});
   t.add_row({"activations", format_bytes(r.activation_bytes),
              fmt::format("{} per layer x {} layers x {} micro-batches in flight", format_bytes(r.activation_bytes_per_layer),
-                         a.model.layers / a.par.pp, num(r.in_flight_microbatches))});
+                         num(r.stage_layers), num(r.in_flight_microbatches))});
   t.add_row({"total", format_bytes(r.total_bytes), "before fragmentation, workspaces and the CUDA context"});
   std::string text = t.render();
   text += fmt::format("model: {:.3g} parameters; recomputation {}{}{}\n", plan::parameter_count(a.model), a.recompute,

@@ -173,6 +173,7 @@ struct Parallel {
   int micro_batch = 1;
   int global_batch = 0;      // 0: micro_batch * dp (one micro-batch per step)
   int interleave = 1;        // virtual pipeline chunks per device
+  bool uneven_stages = false;  // pp x interleave need not divide the layers: chunks take ceil(l / (pp v)) at most
   bool sequence_parallel = false;
   // A fused attention kernel (FlashAttention, cuDNN): the scores never reach memory, the causal half of them
   // is skipped, and backward recomputes them. Without it, Megatron's unfused core (materialised scores).
@@ -218,6 +219,7 @@ struct MemoryReport {
   double gradient_bytes = 0;       // Parallel::grad_bytes per parameter, / dp under ZeRO-2 and 3
   double optimizer_bytes = 0;      // 12 bytes (fp32 master, momentum, variance), / dp under ZeRO >= 1
   double activation_bytes_per_layer = 0;  // one micro-batch
+  double stage_layers = 0;                // layers on the most loaded stage
   double in_flight_microbatches = 0;      // on the first stage at the peak of the schedule
   double activation_bytes = 0;     // first stage, schedule peak, with the embedding dropout mask
   double total_bytes = 0;

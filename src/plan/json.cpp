@@ -90,7 +90,7 @@ json to_json(const Model& m, const Parallel& p) {
           {"position", m.learned_positions ? "learned" : "rope"}, {"embeddings", m.tied_embeddings ? "tied" : "untied"},
           {"dropout", m.dropout}, {"padded_vocab", padded_vocab(m)},
           {"tp", p.tp}, {"pp", p.pp}, {"dp", p.dp}, {"cp", p.cp}, {"ep", p.ep}, {"micro_batch", p.micro_batch},
-          {"global_batch", p.global_batch > 0 ? p.global_batch : p.micro_batch * p.dp}, {"interleave", p.interleave},
+          {"global_batch", p.global_batch > 0 ? p.global_batch : p.micro_batch * p.dp}, {"interleave", p.interleave}, {"uneven_stages", p.uneven_stages},
           {"sequence_parallel", p.sequence_parallel}, {"flash_attention", p.flash_attention}, {"recompute", name(p.recompute)},
           {"zero_stage", p.zero_stage}};
   if (m.experts > 0) {

@@ -82,11 +82,15 @@ std::vector<ModelPreset> make_models() {
 // gpu.nccl_busbw on the H200 pair), Blackwell Hopper's share of NVLink 5's doubled per-direction rate.
 // Network: 90% of the NIC rate per GPU (HDR 200 Gb/s on DGX A100, NDR 400 Gb/s on H100/H200/B200 systems,
 // Slingshot-11 200 Gb/s per GH200 on Alps).
-constexpr double kHopperGemm = 700.8, kHopperPeak = 989.4;
+// Fused attention, Hopper: cuDNN's kernel at head size 128 ran forward and backward in 1.68 times the GEMM-rate
+// time at 661.9 TFLOP/s on the H200 (bench/results/attention_roofline-h200-2026-11-29.json): 395 TFLOP/s.
+// Ampere keeps the validation's (no fused kernel in those runs); Blackwell scales Hopper's share of the peak.
+constexpr double kHopperGemm = 700.8, kHopperPeak = 989.4, kHopperAttention = 661.9 / 1.677;
 constexpr double kHopperHbmShare = 4266.6 / 4800;
 
-Hardware gpu(double peak, double gemm, double hbm, double tp, double dp, int per_node) {
+Hardware gpu(double peak, double gemm, double hbm, double tp, double dp, int per_node, double attention = 0) {
   Hardware hw;
+  hw.attention_tflops = attention;
   hw.peak_tflops = peak;
   hw.gemm_tflops = gemm;
   hw.hbm_gbps = hbm;
@@ -101,13 +105,13 @@ std::vector<GpuPreset> make_gpus() {
   return {
       {"a100-80g", gpu(312, 226.0, 0.8 * 2039, 230, 0.9 * 25, 8), 80 * GiB,
        "NVIDIA A100 datasheet: 312 TFLOP/s dense BF16, 80GB HBM2e at 2039 GB/s, NVLink 3 600 GB/s; DGX A100: one 200 Gb/s HDR adapter per GPU"},
-      {"h100-sxm", gpu(kHopperPeak, kHopperGemm, kHopperHbmShare * 3350, 325, 0.9 * 50, 8), 80 * GiB,
+      {"h100-sxm", gpu(kHopperPeak, kHopperGemm, kHopperHbmShare * 3350, 325, 0.9 * 50, 8, kHopperAttention), 80 * GiB,
        "NVIDIA H100 SXM datasheet: 989 TFLOP/s dense BF16 (1979 sparse), 80GB HBM3 at 3.35 TB/s, NVLink 4 900 GB/s; DGX H100: one 400 Gb/s NDR adapter per GPU"},
-      {"h200", gpu(kHopperPeak, kHopperGemm, kHopperHbmShare * 4800, 325, 0.9 * 50, 8), 141e9,
+      {"h200", gpu(kHopperPeak, kHopperGemm, kHopperHbmShare * 4800, 325, 0.9 * 50, 8, kHopperAttention), 141e9,
        "NVIDIA H200 datasheet: 989 TFLOP/s dense BF16, 141GB HBM3e at 4.8 TB/s, NVLink 4 900 GB/s; HGX H200: one 400 Gb/s adapter per GPU"},
-      {"gh200", gpu(kHopperPeak, kHopperGemm, kHopperHbmShare * 4000, 325, 0.9 * 25, 4), 96e9,
+      {"gh200", gpu(kHopperPeak, kHopperGemm, kHopperHbmShare * 4000, 325, 0.9 * 25, 4, kHopperAttention), 96e9,
        "NVIDIA GH200 datasheet (96GB HBM3 at 4 TB/s, the Hopper GPU's 989 TFLOP/s); CSCS Alps: 4 GH200 per node over NVLink, one 200 Gb/s Slingshot-11 NIC per GH200"},
-      {"b200", gpu(2250, kHopperGemm / kHopperPeak * 2250, kHopperHbmShare * 8000, 325.0 * 2, 0.9 * 50, 8), 180e9,
+      {"b200", gpu(2250, kHopperGemm / kHopperPeak * 2250, kHopperHbmShare * 8000, 325.0 * 2, 0.9 * 50, 8, kHopperAttention / kHopperPeak * 2250), 180e9,
        "NVIDIA HGX B200: 2250 TFLOP/s dense BF16 (4500 sparse), 180GB HBM3e at 8 TB/s, NVLink 5 1.8 TB/s; one 400 Gb/s adapter per GPU"},
   };
 }

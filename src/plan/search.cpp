@@ -73,7 +73,10 @@ Expected<SearchReport> search_layouts(const Model& m, const Parallel& base, cons
   }
   const auto tps = or_default(space.tp, powers_of_two(std::min(hw.gpus_per_node, m.heads)));
   const auto cps = or_default(space.cp, base.flash_attention ? std::vector<int>{1, 2, 4, 8, 16, 32} : std::vector<int>{1});
-  const auto pps = or_default(space.pp, divisors(m.layers));
+  // Every stage count up to the layers (at most 128): those that do not divide the layers get uneven stages.
+  std::vector<int> all_pp;
+  for (int x = 1; x <= std::min(m.layers, 128); ++x) all_pp.push_back(x);
+  const auto pps = or_default(space.pp, all_pp);
   const auto eps = or_default(space.ep, m.experts > 0 ? divisors(m.experts) : std::vector<int>{1});
   const auto mbs = or_default(space.micro_batch, {1, 2, 4, 8});
   const auto vs = or_default(space.interleave, {1, 2, 3, 4, 5, 6, 8, 10});
@@ -109,6 +112,7 @@ Expected<SearchReport> search_layouts(const Model& m, const Parallel& base, cons
                   p.micro_batch = mb;
                   p.global_batch = space.global_batch;
                   p.interleave = v;
+                  p.uneven_stages = pp > 1 && m.layers % (pp * v) != 0;
                   p.recompute = rc;
                   p.zero_stage = zero;
                   // Megatron-Core's advice and the model's finding alike: with tp > 1 sequence parallelism only saves.

@@ -21,6 +21,13 @@ int microbatches_of(const Parallel& p) {
 int global_of(const Parallel& p) { return p.global_batch > 0 ? p.global_batch : p.micro_batch * p.dp; }
 
 bool is_moe(const Model& m) { return m.experts > 0; }
+// Layers on the most loaded pipeline stage. Uneven stages (Llama 3: one layer fewer on the first and the
+// last, which also hold the embedding and the output layer) give every chunk ceil(l / (p v)) layers at most.
+double stage_layers(const Model& m, const Parallel& p) {
+  if (!p.uneven_stages) return double(m.layers) / p.pp;
+  const long chunks = long(p.pp) * p.interleave;
+  return double((m.layers + chunks - 1) / chunks * p.interleave);
+}
 int kv_heads_of(const Model& m) { return m.kv_heads > 0 ? m.kv_heads : m.heads; }
 double head_dim(const Model& m) { return double(m.hidden) / m.heads; }
 // Width of K (and of V) on one GPU times tp: with fewer kv-heads than tp ranks each rank keeps a copy of one.
@@ -145,7 +152,7 @@ struct Traffic {
 };
 Traffic traffic(const Model& m, const Parallel& p) {
   Traffic tr;
-  const double layers = double(m.layers) / p.pp;
+  const double layers = stage_layers(m, p);
   const bool full = p.recompute == Recompute::kFull;
   // Forward: two all-reduces (or all-gather + reduce-scatter pairs, the same volume with sequence
   // parallelism); backward two more; a full recomputation repeats the forward ones.
@@ -250,8 +257,9 @@ Status validate(const Model& m, const Parallel& p) {
   if (int(ffn_of(m)) % p.tp) return usage(fmt::format("--tp {} does not divide the MLP width {}", p.tp, int(ffn_of(m))));
   if (p.pp * p.interleave > m.layers)
     return usage(fmt::format("--pp {} x --interleave {} is more stages than --layers {}", p.pp, p.interleave, m.layers));
-  if (m.layers % (p.pp * p.interleave))
-    return usage(fmt::format("--pp {} x --interleave {} does not divide --layers {}", p.pp, p.interleave, m.layers));
+  if (!p.uneven_stages && m.layers % (p.pp * p.interleave))
+    return usage(fmt::format("--pp {} x --interleave {} does not divide --layers {} (--uneven-stages allows it)", p.pp, p.interleave, m.layers));
+  if (p.uneven_stages && p.pp == 1) return usage("--uneven-stages needs --pp greater than 1");
   if (p.interleave > 1 && p.pp == 1) return usage("--interleave needs --pp greater than 1");
   if (p.sequence_parallel && p.tp == 1) return usage("--sequence-parallel needs --tp greater than 1");
   if (p.sequence_parallel && m.seq % (p.tp * p.cp)) return usage(fmt::format("--tp {} x --cp {} does not divide --seq {}", p.tp, p.cp, m.seq));
@@ -304,12 +312,13 @@ double active_parameter_count(const Model& m) {
 }
 
 double expert_parameters_per_gpu(const Model& m, const Parallel& p) {
-  return moe_layers(m) / p.pp * expert_params(m) / (double(p.tp) * p.ep);
+  return moe_layers(m) / m.layers * stage_layers(m, p) * expert_params(m) / (double(p.tp) * p.ep);
 }
 
 double parameters_per_gpu(const Model& m, const Parallel& p) {
   const double h = m.hidden;
-  const double dense = (dense_layers(m) * layer_dense_params(m, false) + moe_layers(m) * layer_dense_params(m, true)) / p.pp;
+  const double dense = (dense_layers(m) * layer_dense_params(m, false) + moe_layers(m) * layer_dense_params(m, true)) /
+                       m.layers * stage_layers(m, p);
   // The word embedding (or, untied, the output layer of the last stage: as large) is split over tp; learned
   // positions are replicated.
   return dense / p.tp + padded_vocab(m) * h / p.tp + (m.learned_positions ? double(m.seq) * h : 0) +
@@ -402,6 +411,7 @@ MemoryReport estimate_memory(const Model& m, const Parallel& p) {
   r.gradient_bytes = dense.gradient_bytes + experts.gradient_bytes;
   r.optimizer_bytes = dense.optimizer_bytes + experts.optimizer_bytes;
   r.activation_bytes_per_layer = layer_activation_bytes(m, p);
+  r.stage_layers = stage_layers(m, p);
   const int mbs = microbatches_of(p);
   // 1F1B: the first stage runs p forwards before its first backward; interleaving adds (p-1)/(p v).
   double in_flight = std::min(mbs, p.pp);
@@ -409,7 +419,7 @@ MemoryReport estimate_memory(const Model& m, const Parallel& p) {
   r.in_flight_microbatches = in_flight;
   const double embedding_dropout_mask =
       m.dropout ? local_seq(m, p) * p.micro_batch * m.hidden / (p.sequence_parallel ? p.tp : 1) : 0;
-  r.activation_bytes = (r.activation_bytes_per_layer * m.layers / p.pp + embedding_dropout_mask) * in_flight;
+  r.activation_bytes = (r.activation_bytes_per_layer * stage_layers(m, p) + embedding_dropout_mask) * in_flight;
   r.total_bytes = r.weight_bytes + r.gradient_bytes + r.optimizer_bytes + r.activation_bytes;
   return r;
 }
@@ -483,7 +493,7 @@ Expected<CommReport> estimate_comm(const Model& m, const Parallel& p, const Hard
   // Backward with what recomputation repeats during it: everything but the forward pass.
   const Passes ps = passes_of(m, p);
   r.backward_flops =
-      ((ps.dense - 1) * lf.dense + (ps.attention - 1) * ps.attention_share * lf.attention) * m.layers / p.pp;
+      ((ps.dense - 1) * lf.dense + (ps.attention - 1) * ps.attention_share * lf.attention) * stage_layers(m, p);
   if (hw.gemm_tflops > 0) {
     r.dp_hide_flops = r.dp_time_s * hw.gemm_tflops * 1e12;
     const double backward_s = r.backward_flops / (hw.gemm_tflops * 1e12);
@@ -496,7 +506,7 @@ Expected<StepReport> estimate_step(const Model& m, const Parallel& p, const Hard
   if (Status s = check_hardware(m, p, hw, true); !s) return s.error();
   const Traffic tr = traffic(m, p);
   const int mbs = microbatches_of(p);
-  const double layers = double(m.layers) / p.pp;
+  const double layers = stage_layers(m, p);
   const double flop_rate = hw.gemm_tflops * 1e12, mem_rate = hw.hbm_gbps * 1e9;
   const LayerFlops lf = layer_forward_flops(m, p);
   const LayerTraffic lt = layer_forward_traffic(m, p);
