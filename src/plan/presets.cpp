@@ -11,21 +11,9 @@ namespace {
 // The block of Llama 3 and its descendants: grouped-query attention, SwiGLU, no biases, RMSNorm, rotary
 // positions, untied output layer, no dropout.
 Model llama_block(int layers, int hidden, int heads, int kv_heads, int ffn, int vocab, int seq) {
-  Model m;
-  m.layers = layers;
-  m.hidden = hidden;
-  m.heads = heads;
-  m.kv_heads = kv_heads;
-  m.ffn = ffn;
-  m.vocab = vocab;
-  m.seq = seq;
-  m.gated_mlp = true;
-  m.biases = false;
-  m.rms_norm = true;
-  m.learned_positions = false;
-  m.tied_embeddings = false;
-  m.dropout = false;
-  return m;
+  return Model{.layers = layers, .hidden = hidden, .heads = heads, .seq = seq, .vocab = vocab, .ffn = ffn,
+               .kv_heads = kv_heads, .gated_mlp = true, .biases = false, .rms_norm = true,
+               .learned_positions = false, .tied_embeddings = false, .dropout = false};
 }
 
 // Apertus: the Llama block with a non-gated xIELU MLP (an element-wise activation like GeLU). Its QK-norm
@@ -38,13 +26,8 @@ Model apertus_block(int layers, int hidden, int heads, int kv_heads, int ffn) {
 
 std::vector<ModelPreset> make_models() {
   std::vector<ModelPreset> v;
-  Model gpt3;
-  gpt3.layers = 96;
-  gpt3.hidden = 12288;
-  gpt3.heads = 96;
-  gpt3.seq = 2048;
-  gpt3.vocab = 50257;
-  gpt3.vocab_multiple = 1024;  // Megatron pads to 128 x tp 8: the 51200 of the Megatron papers
+  // Megatron pads the vocabulary to 128 x tp 8: the 51200 of the Megatron papers.
+  const Model gpt3{.layers = 96, .hidden = 12288, .heads = 96, .seq = 2048, .vocab = 50257, .vocab_multiple = 1024};
   v.push_back({"gpt3-175b", gpt3, "Brown et al. 2020 (arXiv:2005.14165) Table 2.1: 96 layers, d_model 12288, 96 heads, context 2048; GPT-2 BPE vocabulary 50257", 175e9});
   v.push_back({"llama3-8b", llama_block(32, 4096, 32, 8, 14336, 128256, 8192),
                "Llama 3 Herd of Models (arXiv:2407.21783) Table 3: 32 layers, 4096, FFN 14336, 32 heads, 8 KV heads, vocabulary 128K (128256 in the released config), seq 8192", 8.03e9});
@@ -89,15 +72,8 @@ constexpr double kHopperGemm = 700.8, kHopperPeak = 989.4, kHopperAttention = 66
 constexpr double kHopperHbmShare = 4266.6 / 4800;
 
 Hardware gpu(double peak, double gemm, double hbm, double tp, double dp, int per_node, double attention = 0) {
-  Hardware hw;
-  hw.attention_tflops = attention;
-  hw.peak_tflops = peak;
-  hw.gemm_tflops = gemm;
-  hw.hbm_gbps = hbm;
-  hw.tp_gbps = tp;
-  hw.dp_gbps = dp;
-  hw.gpus_per_node = per_node;
-  return hw;
+  return Hardware{.gemm_tflops = gemm, .gpus_per_node = per_node, .attention_tflops = attention, .peak_tflops = peak,
+                  .hbm_gbps = hbm, .tp_gbps = tp, .dp_gbps = dp};
 }
 
 std::vector<GpuPreset> make_gpus() {

@@ -16,6 +16,9 @@ using test::contains;
 
 Model llama8b() { return find_model_preset("llama3-8b")->model; }
 
+// Round Hopper-like figures (one node of 8).
+Hardware node() { return Hardware{.gemm_tflops = 700, .hbm_gbps = 4000, .tp_gbps = 300, .dp_gbps = 45}; }
+
 TEST(PlanModern, LlamaParameterCountByHand) {
   const Model m = llama8b();
   const double h = 4096, kv = 8 * 128, f = 14336, V = 128256;
@@ -87,11 +90,7 @@ TEST(PlanModern, MixtureOfExpertsCountsExpertsAndTopK) {
   EXPECT_DOUBLE_EQ(step_flops(cf, p).model_flops, step_flops(m, p).model_flops);
   EXPECT_GT(step_flops(cf, p).hardware_flops, step_flops(m, p).hardware_flops);
   // All-to-all only with expert parallelism.
-  Hardware hw;
-  hw.gemm_tflops = 700;
-  hw.hbm_gbps = 4000;
-  hw.tp_gbps = 300;
-  hw.dp_gbps = 45;
+  const Hardware hw = node();
   const double tokens = 4096;
   auto c = estimate_comm(m, p, hw);
   ASSERT_TRUE(c) << c.error().message;
@@ -108,11 +107,7 @@ TEST(PlanModern, ContextParallelSplitsTheSequence) {
   Parallel cp = p;
   cp.cp = 4;
   EXPECT_NEAR(layer_activation_bytes(m, cp), layer_activation_bytes(m, p) / 4, 1e-6 * layer_activation_bytes(m, p));
-  Hardware hw;
-  hw.gemm_tflops = 700;
-  hw.hbm_gbps = 4000;
-  hw.tp_gbps = 300;
-  hw.dp_gbps = 45;
+  const Hardware hw = node();
   auto c = estimate_comm(m, cp, hw);
   ASSERT_TRUE(c) << c.error().message;
   // K and V of 2048 tokens x 1024 wide in bf16 around the ring: 3 steps forward, twice 3 backward, 32 layers.
