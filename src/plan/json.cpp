@@ -108,7 +108,7 @@ json to_json(const Model& m, const Parallel& p) {
 json to_json(const MemoryReport& r, const Model& m, const Parallel& p, std::optional<std::uint64_t> gpu_memory_bytes) {
   json j = {{"schema", "pacer.plan.memory/1"}, {"config", to_json(m, p)},
             {"per_gpu", {{"parameters", r.parameters}, {"weight_bytes", r.weight_bytes}, {"gradient_bytes", r.gradient_bytes},
-                         {"optimizer_bytes", r.optimizer_bytes}, {"activation_bytes_per_layer", r.activation_bytes_per_layer},
+                         {"optimizer_bytes", r.optimizer_bytes}, {"activation_bytes_per_layer", r.activation_bytes_per_layer}, {"stage_layers", r.stage_layers},
                          {"in_flight_microbatches", r.in_flight_microbatches}, {"activation_bytes", r.activation_bytes},
                          {"total_bytes", r.total_bytes}}},
             {"layer_activations", json::array()}};

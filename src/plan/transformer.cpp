@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 #include "pacer/plan.hpp"
 
@@ -239,11 +240,16 @@ Status validate(const Model& m, const Parallel& p) {
                          {m.expert_ffn, "--expert-ffn"}, {m.shared_experts, "--shared-experts"},
                          {m.dense_layers, "--dense-layers"}, {p.global_batch, "--global-batch"}})
     if (v < 0) return usage(fmt::format("{} {}: expected a positive number", name, v));
-  // Products below are formed in int: keep every factor small enough that none overflows.
-  for (auto [v, name] : {std::pair{m.layers, "--layers"}, {m.heads, "--heads"}, {p.tp, "--tp"}, {p.pp, "--pp"},
-                         {p.cp, "--cp"}, {p.ep, "--ep"}, {p.interleave, "--interleave"}, {m.experts, "--experts"},
-                         {m.top_k, "--top-k"}})
-    if (v > (1 << 20)) return usage(fmt::format("{} {}: too large", name, v));
+  // Products of two of these are formed in int, and 4 x hidden is cast back to one: keep every factor small
+  // enough that none overflows (far above any real model or machine).
+  for (auto [v, name, limit] : {std::tuple{m.layers, "--layers", 1 << 20}, {m.heads, "--heads", 1 << 20},
+                                {m.kv_heads, "--kv-heads", 1 << 20}, {p.tp, "--tp", 1 << 15}, {p.pp, "--pp", 1 << 15},
+                                {p.cp, "--cp", 1 << 15}, {p.ep, "--ep", 1 << 15}, {p.interleave, "--interleave", 1 << 15},
+                                {m.experts, "--experts", 1 << 20}, {m.top_k, "--top-k", 1 << 20},
+                                {m.hidden, "--hidden", 1 << 26}, {m.ffn, "--ffn", 1 << 28},
+                                {m.expert_ffn, "--expert-ffn", 1 << 28}, {m.seq, "--seq", 1 << 28},
+                                {m.vocab_multiple, "--vocab-multiple", 1 << 20}})
+    if (v > limit) return usage(fmt::format("{} {}: too large (at most {})", name, v, limit));
   if (long(p.micro_batch) * p.dp > (1L << 30) || long(p.tp) * p.pp * p.cp * p.dp > (1L << 30))
     return usage("--micro-batch x --dp or the GPU count is too large");
   if (m.hidden % m.heads) return usage(fmt::format("--heads {} does not divide --hidden {}", m.heads, m.hidden));

@@ -159,6 +159,15 @@ TEST(PlanModern, BadInputNamesTheReason) {
   Model odd = m;
   odd.seq = 8190;
   EXPECT_TRUE(contains(msg(odd, cp), "2 x cp equal chunks"));
+  Model huge = m;
+  huge.hidden = 1 << 30;  // 4 x hidden would not fit the int the widths are checked in
+  huge.heads = 1;
+  huge.kv_heads = 1;
+  EXPECT_TRUE(contains(msg(huge, p), "--hidden 1073741824: too large"));
+  Parallel deep = p;
+  deep.pp = 1 << 16;
+  deep.interleave = 1 << 16;
+  EXPECT_TRUE(contains(msg(m, deep), "too large"));
   auto unknown = find_model_preset("llama9");
   ASSERT_FALSE(unknown);
   EXPECT_TRUE(contains(unknown.error().message, "llama3-70b"));
