@@ -62,7 +62,7 @@ Expected<SearchReport> search_layouts(const Model& m, const Parallel& base, cons
   if (!(space.memory_bytes > 0)) return usage("--gpu-memory: give the memory of one GPU (or --gpu NAME)");
   if (!(space.margin_bytes >= 0) || space.margin_bytes >= space.memory_bytes)
     return usage("--memory-margin: must leave some of --gpu-memory");
-  if (space.top < 1) return usage(fmt::format("--top {}: expected at least 1", space.top));
+  if (space.top < 1 || space.top > 1000) return usage(fmt::format("--top {}: expected 1 to 1000", space.top));
   if (m.layers < 1 || m.heads < 1) return usage("give the model (--model NAME, or --layers, --hidden, --heads, --seq, --vocab)");
   {
     // The model itself, before any layout: its errors are the user's, not the search's.
@@ -77,12 +77,28 @@ Expected<SearchReport> search_layouts(const Model& m, const Parallel& base, cons
   std::vector<int> all_pp;
   for (int x = 1; x <= std::min(m.layers, 128); ++x) all_pp.push_back(x);
   const auto pps = or_default(space.pp, all_pp);
-  const auto eps = or_default(space.ep, m.experts > 0 ? divisors(m.experts) : std::vector<int>{1});
+  // Expert parallelism over the powers of two that divide the experts, and all of them: what frameworks run,
+  // and few enough that an expert count with many divisors cannot blow the enumeration up.
+  std::vector<int> ep_default{1};
+  if (m.experts > 0) {
+    ep_default.clear();
+    for (int d : divisors(m.experts))
+      if ((d & (d - 1)) == 0 || d == m.experts) ep_default.push_back(d);
+  }
+  const auto eps = or_default(space.ep, ep_default);
   const auto mbs = or_default(space.micro_batch, {1, 2, 4, 8});
   const auto vs = or_default(space.interleave, {1, 2, 3, 4, 5, 6, 8, 10});
   const auto rcs = space.recompute.empty() ? std::vector<Recompute>{Recompute::kNone, Recompute::kSelective, Recompute::kFull}
                                            : space.recompute;
   const double capacity = space.memory_bytes - space.margin_bytes;
+  // Ties (layouts the model cannot tell apart) keep a stable, simple order: fewer pipeline stages, then less tp.
+  auto faster = [](const Candidate& a, const Candidate& b) {
+    if (a.step.step_s != b.step.step_s) return a.step.step_s < b.step.step_s;
+    if (a.layout.pp != b.layout.pp) return a.layout.pp < b.layout.pp;
+    if (a.layout.tp != b.layout.tp) return a.layout.tp < b.layout.tp;
+    return a.memory.total_bytes < b.memory.total_bytes;
+  };
+  const std::size_t keep = static_cast<std::size_t>(space.top);
 
   SearchReport r;
   r.best_memory_bytes = std::numeric_limits<double>::infinity();
@@ -125,22 +141,21 @@ Expected<SearchReport> search_layouts(const Model& m, const Parallel& base, cons
                   auto step = estimate_step(m, p, hw);
                   if (!step) return step.error();  // a missing hardware figure: every layout would fail
                   fitting.push_back(Candidate{p, *step, mem, {}});
+                  ++r.fitting;
+                  // Only the best `top` are kept: memory stays bounded whatever the enumeration's size.
+                  if (fitting.size() >= 4 * keep + 1024) {
+                    std::nth_element(fitting.begin(), fitting.begin() + static_cast<long>(keep), fitting.end(), faster);
+                    fitting.resize(keep);
+                  }
                 }
               }
             }
           }
         }
       }
-  r.fitting = static_cast<int>(fitting.size());
   if (r.evaluated == 0) r.best_memory_bytes = 0;
-  const std::size_t n = std::min<std::size_t>(fitting.size(), static_cast<std::size_t>(space.top));
-  // Ties (layouts the model cannot tell apart) keep a stable, simple order: fewer pipeline stages, then less tp.
-  std::partial_sort(fitting.begin(), fitting.begin() + static_cast<long>(n), fitting.end(), [](const Candidate& a, const Candidate& b) {
-    if (a.step.step_s != b.step.step_s) return a.step.step_s < b.step.step_s;
-    if (a.layout.pp != b.layout.pp) return a.layout.pp < b.layout.pp;
-    if (a.layout.tp != b.layout.tp) return a.layout.tp < b.layout.tp;
-    return a.memory.total_bytes < b.memory.total_bytes;
-  });
+  const std::size_t n = std::min(fitting.size(), keep);
+  std::partial_sort(fitting.begin(), fitting.begin() + static_cast<long>(n), fitting.end(), faster);
   fitting.resize(n);
   for (std::size_t i = 1; i < fitting.size(); ++i) fitting[i].losses = losses(fitting[i], fitting[0]);
   r.top = std::move(fitting);
