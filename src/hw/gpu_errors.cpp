@@ -133,7 +133,11 @@ std::vector<RdmaNic> read_rdma_nics(const std::string& root) {
 Expected<std::string> read_uvm_hmm(const std::string& root) {
   const std::string module = root + "/sys/module/nvidia_uvm";
   std::error_code ec;
-  if (!std::filesystem::exists(module, ec)) return Error{ErrorKind::kIo, fmt::format("nvidia_uvm not loaded ({} missing)", module)};
+  if (!std::filesystem::exists(root + "/sys/module/nvidia", ec))
+    return Error{ErrorKind::kIo, fmt::format("no NVIDIA driver ({}/sys/module/nvidia missing)", root)};
+  // nvidia_uvm loads with the first CUDA program, so a fresh node may lack it.
+  if (!std::filesystem::exists(module, ec))
+    return Error{ErrorKind::kIo, fmt::format("nvidia_uvm not loaded ({} missing; it loads with the first CUDA program)", module)};
   const std::string path = module + "/parameters/uvm_disable_hmm";
   auto text = read_text(path);
   // Drivers before HMM support (r530) have no such parameter: nothing to disable.

@@ -72,7 +72,11 @@ TEST(GpuSysfs, NumaNodesNicsAndHmm) {
 
   auto hmm = read_uvm_hmm(dir.path());
   ASSERT_FALSE(hmm);
-  EXPECT_NE(hmm.error().message.find("nvidia_uvm not loaded"), std::string::npos);
+  EXPECT_NE(hmm.error().message.find("no NVIDIA driver"), std::string::npos) << hmm.error().message;
+  dir.file("sys/module/nvidia/initstate", "live\n");
+  hmm = read_uvm_hmm(dir.path());
+  ASSERT_FALSE(hmm);
+  EXPECT_NE(hmm.error().message.find("nvidia_uvm not loaded"), std::string::npos) << hmm.error().message;
   dir.file("sys/module/nvidia_uvm/initstate", "live\n");
   EXPECT_FALSE(read_uvm_hmm(dir.path()));  // a driver without the switch
   dir.file("sys/module/nvidia_uvm/parameters/uvm_disable_hmm", "N\n");

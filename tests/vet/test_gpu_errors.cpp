@@ -193,7 +193,9 @@ TEST(VetGpuTopology, NumaAffinity) {
 
 TEST(VetGrace, HmmStatus) {
   FakeTree t;
-  EXPECT_EQ(vet("gh200", {"gpu.hmm"})["gpu.hmm|"].status, CheckStatus::kSkip);  // nvidia_uvm not loaded
+  EXPECT_EQ(vet("gh200", {"gpu.hmm"})["gpu.hmm|"].status, CheckStatus::kSkip);  // no driver
+  t.dir.file("sys/module/nvidia/initstate", "live\n");
+  EXPECT_EQ(vet("gh200", {"gpu.hmm"})["gpu.hmm|"].status, CheckStatus::kSkip);  // nvidia_uvm not loaded yet
   t.dir.file("sys/module/nvidia_uvm/parameters/uvm_disable_hmm", "N\n");
   auto r = vet("gh200", {"gpu.hmm"});
   EXPECT_EQ(r["gpu.hmm|"].text, "enabled");

@@ -37,7 +37,8 @@ struct RdmaNic {
 std::vector<RdmaNic> read_rdma_nics(const std::string& root = "");
 
 // nvidia_uvm's HMM setting from root + /sys/module/nvidia_uvm/parameters/uvm_disable_hmm:
-// "enabled" or "disabled". Fails (message starting "nvidia_uvm not loaded") without the module.
+// "enabled" or "disabled". Fails with a message starting "no NVIDIA driver" without the
+// nvidia module, "nvidia_uvm not loaded" without nvidia_uvm.
 Expected<std::string> read_uvm_hmm(const std::string& root = "");
 
 }  // namespace pacer::hw
