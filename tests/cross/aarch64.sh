@@ -79,3 +79,6 @@ cd "$out"
 # page advice of core's HostBuffer cannot be seen in smaps there.
 filter=${PACER_CROSS_FILTER:--HostBuffer.AdviseHugePagesCoversWholeHugePagesOnly:HostBuffer.HugeBufferIsAdvised}
 LD_LIBRARY_PATH="$out/fake_nvml" $qemu ./pacer_aarch64_tests --gtest_brief=1 --gtest_filter="$filter"
+# Both FLOP kernels: qemu's default CPU has 512-bit SVE; a Neoverse N1 has none.
+PACER_EXPECT_CPU_KERNEL=sve $qemu ./pacer_aarch64_tests --gtest_brief=1 --gtest_filter='CpuProbe.*'
+QEMU_CPU=neoverse-n1 PACER_EXPECT_CPU_KERNEL=neon $qemu ./pacer_aarch64_tests --gtest_brief=1 --gtest_filter='CpuProbe.*'

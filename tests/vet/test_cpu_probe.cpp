@@ -2,6 +2,8 @@
 // AVX2 or SSE2 on x86, NEON or SVE on aarch64 (Grace), and measures a rate.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include "pacer/vet/vet.hpp"
 
 namespace pacer::vet {
@@ -27,6 +29,9 @@ TEST(CpuProbe, MeasuresWithTheVectorUnitOfThisCpu) {
   bool named = false;
   for (const auto& isa : isas) named = named || c.reason.find(isa) != std::string::npos;
   EXPECT_TRUE(named) << c.reason;
+  // tests/cross/aarch64.sh runs this under emulated CPUs with and without SVE.
+  if (const char* want = std::getenv("PACER_EXPECT_CPU_KERNEL"))
+    EXPECT_NE(c.reason.find(std::string("fp64 ") + want + " "), std::string::npos) << c.reason;
 }
 
 }  // namespace
