@@ -269,8 +269,8 @@ Expected<std::shared_ptr<Nvml>> Nvml::open() {
   bind(h, api->event_set_create, {"nvmlEventSetCreate"});
   bind(h, api->device_register_events, {"nvmlDeviceRegisterEvents"});
   // _v2 fills the GPU and compute instance ids as well; the first three
-  // fields are the same in both.
-  bind(h, api->event_set_wait, {"nvmlEventSetWait_v2"});
+  // fields, all that is read, are the same in both.
+  bind(h, api->event_set_wait, {"nvmlEventSetWait_v2", "nvmlEventSetWait"});
   bind(h, api->event_set_free, {"nvmlEventSetFree"});
   bind(h, api->system_get_cuda_driver_version, {"nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetCudaDriverVersion"});
 

@@ -63,10 +63,21 @@ std::string describe(const std::vector<hw::KernelXid>& xids) {
   return s;
 }
 
+// Sums over a GPU's links, and for each counter the link with the most.
+struct Counter {
+  bool reported = false;
+  std::uint64_t total = 0, most = 0;
+  unsigned worst_link = 0;
+  void add(unsigned link, const std::optional<std::uint64_t>& v) {
+    if (!v) return;
+    reported = true;
+    total += *v;
+    if (*v > most) most = *v, worst_link = link;
+  }
+};
 struct LinkTotals {
   unsigned links = 0, active = 0;
-  std::uint64_t crc = 0, replay = 0, recovery = 0;
-  bool has_crc = false, has_replay = false, has_recovery = false;
+  Counter crc, replay, recovery;
   std::vector<unsigned> down;
 };
 LinkTotals totals(const std::vector<hw::NvLink>& links) {
@@ -75,9 +86,9 @@ LinkTotals totals(const std::vector<hw::NvLink>& links) {
     ++t.links;
     if (l.active) ++t.active;
     else t.down.push_back(l.link);
-    if (l.crc) t.crc += *l.crc, t.has_crc = true;
-    if (l.replay) t.replay += *l.replay, t.has_replay = true;
-    if (l.recovery) t.recovery += *l.recovery, t.has_recovery = true;
+    t.crc.add(l.link, l.crc);
+    t.replay.add(l.link, l.replay);
+    t.recovery.add(l.link, l.recovery);
   }
   return t;
 }
@@ -200,15 +211,18 @@ std::vector<Measurement> run_gpu_errors(const ProbeContext& ctx) {
     for (unsigned l : b.down) down += fmt::format("{}{}", down.empty() ? "" : ",", l);
     out.push_back(measured("gpu.nvlink_down", b.down.size(), down.empty() ? fmt::format("all {} links up", b.links) : "down: link " + down, target));
     out.push_back(measured("gpu.nvlink_active", b.active, fmt::format("of {} links", b.links), target));
-    auto counter = [&](const char* check, bool has, std::uint64_t v, const char* what) {
-      if (has) out.push_back(measured(check, static_cast<double>(v), fmt::format("{}, all links, since the driver loaded", what), target));
-      else out.push_back(not_measured(check, CheckStatus::kSkip, "not reported by this GPU or driver", target));
+    auto counter = [&](const char* check, const Counter& c, const char* what) {
+      if (!c.reported) return out.push_back(not_measured(check, CheckStatus::kSkip, "not reported by this GPU or driver", target));
+      out.push_back(measured(check, static_cast<double>(c.total),
+                             c.most ? fmt::format("{} since the driver loaded, all links; most on link {} ({})", what, c.worst_link, c.most)
+                                    : fmt::format("{} since the driver loaded, all links", what),
+                             target));
     };
-    counter("gpu.nvlink_crc", b.has_crc, b.crc, "receive CRC errors (flit and data)");
-    counter("gpu.nvlink_replay", b.has_replay, b.replay, "transmit replays");
-    counter("gpu.nvlink_recovery", b.has_recovery, b.recovery, "link recoveries");
+    counter("gpu.nvlink_crc", b.crc, "receive CRC errors (flit and data)");
+    counter("gpu.nvlink_replay", b.replay, "transmit replays");
+    counter("gpu.nvlink_recovery", b.recovery, "link recoveries");
     // Counters only grow; a smaller second reading means they were reset in between.
-    auto rise = [](std::uint64_t x, std::uint64_t y) { return y > x ? y - x : 0; };
+    auto rise = [](const Counter& x, const Counter& y) { return y.total > x.total ? y.total - x.total : 0; };
     const std::uint64_t up = rise(a.crc, b.crc) + rise(a.replay, b.replay) + rise(a.recovery, b.recovery);
     out.push_back(measured("gpu.nvlink_rise", static_cast<double>(up),
                            fmt::format("CRC +{}, replay +{}, recovery +{} over {:.0f} s at the end of vet", rise(a.crc, b.crc),
