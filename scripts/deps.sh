@@ -18,6 +18,7 @@ packages=(
   clang libclang-rt-dev  # libFuzzer and the sanitizer runtimes, for build/sanitize (docs/fuzzing.md)
   slurm-wlm munge
   chromium  # headless, for the pacer report integration test
+  libfasttext-dev fasttext  # pacer curate's classifiers; the fasttext CLI is the benchmark's peer
 )
 # The report's charting library is installed with npm at build time
 # (report/package-lock.json). A Node.js from NodeSource already ships npm and
