@@ -176,8 +176,21 @@ Expected<std::shared_ptr<Model>> Model::load(const std::string& path) {
   return m;
 }
 
+namespace {
+// An istream over a string without copying it again (istringstream copies).
+struct ViewBuf : std::streambuf {
+  ViewBuf(char* p, std::size_t n) { setg(p, p, p + n); }
+};
+}  // namespace
+
 std::vector<std::pair<float, std::string>> Model::predict(const std::string& text, int k) const {
-  std::istringstream in(fasttext_line(text) + "\n");
+  thread_local std::string line;
+  line.assign(text);
+  for (char& c : line)
+    if (c == '\n' || c == '\r' || c == '\v' || c == '\f') c = ' ';
+  line += '\n';
+  ViewBuf buf(line.data(), line.size());
+  std::istream in(&buf);
   std::vector<std::pair<fasttext::real, std::string>> p;
   impl_->ft.predictLine(in, p, k, 0.0);
   std::vector<std::pair<float, std::string>> out;
@@ -221,6 +234,20 @@ Expected<Classifier> parse_classifier(const std::string& spec) {
   return c;
 }
 
+namespace {
+
+// A classifier's value for one text: P(label), or the top label; null without a prediction.
+json score(const Model& m, const Classifier& c, const std::string& text) {
+  const auto p = m.predict(text, c.label.empty() ? 1 : -1);
+  if (p.empty()) return nullptr;
+  if (c.label.empty()) return p[0].second;
+  for (const auto& [prob, label] : p)
+    if (label == c.label) return static_cast<double>(prob);
+  return 0.0;
+}
+
+}  // namespace
+
 Expected<ClassifyReport> classify(const Store& store, const Manifest& parent, const ClassifyOptions& o) {
   if (o.classifiers.empty()) return Error{ErrorKind::kUsage, "classify: no --model"};
   std::vector<std::shared_ptr<Model>> models;
@@ -259,48 +286,27 @@ Expected<ClassifyReport> classify(const Store& store, const Manifest& parent, co
   }
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<std::vector<std::vector<json>>> values(models.size(), std::vector<std::vector<json>>(parent.inputs.size()));
-  std::vector<Sample> chunk;
-  constexpr std::size_t kChunk = 1 << 14;
-  auto run = [&] {
-    for (auto& per : values)
-      for (const auto& s : chunk) {
-        auto& col = per[s.input];
-        const std::size_t at = row_index(parent.inputs[s.input], s.row);
-        if (col.size() <= at) col.resize(at + 1);
-      }
-    parallel_blocks(chunk.size(), r.jobs, 64, [&](std::size_t b, std::size_t e) {
-      for (std::size_t i = b; i < e; ++i) {
-        const Sample& s = chunk[i];
-        const std::size_t at = row_index(parent.inputs[s.input], s.row);
-        for (std::size_t k = 0; k < models.size(); ++k) {
-          const auto& c = o.classifiers[k];
-          const auto p = models[k]->predict(s.text, c.label.empty() ? 1 : -1);
-          json v(nullptr);
-          if (c.label.empty()) {
-            if (!p.empty()) v = p[0].second;
-          } else {
-            v = 0.0;
-            for (const auto& [prob, label] : p)
-              if (label == c.label) v = static_cast<double>(prob);
-            if (p.empty()) v = nullptr;
-          }
-          values[k][s.input][at] = std::move(v);
-        }
-      }
-    });
-    r.samples += chunk.size();
-    chunk.clear();
-  };
   std::vector<std::uint64_t> rows;
-  Status st = for_each_sample(parent.inputs, o.strict, r.malformed,
-                              [&](Sample& s) -> Status {
-                                chunk.push_back(std::move(s));
-                                if (chunk.size() >= kChunk) run();
-                                return {};
-                              },
-                              &rows);
+  Status st = for_each_chunk(parent.inputs, o.strict, r.jobs, r.malformed,
+                             [&](std::vector<Sample>& chunk) -> Status {
+                               for (auto& per : values)
+                                 for (const auto& s : chunk) {
+                                   auto& col = per[s.input];
+                                   const std::size_t at = row_index(parent.inputs[s.input], s.row);
+                                   if (col.size() <= at) col.resize(at + 1);
+                                 }
+                               parallel_blocks(chunk.size(), r.jobs, 64, [&](std::size_t b, std::size_t e) {
+                                 for (std::size_t i = b; i < e; ++i) {
+                                   const Sample& s = chunk[i];
+                                   const std::size_t at = row_index(parent.inputs[s.input], s.row);
+                                   for (std::size_t k = 0; k < models.size(); ++k) values[k][s.input][at] = score(*models[k], o.classifiers[k], s.text);
+                                 }
+                               });
+                               r.samples += chunk.size();
+                               return {};
+                             },
+                             &rows);
   if (!st) return st.error();
-  if (!chunk.empty()) run();
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (std::size_t k = 0; k < models.size(); ++k) {
     for (std::size_t i = 0; i < rows.size(); ++i) values[k][i].resize(rows[i]);

@@ -4,7 +4,9 @@
 
 #include <cctype>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 
 #include "curate_internal.hpp"
@@ -33,6 +35,25 @@ struct FileCloser {
   void operator()(std::FILE* f) const { std::fclose(f); }
 };
 
+// One JSON line into s.row, s.id and s.text; the reason it is malformed, or empty.
+std::string parse_line(std::string_view v, const std::string& base, std::uint64_t lineno, Sample& s) {
+  json j = json::parse(v.begin(), v.end(), nullptr, false);
+  if (j.is_discarded()) return "not valid JSON";
+  if (!j.is_object()) return "not a JSON object";
+  auto text = sample_text(j);
+  if (!text) return text.error().message;
+  s.row = lineno;
+  s.id = sample_id(j, fmt::format("{}:{}", base, lineno));
+  s.text = std::move(*text);
+  return {};
+}
+
+bool is_blank(std::string_view v) {
+  for (char c : v)
+    if (!std::isspace(static_cast<unsigned char>(c))) return false;
+  return true;
+}
+
 Status jsonl_samples(const Input& in, std::size_t index, bool strict, Malformed& bad, const std::function<Status(Sample&)>& fn,
                      std::uint64_t& rows) {
   std::unique_ptr<std::FILE, FileCloser> f(std::fopen(in.path.c_str(), "rb"));
@@ -56,33 +77,13 @@ Status jsonl_samples(const Input& in, std::size_t index, bool strict, Malformed&
     ++lineno;
     std::string_view v(line, static_cast<std::size_t>(n));
     while (!v.empty() && (v.back() == '\n' || v.back() == '\r')) v.remove_suffix(1);
-    bool blank = true;
-    for (char c : v)
-      if (!std::isspace(static_cast<unsigned char>(c))) blank = false;
-    if (blank) continue;
-    auto fail = [&](const std::string& why) -> Status {
+    if (is_blank(v)) continue;
+    if (const std::string why = parse_line(v, base, lineno, s); !why.empty()) {
       const std::string where = fmt::format("{}:{}: {}", in.path, lineno, why);
       if (strict) return Error{ErrorKind::kConfig, where + " (--strict)"};
       note(bad, where);
-      return {};
-    };
-    json j = json::parse(v.begin(), v.end(), nullptr, false);
-    if (j.is_discarded()) {
-      if (Status st = fail("not valid JSON"); !st) return st;
       continue;
     }
-    if (!j.is_object()) {
-      if (Status st = fail("not a JSON object"); !st) return st;
-      continue;
-    }
-    auto text = sample_text(j);
-    if (!text) {
-      if (Status st = fail(text.error().message); !st) return st;
-      continue;
-    }
-    s.row = lineno;
-    s.id = sample_id(j, fmt::format("{}:{}", base, lineno));
-    s.text = std::move(*text);
     if (Status st = fn(s); !st) return st;
   }
   rows = lineno;
@@ -218,6 +219,82 @@ Status for_each_sample(const std::vector<Input>& inputs, bool strict, Malformed&
     Status st = inputs[i].kind == "shards" ? shard_samples(inputs[i], i, strict, bad, fn, n) : jsonl_samples(inputs[i], i, strict, bad, fn, n);
     if (!st) return st;
     if (rows) (*rows)[i] = n;
+  }
+  return {};
+}
+
+Status for_each_chunk(const std::vector<Input>& inputs, bool strict, int threads, Malformed& bad,
+                      const std::function<Status(std::vector<Sample>&)>& fn, std::vector<std::uint64_t>* rows) {
+  constexpr std::size_t kChunk = 1 << 14;
+  if (rows) rows->assign(inputs.size(), 0);
+  std::vector<Sample> out;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const Input& in = inputs[i];
+    if (in.kind == "shards") {
+      // Shard samples are read (and their JSON parsed) one by one.
+      std::uint64_t n = 0;
+      Status st = shard_samples(in, i, strict, bad,
+                                [&](Sample& s) -> Status {
+                                  out.push_back(std::move(s));
+                                  if (out.size() < kChunk) return {};
+                                  Status r = fn(out);
+                                  out.clear();
+                                  return r;
+                                },
+                                n);
+      if (!st) return st;
+      if (!out.empty())
+        if (Status r = fn(out); !r) return r;
+      out.clear();
+      if (rows) (*rows)[i] = n;
+      continue;
+    }
+    std::ifstream f(in.path, std::ios::binary);
+    if (!f) return Error{ErrorKind::kIo, fmt::format("{}: cannot open: {}", in.path, std::strerror(errno))};
+    const std::string base = fs::path(in.path).filename().string();
+    std::vector<std::string> lines;
+    std::vector<std::string> why;
+    std::uint64_t lineno = 0, first = 1;
+    auto flush = [&]() -> Status {
+      out.assign(lines.size(), Sample{});
+      why.assign(lines.size(), std::string());
+      parallel_blocks(lines.size(), threads, 256, [&](std::size_t b, std::size_t e) {
+        for (std::size_t k = b; k < e; ++k) {
+          std::string_view v = lines[k];
+          while (!v.empty() && (v.back() == '\r' || v.back() == '\n')) v.remove_suffix(1);
+          if (is_blank(v)) {
+            why[k] = "\n";  // blank: no sample, no complaint
+            continue;
+          }
+          out[k].input = i;
+          why[k] = parse_line(v, base, first + k, out[k]);
+        }
+      });
+      std::vector<Sample> kept;
+      kept.reserve(out.size());
+      for (std::size_t k = 0; k < out.size(); ++k) {
+        if (why[k].empty()) {
+          kept.push_back(std::move(out[k]));
+        } else if (why[k] != "\n") {
+          const std::string where = fmt::format("{}:{}: {}", in.path, first + k, why[k]);
+          if (strict) return Error{ErrorKind::kConfig, where + " (--strict)"};
+          note(bad, where);
+        }
+      }
+      first += lines.size();
+      lines.clear();
+      return kept.empty() ? Status{} : fn(kept);
+    };
+    std::string line;
+    while (std::getline(f, line)) {
+      ++lineno;
+      lines.push_back(std::move(line));
+      if (lines.size() >= kChunk)
+        if (Status st = flush(); !st) return st;
+    }
+    if (f.bad()) return Error{ErrorKind::kIo, fmt::format("{}:{}: read failed", in.path, lineno + 1)};
+    if (Status st = flush(); !st) return st;
+    if (rows) (*rows)[i] = lineno;
   }
   return {};
 }
