@@ -114,15 +114,22 @@ Status check_model_file(const std::string& path) {
     return bad(fmt::format("dictionary of {} entries ({} words, {} labels)", nwords_all, nwords, nlabels));
   // Each entry is at least a NUL, a count and a type: 10 bytes.
   if (static_cast<std::uint64_t>(nwords_all) * 10 > size - pos) return bad("dictionary larger than the file");
+  // Byte by byte through the stream buffer: istream::read per byte made this check cost as much as
+  // loading a large vocabulary.
+  std::streambuf* sb = f.rdbuf();
   for (std::int32_t i = 0; i < nwords_all; ++i) {
-    char c = 1;
     std::uint64_t len = 0;
-    while (c != 0) {
-      if (!get(&c, 1)) return bad("truncated dictionary entry");
+    for (;;) {
+      if (pos >= size) return bad("truncated dictionary entry");
+      const int c = sb->sbumpc();
+      if (c == std::char_traits<char>::eof()) return bad("truncated dictionary entry");
+      ++pos;
+      if (c == 0) break;
       if (++len > 1u << 20) return bad("dictionary entry over 1 MiB");
     }
     char rest[9];
-    if (!get(rest, 9)) return bad("truncated dictionary entry");
+    if (pos + 9 > size || sb->sgetn(rest, 9) != 9) return bad("truncated dictionary entry");
+    pos += 9;
   }
   // -1: not pruned (quantize -cutoff writes the pairs of a pruned one).
   if (prune < -1 || (prune > 0 && static_cast<std::uint64_t>(prune) > (size - pos) / 8)) return bad("pruned index larger than the file");
