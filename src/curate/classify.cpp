@@ -293,9 +293,16 @@ Expected<ClassifyReport> classify(const Store& store, const Manifest& parent, co
   }
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<std::vector<std::vector<json>>> values(models.size(), std::vector<std::vector<json>>(parent.inputs.size()));
+  // A filtered parent: only its own samples are scored (the dropped rows stay null).
+  auto drops = dropped_rows(store, parent);
+  if (!drops) return drops.error();
   std::vector<std::uint64_t> rows;
   Status st = for_each_chunk(parent.inputs, o.strict, r.jobs, r.malformed,
                              [&](std::vector<Sample>& chunk) -> Status {
+                               if (!drops->empty())
+                                 chunk.erase(std::remove_if(chunk.begin(), chunk.end(),
+                                                            [&](const Sample& s) { return drops->count({s.input, s.row}) > 0; }),
+                                             chunk.end());
                                for (auto& per : values)
                                  for (const auto& s : chunk) {
                                    auto& col = per[s.input];

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,9 @@ namespace pacer::curate {
 // not paths); `parameters` is what the manifest records. Inputs and columns
 // are the parent's.
 Manifest derive(const Manifest& parent, const std::string& step, const nlohmann::json& identity, nlohmann::json parameters);
+
+// The (input, row) of every sample the filter steps in m's lineage dropped.
+Expected<std::set<std::pair<std::size_t, std::uint64_t>>> dropped_rows(const Store& store, const Manifest& m);
 
 // Where a row's value sits in a column: JSON-lines rows are 1-based lines.
 inline std::size_t row_index(const Input& in, std::uint64_t row) { return in.kind == "jsonl" ? static_cast<std::size_t>(row - 1) : row; }

@@ -219,11 +219,11 @@ Expected<std::vector<Manifest>> lineage(const Store& store, const std::string& i
   return out;
 }
 
-Expected<VersionSamples> load_samples(const Store& store, const Manifest& m, bool with_text, bool strict) {
-  VersionSamples vs;
+Expected<std::set<std::pair<std::size_t, std::uint64_t>>> dropped_rows(const Store& store, const Manifest& m) {
   // Drops along the lineage, so a filtered version's samples are its raw
   // samples minus what each filter step removed.
   std::set<std::pair<std::size_t, std::uint64_t>> dropped;
+  if (m.step == "raw") return dropped;
   auto chain = lineage(store, m.version);
   if (!chain) return chain.error();
   for (const auto& v : *chain) {
@@ -232,6 +232,14 @@ Expected<VersionSamples> load_samples(const Store& store, const Manifest& m, boo
     if (!d) return d.error();
     for (const auto& [in, row, id, rule] : *d) dropped.emplace(in, row);
   }
+  return dropped;
+}
+
+Expected<VersionSamples> load_samples(const Store& store, const Manifest& m, bool with_text, bool strict) {
+  VersionSamples vs;
+  auto drops = dropped_rows(store, m);
+  if (!drops) return drops.error();
+  const auto& dropped = *drops;
   Status st = for_each_sample(m.inputs, strict, vs.malformed,
                               [&](Sample& s) -> Status {
                                 if (dropped.count({s.input, s.row})) return {};

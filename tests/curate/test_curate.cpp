@@ -286,6 +286,12 @@ TEST(CurateModel, TrainEvalClassifyAndBadModels) {
   EXPECT_TRUE(classify(store, raw, co).value().reused);
   auto f = filter(store, c.version, "unsafe < 0.5 and label == \"safe\"", false).value();
   EXPECT_EQ(f.kept, 2u);
+  // Classifying the filtered version scores its two samples only.
+  co.classifiers = {parse_classifier("again=" + o.out + ":unsafe").value()};
+  auto c2 = classify(store, f.version, co).value();
+  EXPECT_EQ(c2.samples, 2u);
+  EXPECT_EQ(read_column(c2.version.columns.back()).value()[0][0], nullptr);  // line 1, dropped, not scored
+  co.classifiers = {parse_classifier("unsafe=" + o.out + ":unsafe").value(), parse_classifier("label=" + o.out).value()};
   EXPECT_EQ(f.version.parameters["columns"]["unsafe"]["source"]["model_xxh3"], c.version.columns[0].source["model_xxh3"]);
 
   // Models that do not load: not a model, truncated, missing, an unknown label.
