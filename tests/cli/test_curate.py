@@ -107,6 +107,22 @@ class CurateTest(unittest.TestCase):
         with open(out) as fh:
             self.assertEqual([json.loads(line)["id"] for line in fh], ["s2", "s3"])
 
+    def test_shard_input(self):
+        corpus = self.data("s.jsonl", [json.dumps({"id": f"k{i}", "text": f"sample number {i % 5} of the shard test"}) for i in range(20)])
+        shards = os.path.join(self.dir, "shards")
+        r = pacer("shard", "pack", corpus, shards, "--target-size", "1KB")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        raw = self.run_ok("data", "add", shards)
+        self.assertEqual(raw["inputs"][0]["kind"], "shards")
+        self.assertEqual(raw["counts"]["samples"], 20)
+        d = self.run_ok("curate", "dedup", raw["version"])
+        self.assertEqual(d["exact"], 15)
+        f = self.run_ok("curate", "filter", d["version"], "not dup")
+        self.assertEqual(f["kept"], 5)
+        diff = self.run_ok("data", "diff", raw["version"], f["version"], "--limit", "100")
+        self.assertEqual(sorted(diff["removed_ids"]), sorted(f"k{i}" for i in range(5, 20)))
+        self.assertTrue(any(n.startswith("dup-") for n in os.listdir(os.path.join(shards, "scores"))))
+
     def test_bad_input(self):
         corpus = self.data("c.jsonl", [json.dumps({"text": "hello world"}), "not json", json.dumps({"no": "text"})])
         strict = pacer("data", "add", corpus, "--store", self.store)
