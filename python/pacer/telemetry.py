@@ -21,6 +21,7 @@ transformer): with it ``pacer report`` charts MFU. Any further keyword
 """
 import atexit
 import json
+import os
 import threading
 
 from . import _pacer
@@ -40,7 +41,15 @@ def open(db=None, rank=None, queue_capacity=65536, flush_interval_s=0.5):  # noq
         if _recorder is not None:
             _recorder.close()
         _recorder = _pacer._Recorder(None if db is None else str(db), rank, int(queue_capacity), float(flush_interval_s))
+        _record_data_version(_recorder)
         return _recorder
+
+
+def _record_data_version(recorder):
+    """The run's data-set version (PACER_DATA_VERSION, docs/curate.md) as a "data.version" event."""
+    version = os.environ.get("PACER_DATA_VERSION")
+    if version:
+        recorder.event("data.version", version)
 
 
 def _get():
@@ -49,6 +58,7 @@ def _get():
         with _lock:
             if _recorder is None:
                 globals()["_recorder"] = _pacer._Recorder(None, None, 65536, 0.5)
+                _record_data_version(_recorder)
             r = _recorder
     return r
 
