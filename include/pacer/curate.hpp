@@ -79,6 +79,8 @@ std::vector<std::string> words(const std::string& text);
 // "v" + 16 hex digits of XXH3-64 over the canonical (sorted-key) JSON of
 // `description`: the same inputs and parameters give the same id.
 std::string version_id(const nlohmann::json& description);
+// The same id of bytes already canonical (an annotation set's, a guideline file's).
+std::string version_id_of(std::string_view canonical);
 bool is_version_id(const std::string& s);
 
 // A data-set version's manifest (STORE/versions/ID/manifest.json, schema

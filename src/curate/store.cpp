@@ -61,10 +61,11 @@ Expected<std::vector<std::tuple<std::size_t, std::uint64_t, std::string, std::st
 
 }  // namespace
 
-std::string version_id(const json& description) {
-  const std::string canon = description.dump();
-  return fmt::format("v{:016x}", XXH3_64bits(canon.data(), canon.size()));
+std::string version_id_of(std::string_view canonical) {
+  return fmt::format("v{:016x}", XXH3_64bits(canonical.data(), canonical.size()));
 }
+
+std::string version_id(const json& description) { return version_id_of(description.dump()); }
 
 bool is_version_id(const std::string& s) {
   if (s.size() != 17 || s[0] != 'v') return false;

@@ -77,7 +77,7 @@ TEST(AnnotateInputs, ShardDirectoryKeysAndIds) {
   EXPECT_EQ(s.samples[1].id, "000000002");  // the member key without an "id" field
   EXPECT_EQ(s.samples[1].text, "user: two");
   EXPECT_EQ(s.malformed, 1u);
-  EXPECT_TRUE(contains(s.malformed_at.at(0), "sample '000000003'"));
+  EXPECT_TRUE(contains(s.malformed_at.at(0), "sample 2 (000000003)"));
 }
 
 TEST(AnnotateInputs, LabelFileErrorsNameTheLine) {

@@ -132,7 +132,9 @@ TEST(CurateExpr, UntrustedTextGivesErrors) {
                                 std::string("a\0b", 3)}) {
     auto e = Expr::parse(bad);
     EXPECT_FALSE(e) << bad;
-    if (!e) EXPECT_EQ(e.error().kind, ErrorKind::kUsage);
+    if (!e) {
+      EXPECT_EQ(e.error().kind, ErrorKind::kUsage);
+    }
   }
   std::string deep;
   for (int i = 0; i < 100; ++i) deep += "not ";
