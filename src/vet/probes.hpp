@@ -61,6 +61,7 @@ struct ProbeContext {
   std::vector<StorageTarget> storage;
   std::optional<unsigned> expect_gpus;
   std::set<std::string> wanted;  // checks of this probe that were selected
+  std::string root;              // prefixed to /sys (VetOptions::root)
 
   double seconds(const std::string& key) const { return params.at(key).get<double>(); }
   std::uint64_t bytes(const std::string& key) const { return params.at(key).get<std::uint64_t>(); }
@@ -102,6 +103,26 @@ std::vector<ProbeSpec> storage_probes();
 std::vector<ProbeSpec> gpu_probes();
 std::vector<ProbeSpec> gpu_active_probes();
 std::vector<ProbeSpec> software_probes();
+std::vector<ProbeSpec> fabric_probes();
+
+// Software drift inputs, exposed for tests. The `prefix` variables of `env`
+// ("K=V" entries) but those named in `ignore`, sorted, space-separated.
+std::string environment_text(const std::vector<std::string>& env, const std::string& prefix, const std::set<std::string>& ignore);
+// The container image the process runs in, from the runtimes' environment
+// variables and Podman's ROOT/run/.containerenv; empty text (with `source`
+// saying why) outside a known container.
+struct ContainerIdentity {
+  std::string text;
+  std::string source;
+};
+ContainerIdentity container_identity(const std::vector<std::string>& env, const std::string& root);
+
+// The fabric probe's body: RDMA ports and Slingshot links under ROOT/sys,
+// read twice; `between` runs between the two reads instead of the sleep of
+// `window_s` (tests change the fake tree there). `devices`: the probe's
+// parameter, a comma-separated list of devices or DEV/PORT; empty: all.
+std::vector<Measurement> measure_fabric(const std::string& root, const std::string& devices, double window_s,
+                                        const std::function<void()>& between);
 
 // Set in the probe's child process when the runner asks it to stop (SIGTERM,
 // Ctrl-C): long loops check it and clean up.

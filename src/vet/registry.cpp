@@ -7,7 +7,7 @@ volatile std::sig_atomic_t g_probe_cancelled = 0;
 const std::vector<ProbeSpec>& all_probes() {
   static const std::vector<ProbeSpec> kProbes = [] {
     std::vector<ProbeSpec> all;
-    for (auto group : {system_probes, software_probes, gpu_probes, cpu_probes, memory_probes, storage_probes, gpu_active_probes}) {
+    for (auto group : {system_probes, software_probes, gpu_probes, fabric_probes, cpu_probes, memory_probes, storage_probes, gpu_active_probes}) {
       for (auto& p : group()) all.push_back(std::move(p));
     }
     return all;

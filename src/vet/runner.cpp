@@ -492,6 +492,7 @@ Expected<VetReport> run_vet(const VetOptions& o) {
     ctx.quick = o.quick;
     ctx.params = resolve_params(p, *profile, o.quick);
     ctx.expect_gpus = o.expect_gpus;
+    ctx.root = o.root;
     for (const auto& c : p.checks)
       if (selected->count(c.name)) ctx.wanted.insert(c.name);
     if (p.uses_storage) ctx.storage = make_scratch(storage_paths, p.name);
