@@ -17,7 +17,8 @@ std::string glibc_version();
 // the plugin gives itself, the newest ncclNetPlugin_vN interface it exports
 // and the file it resolved to. Empty when none loads.
 std::string nccl_net_plugin();
-// libfabric's API version and file: "1.18 (/usr/lib/.../libfabric.so.1.18.2)".
+// libfabric's release (major.minor, from fi_version) and the real file behind
+// libfabric.so.1: "1.17 (/usr/lib/x86_64-linux-gnu/libfabric.so.1.20.0)".
 std::string libfabric_version();
 
 // The NCCL library every part of pacer uses (vet's version and bandwidth
