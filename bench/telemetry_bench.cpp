@@ -95,7 +95,7 @@ int main(int argc, char** argv) {
     std::vector<StepRecord> batch;
     for (int r = 0; r < kNodes * kRanksPerNode; ++r)
       batch.push_back(StepRecord{k, t + (hot ? 0.5 : 0.0), r, fmt::format("node{:03}", r / kRanksPerNode), {}, 2.0, 4096,
-                                 r == 17 ? 0.3 : 0.05, 0.1, ""});
+                                 r == 17 ? 0.3 : 0.05, 0.1, "", {}});
     const auto t0 = Clock::now();
     if (!cat->write_steps(run, batch)) return 3;
     step_s += seconds_since(t0);

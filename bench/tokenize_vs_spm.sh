@@ -3,7 +3,9 @@
 # spm_encode (the library's command-line tool, one thread) and python3-sentencepiece's
 # encode, against pacer on 1 thread and on every CPU. Rounds alternate the contenders.
 #   bash bench/tokenize_vs_spm.sh [BUILD_DIR]      (default build; ROUNDS=5, MB=8; NAME=result file name,
-#                                                   PACER_PYTHON=a python with sentencepiece)
+#                                                   PACER_PYTHON=a python with sentencepiece, OUTDIR=results folder,
+#                                                   TEXT_DIR=a folder of text files to use instead of /usr/share/doc)
+# Without python sentencepiece (the GPU machine has none) its contender is left out.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=${1:-$here/../build}
@@ -13,14 +15,16 @@ command -v spm_train >/dev/null || { echo "needs spm_train/spm_encode (Debian: s
 py=${PACER_PYTHON:-/usr/bin/python3}  # a python with sentencepiece
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/pacer-tokbench-XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
-export ROUNDS=${ROUNDS:-5} MB=${MB:-8} PACER="$pacer" TMPD="$tmp" OUTDIR="$here/results"
+export ROUNDS=${ROUNDS:-5} MB=${MB:-8} PACER="$pacer" TMPD="$tmp" OUTDIR="${OUTDIR:-$here/results}" TEXT_DIR=${TEXT_DIR:-}
 
 # Real text Debian ships: every package's copyright file, whole files in name order, cut at MB MiB
 # (at a line end); the model is trained on the first 2 MiB of the same text.
 $py - <<'PY'
 import glob, os
 limit, out = int(os.environ["MB"]) << 20, bytearray()
-for p in sorted(glob.glob("/usr/share/doc/*/copyright")) + sorted(glob.glob("/usr/share/common-licenses/*")):
+paths = sorted(glob.glob(os.environ["TEXT_DIR"] + "/*")) if os.environ["TEXT_DIR"] else \
+    sorted(glob.glob("/usr/share/doc/*/copyright")) + sorted(glob.glob("/usr/share/common-licenses/*"))
+for p in paths:
     try:
         out += open(p, "rb").read()
     except OSError:
@@ -37,14 +41,17 @@ spm_train --input="$tmp/train.txt" --model_prefix="$tmp/tok" --vocab_size=8000 -
 
 $py - <<'PY'
 import json, os, platform, statistics, subprocess, sys, time
-import sentencepiece as spm
+try:
+    import sentencepiece as spm
+except ImportError:
+    spm = None
 
 tmp, pacer, rounds = os.environ["TMPD"], os.environ["PACER"], int(os.environ["ROUNDS"])
 text, model = f"{tmp}/text.txt", f"{tmp}/tok.model"
 size = os.path.getsize(text)
 cpus = len(os.sched_getaffinity(0))
 lines = [l for l in open(text, encoding="utf-8", errors="replace").read().split("\n") if l]
-sp = spm.SentencePieceProcessor(model_file=model)
+sp = spm.SentencePieceProcessor(model_file=model) if spm else None
 
 def load():
     return os.getloadavg()[0]
@@ -75,6 +82,8 @@ def pacer_tok(threads):
 
 contenders = {"spm_encode (1 thread)": spm_encode, "python sentencepiece encode (1 thread)": py_encode,
               "pacer tokenize --threads 1": pacer_tok(1), f"pacer tokenize --threads {cpus}": pacer_tok(cpus)}
+if sp is None:
+    del contenders["python sentencepiece encode (1 thread)"]
 names = list(contenders)
 times = {n: [] for n in names}
 cpu = {n: [] for n in names}  # CPU seconds (user + system) per round
@@ -97,23 +106,26 @@ ref = res["spm_encode (1 thread)"]["median_MBps"]
 one = res["pacer tokenize --threads 1"]["median_MBps"]
 alln = res[f"pacer tokenize --threads {cpus}"]["median_MBps"]
 m = json.load(open(f"{tmp}/out.manifest.json"))
+py_name = "python sentencepiece encode (1 thread)"
+def vs_py(key):
+    return res["pacer tokenize --threads 1"][key] / res[py_name][key] if py_name in res else None
 out = {
     "schema": "pacer.bench.tokenize_vs_spm/1", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     "machine": {"host": platform.node(), "cpus": cpus, "cpu": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")},
     "load_before": uptime_before, "load_after": uptime_after,
-    "text": {"source": "/usr/share/doc/*/copyright then /usr/share/common-licenses/*, name order", "bytes": size, "lines": len(lines),
+    "text": {"source": (os.environ["TEXT_DIR"] + "/*" if os.environ["TEXT_DIR"] else "/usr/share/doc/*/copyright then /usr/share/common-licenses/*") + ", name order", "bytes": size, "lines": len(lines),
              "documents": m["documents"], "tokens": m["tokens"]},
-    "model": {"type": "bpe", "vocab_size": 8000, "trained_on_bytes": 2 << 20, "sentencepiece": spm.__version__},
+    "model": {"type": "bpe", "vocab_size": 8000, "trained_on_bytes": 2 << 20, "sentencepiece": spm.__version__ if spm else None},
     "rounds": rounds, "results": res,
     "ratios": {"pacer_1_thread_vs_spm_encode": one / ref,
-               "pacer_1_thread_vs_python_encode": one / res["python sentencepiece encode (1 thread)"]["median_MBps"],
+               "pacer_1_thread_vs_python_encode": vs_py("median_MBps"),
                f"pacer_{cpus}_threads_vs_spm_encode": alln / ref,
                f"pacer_{cpus}_threads_per_core_vs_spm_encode": alln / ref / cpus,
                "scaling_all_vs_1_thread": alln / one,
                # Per CPU-second, which a loaded machine disturbs less than wall-clock rates: the work per core.
                "pacer_1_thread_per_cpu_second_vs_spm_encode": res["pacer tokenize --threads 1"]["MB_per_cpu_second"] / res["spm_encode (1 thread)"]["MB_per_cpu_second"],
                f"pacer_{cpus}_threads_per_cpu_second_vs_spm_encode": res[f"pacer tokenize --threads {cpus}"]["MB_per_cpu_second"] / res["spm_encode (1 thread)"]["MB_per_cpu_second"],
-               "pacer_1_thread_per_cpu_second_vs_python_encode": res["pacer tokenize --threads 1"]["MB_per_cpu_second"] / res["python sentencepiece encode (1 thread)"]["MB_per_cpu_second"]},
+               "pacer_1_thread_per_cpu_second_vs_python_encode": vs_py("MB_per_cpu_second")},
 }
 day = time.strftime("%Y-%m-%d", time.gmtime())
 base = f"{os.environ['OUTDIR']}/" + (os.environ.get("NAME") or f"tokenize_vs_spm-{day}")
@@ -124,7 +136,7 @@ md = [f"# pacer shard tokenize vs SentencePiece, {out['date']}", "",
       f"Load before: `{uptime_before}`  ", f"Load after: `{uptime_after}`", "",
       "| contender | median MB/s | min | max | MB per CPU-second |", "|---|---|---|---|---|"]
 md += [f"| {n} | {r['median_MBps']:.2f} | {r['min_MBps']:.2f} | {r['max_MBps']:.2f} | {r['MB_per_cpu_second']:.2f} |" for n, r in res.items()]
-md += ["", "| ratio | value |", "|---|---|"] + [f"| {k} | {v:.2f} |" for k, v in out["ratios"].items()]
+md += ["", "| ratio | value |", "|---|---|"] + [f"| {k} | {v:.2f} |" for k, v in out["ratios"].items() if v is not None]
 open(base + ".md", "w").write("\n".join(md) + "\n")
 print("\n".join(md))
 PY

@@ -23,17 +23,6 @@ foreach(from ${SRC} ${INSTALLED})
   endif()
   message(WARNING "pacer report: ${from}/node_modules holds uplot ${installed}, the lock says ${locked}; running npm ci")
 endforeach()
-if(NOT NPM)
-  message(FATAL_ERROR "pacer report: npm not found; run scripts/deps.sh (installs nodejs and npm) and configure again")
-endif()
-file(COPY_FILE ${SRC}/package.json ${DIR}/package.json ONLY_IF_DIFFERENT)
-file(COPY_FILE ${SRC}/package-lock.json ${DIR}/package-lock.json ONLY_IF_DIFFERENT)
-execute_process(COMMAND ${NPM} ci --ignore-scripts --no-audit --no-fund --loglevel=error
-  WORKING_DIRECTORY ${DIR} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "pacer report: `npm ci` in ${DIR} failed (${rc}); the report's charting library "
-    "(report/package-lock.json) could not be fetched. Check network access to the npm registry or a "
-    "populated npm cache, or run `npm ci` in report/ on a connected machine and copy report/node_modules "
-    "here; then build again.\n${out}${err}")
-endif()
-file(TOUCH ${STAMP})
+set(WHAT "pacer report")
+set(HINT "Or run `npm ci` in report/ on a connected machine and copy report/node_modules here.")
+include(${CMAKE_CURRENT_LIST_DIR}/npm_ci_dir.cmake)

@@ -5,7 +5,7 @@
 # instrumentation, which the unit and Python tests simply do not use.
 option(PACER_SANITIZED_TESTS "Build the unit tests and the Python module with ASan + UBSan in build/sanitize and run them" ON)
 option(PACER_FUZZ "Build the fuzz targets with clang in build/sanitize and run them (skipped without clang)" ON)
-set(PACER_FUZZ_SECONDS 20 CACHE STRING "Seconds `make test` fuzzes each target")
+set(PACER_FUZZ_SECONDS 10 CACHE STRING "Seconds `make test` fuzzes each target")
 set(PACER_UNIT_SHARDS 4 CACHE STRING "ctest tests the sanitized unit tests are split into")
 
 # The sanitized tree itself, or a build that is sanitized as a whole, adds no other.

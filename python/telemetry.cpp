@@ -29,7 +29,7 @@ void register_telemetry(py::module_& m) {
           "step",
           [](Recorder& r, std::int64_t step, std::optional<double> loss, std::optional<double> tokens,
              std::optional<double> data_wait_s, std::optional<double> comm_s, std::optional<double> step_time_s,
-             std::optional<double> t, std::string extra_json) {
+             std::optional<double> t, std::string extra_json, std::optional<double> flops) {
             StepRecord s;
             s.step = step;
             s.loss = loss;
@@ -38,11 +38,12 @@ void register_telemetry(py::module_& m) {
             s.comm_s = comm_s;
             s.step_time_s = step_time_s;
             s.t = t.value_or(0);
+            s.flops = flops;
             s.extra_json = std::move(extra_json);
             return r.step(std::move(s));
           },
           py::arg("step"), py::arg("loss"), py::arg("tokens"), py::arg("data_wait_s"), py::arg("comm_s"),
-          py::arg("step_time_s"), py::arg("t"), py::arg("extra_json"))
+          py::arg("step_time_s"), py::arg("t"), py::arg("extra_json"), py::arg("flops") = std::nullopt)
       .def("event", &Recorder::event, py::arg("kind"), py::arg("detail"))
       .def("flush", [](Recorder& r) { call_nogil([&] { return r.flush(); }); })
       .def("close", [](Recorder& r) { call_nogil([&] { r.close(); }); })

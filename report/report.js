@@ -1,6 +1,6 @@
 // Draws the pacer run report from the JSON embedded in #pacer-data (schema pacer.report.data/1).
-// After drawing, <body> carries data-rendered="N" (charts drawn) and data-errors (messages of any
-// error), which the integration test reads from the DOM.
+// After drawing, <body> carries data-rendered="N" (charts drawn), data-chart-sizes, data-marks (marks
+// drawn per chart) and data-errors (messages of any error), which the integration test reads from the DOM.
 (function () {
   "use strict";
   const errors = [];
@@ -51,8 +51,8 @@
   // of each chart records the canvas size and how many sampled pixels it
   // painted, and the last one marks the page as rendered.
   let charts = 0, drawn = 0;
-  const sizes = [];
-  function firstDraw(title) {
+  const sizes = [], markCounts = [];
+  function firstDraw(title, marked) {
     let done = false;
     return (u) => {
       if (done) return;
@@ -62,34 +62,133 @@
       let ink = 0;
       for (let i = 3; i < img.length; i += 4 * 7) if (img[i] !== 0) ink++;
       sizes.push(title.replace(/\s+/g, "_") + ":" + c.width + "x" + c.height + ":" + ink);
+      markCounts.push(title.replace(/\s+/g, "_") + ":" + marked.count);
       drawn += 1;
       if (drawn === charts) finish();
     };
   }
+
+  // Checkpoints, restarts, hangs and vet results: a dashed vertical line each, on every timeline.
+  const marks = data.marks || [];
+  const MARK = {
+    checkpoint: { color: "#2e7d32", letter: "C", dash: [4, 3], name: "checkpoint" },
+    restart: { color: "#c0392b", letter: "R", dash: [], name: "restart" },
+    hang: { color: "#8e44ad", letter: "H", dash: [], name: "hang" },
+    vet: { color: "#d68910", letter: "V", dash: [2, 2], name: "vet result" },
+  };
+  // Where a mark goes on a step axis: the last step that ended by its time (a
+  // checkpoint after that step, a restart resuming after it), or the first step.
+  function stepAt(points, t) {
+    let best = null, first = null;
+    for (const [step, pt] of points) {
+      if (first == null || step < first) first = step;
+      if (pt <= t && (best == null || step > best)) best = step;
+    }
+    return best == null ? first : best;
+  }
+  function markHook(toX, marked) {
+    return (u) => {
+      const ctx = u.ctx, dpr = window.devicePixelRatio || 1;
+      const { left, top, width, height } = u.bbox;
+      let n = 0;
+      ctx.save();
+      ctx.lineWidth = 1.5 * dpr;
+      ctx.font = Math.round(10 * dpr) + "px sans-serif";
+      for (const m of marks) {
+        const style = MARK[m.class], x = toX(m);
+        if (!style || x == null) continue;
+        const px = u.valToPos(x, "x", true);
+        if (!(px >= left - 1 && px <= left + width + 1)) continue;
+        ctx.strokeStyle = style.color;
+        ctx.fillStyle = style.color;
+        ctx.setLineDash(style.dash.map((d) => d * dpr));
+        ctx.beginPath();
+        ctx.moveTo(px, top);
+        ctx.lineTo(px, top + height);
+        ctx.stroke();
+        ctx.fillText(style.letter, px + 2 * dpr, top + 10 * dpr);
+        n++;
+      }
+      ctx.restore();
+      marked.count = n;
+    };
+  }
+
+  const span = data.time || {};
   const width = Math.max(480, Math.min(760, (window.innerWidth || 1400) / 2 - 48));
-  function chart(parent, title, seriesMap, unit, scale) {
+  // seriesMap: label -> {t, v} (a time axis) or {step, t, v} (a step axis, the time shown on hover).
+  function chart(parent, title, seriesMap, unit, scale, byStep) {
     const labels = Object.keys(seriesMap || {}).sort((a, b) => a.localeCompare(b, undefined, { numeric: true }));
     if (!labels.length) return;
-    const xs = Array.from(new Set(labels.flatMap((l) => seriesMap[l].t))).sort((a, b) => a - b);
+    const xOf = (l) => (byStep ? seriesMap[l].step : seriesMap[l].t);
+    const xs = Array.from(new Set(labels.flatMap(xOf))).sort((a, b) => a - b);
     const index = new Map(xs.map((x, i) => [x, i]));
     const cols = labels.map((l) => {
       const col = new Array(xs.length).fill(null);
-      seriesMap[l].t.forEach((t, i) => { const v = seriesMap[l].v[i]; col[index.get(t)] = v == null ? null : v * (scale || 1); });
+      xOf(l).forEach((x, i) => { const v = seriesMap[l].v[i]; col[index.get(x)] = v == null ? null : v * (scale || 1); });
       return col;
     });
+    // On a step axis, each step's wall time (its first rank's) for the hover and the marks.
+    const timeOf = new Map(), points = [];
+    if (byStep)
+      for (const l of labels) seriesMap[l].step.forEach((x, i) => {
+        if (!timeOf.has(x)) timeOf.set(x, seriesMap[l].t[i]);
+        points.push([x, seriesMap[l].t[i]]);
+      });
     const box = el("div", { class: "chart", "data-chart": title });
     parent.append(box);
+    const marked = { count: 0 };
     const opts = {
       title: title, width: width, height: 220,
-      scales: { x: { time: true } },
-      series: [{}].concat(labels.map((l, i) => ({ label: l, stroke: color(i, labels.length), width: 1.5, spanGaps: false,
-        value: (u, v) => (v == null ? "-" : v.toPrecision(3) + " " + unit) }))),
-      axes: [{}, { label: unit, size: 60 }],
+      // Every time axis spans the whole run, so that the charts line up and each mark inside the run is drawn.
+      scales: { x: byStep ? { time: false } : { time: true, range: () => [span.start, span.end] } },
+      series: [byStep ? { label: "step", value: (u, v) => (v == null ? "-" : "step " + v + " · " + when(timeOf.get(v))) } : {}]
+        .concat(labels.map((l, i) => ({ label: l, stroke: color(i, labels.length), width: 1.5, spanGaps: byStep,
+          value: (u, v) => (v == null ? "-" : v.toPrecision(3) + " " + unit) }))),
+      axes: [byStep ? { label: "step" } : {}, { label: unit, size: 60 }],
       legend: { show: labels.length <= 16 },
-      hooks: { draw: [firstDraw(title)] },
+      hooks: { draw: [markHook(byStep ? (m) => stepAt(points, m.t) : (m) => m.t, marked), firstDraw(title, marked)] },
     };
     charts += 1;
     return new uPlot(opts, [xs].concat(cols), box);
+  }
+
+  if (marks.length) {
+    const counts = {};
+    for (const m of marks) counts[m.class] = (counts[m.class] || 0) + 1;
+    const key = el("p", { class: "meta", id: "marks" }, "Marked on the timelines: ");
+    for (const [cls, style] of Object.entries(MARK))
+      if (counts[cls]) key.append(el("span", { style: "color:" + style.color + ";margin-right:12px" },
+        style.letter + " " + style.name + " (" + counts[cls] + ")"));
+    if (data.marks_truncated) key.append(" (only the first " + marks.length + ")");
+    app.append(key);
+  }
+
+  // Training curves against the step: loss, tokens/s and MFU per rank.
+  const tr = data.training || {};
+  const has = (m) => m && Object.keys(m).length;
+  // One curve per rank of those that have any value of it, in chart()'s form.
+  function curves(key) {
+    const out = {};
+    for (const [label, r] of Object.entries(tr.ranks || {}))
+      if (r[key] && r[key].some((v) => v != null)) out[label] = { step: r.step, t: r.t, v: r[key] };
+    return out;
+  }
+  const trainingCharts = [["Loss per rank", curves("loss"), ""], ["Tokens/s per rank", curves("tokens_per_s"), "tokens/s"]];
+  if (tr.rate === "mfu") trainingCharts.push(["MFU per rank", curves("rate"), "%", 100]);
+  else if (tr.rate === "model_flops_per_s") trainingCharts.push(["Model TFLOP/s per rank", curves("rate"), "TFLOP/s", 1e-12]);
+  app.append(el("h2", {}, "Training"));
+  if (!trainingCharts.some((c) => has(c[1]))) app.append(el("p", { class: "note" }, "No loss or tokens in this run's steps."));
+  else {
+    const grid = el("div", { class: "grid", id: "training" });
+    app.append(grid);
+    for (const c of trainingCharts) if (has(c[1])) chart(grid, c[0], c[1], c[2], c[3], true);
+    const how = [];
+    if (tr.step_bucket > 1) how.push("each point the mean of " + tr.step_bucket + " steps");
+    if (tr.flops_from) how.push("model FLOPs from " + tr.flops_from + (tr.peak_flops ? ", peak " + (tr.peak_flops / 1e12).toPrecision(4) + " TFLOP/s from " + tr.peak_from : ""));
+    else how.push("no MFU: give the steps flops= or pacer report --plan");
+    if (tr.rate === "model_flops_per_s") how.push("no MFU without a GPU peak: --peak-tflops");
+    app.append(el("p", { class: "meta", id: "training-source" }, how.join("; ")));
   }
 
   const s = data.series || {};
@@ -107,7 +206,7 @@
     if (!present.length) { app.append(el("h2", {}, name), el("p", { class: "note" }, "No data in this run.")); continue; }
     const grid = el("div", { class: "grid" });
     app.append(el("h2", {}, name), grid);
-    for (const c of present) chart(grid, c[0], c[1], c[2], c[3]);
+    for (const c of present) chart(grid, c[0], c[1], c[2], c[3], false);
   }
 
   // Per-node heatmap: rows are nodes, columns time buckets, colour the mean activity.
@@ -161,6 +260,7 @@
 
   function finish() {
     document.body.dataset.chartSizes = sizes.join(" ");
+    document.body.dataset.marks = markCounts.join(" ");
     document.body.dataset.rendered = String(drawn);
   }
   if (charts === 0) finish();

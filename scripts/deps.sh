@@ -19,6 +19,8 @@ packages=(
   clang libclang-rt-dev  # libFuzzer and the sanitizer runtimes, for build/sanitize (docs/fuzzing.md)
   slurm-wlm munge
   chromium  # headless, for the pacer report integration test
+  g++-aarch64-linux-gnu qemu-user-static googletest  # the aarch64 (Grace) cross-build test, tests/cross/aarch64.sh
+  libfasttext-dev fasttext  # pacer curate's classifiers; the fasttext CLI is the benchmark's peer
 )
 # The report's charting library is installed with npm at build time
 # (report/package-lock.json). A Node.js from NodeSource already ships npm and

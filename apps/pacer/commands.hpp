@@ -25,5 +25,8 @@ Handler register_bcast(CLI::App& app);
 Handler register_score(CLI::App& app);
 Handler register_report(CLI::App& app);
 Handler register_goodput(CLI::App& app);
+Handler register_annotate(CLI::App& app);
+Handler register_curate(CLI::App& app);
+Handler register_data(CLI::App& app);
 
 }  // namespace pacer::cli

@@ -30,6 +30,9 @@ int main(int argc, char** argv) {
   add(pacer::cli::register_score(app));
   add(pacer::cli::register_report(app));
   add(pacer::cli::register_goodput(app));
+  add(pacer::cli::register_annotate(app));
+  add(pacer::cli::register_curate(app));
+  add(pacer::cli::register_data(app));
 
   // CLI11 answers `pacer bogus --help` with the root help and exit 0, as
   // --help wins over everything: a script would take a typo for success.

@@ -1,6 +1,7 @@
 // `pacer score` and `pacer report`: judge how saturated a run kept each resource; draw the run as one HTML file.
 #include <fmt/format.h>
 
+#include <cmath>
 #include <cstdio>
 
 #include "commands.hpp"
@@ -16,6 +17,8 @@ struct ScoreArgs {
   std::optional<std::int64_t> run;
   double nic_gbps = 0;
   bool json = false;
+  std::string plan;                  // report only
+  std::optional<double> peak_tflops; // report only
 };
 
 score::ScoreOptions score_options(const ScoreArgs& a) {
@@ -31,7 +34,10 @@ int score_cmd(const ScoreArgs& a) {
 
 int report_cmd(const ScoreArgs& a) {
   if (a.out.empty()) usage_error("pacer report: -o FILE is required");
-  unwrap(report::write_report(a.db, a.out, report::ReportOptions{.score = score_options(a)}));
+  if (a.peak_tflops && !(std::isfinite(*a.peak_tflops) && *a.peak_tflops > 0))
+    usage_error("--peak-tflops must be a positive number of TFLOP/s");
+  unwrap(report::write_report(a.db, a.out,
+                              report::ReportOptions{.score = score_options(a), .plan_file = a.plan, .peak_tflops = a.peak_tflops}));
   std::fprintf(stderr, "OK: wrote %s\n", a.out.c_str());
   return 0;
 }
@@ -58,7 +64,11 @@ Handler register_report(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("report", "Write a run's report as one self-contained HTML file");
   add_common(cmd, *args);
   cmd->add_option("-o,--output", args->out, "The HTML file to write")->required();
-  cmd->footer("Exit codes: 0 written, 2 usage error, 3 runtime error (cannot write). See docs/score.md.");
+  cmd->add_option("--plan", args->plan,
+                  "A `pacer plan step --json` file: FLOPs per token and GPU peak for MFU, planned step for goodput");
+  cmd->add_option("--peak-tflops", args->peak_tflops, "Dense peak of one GPU in TFLOP/s, for MFU (overrides the plan's)");
+  cmd->footer("Exit codes: 0 written, 2 usage error (also a missing or malformed --plan), 3 runtime error (cannot write). "
+              "See docs/score.md.");
   return [args] { return report_cmd(*args); };
 }
 

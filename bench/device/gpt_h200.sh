@@ -113,11 +113,17 @@ rm -rf "$WORK/ckpt-torch"
 
 step score "$pacer" score "$OUT/$name.db"
 "$pacer" score "$OUT/$name.db" --json > "$OUT/score.json" 2>/dev/null
-step report "$pacer" report "$OUT/$name.db" -o "$OUT/$name.html"
 step plan-step python3 examples/gpt/plan.py step --config "$CONFIG" --vocab "$VOCAB" --seq-len "$SEQ" \
   --batch-size "$BATCH" --world "$NPROC" --vet "$OUT/vet.json" --summary "$OUT/pacer-summary.json"
 python3 examples/gpt/plan.py step --config "$CONFIG" --vocab "$VOCAB" --seq-len "$SEQ" --batch-size "$BATCH" \
   --world "$NPROC" --vet "$OUT/vet.json" --summary "$OUT/pacer-summary.json" --json > "$OUT/plan-step.json" 2>/dev/null
+# The `pacer plan step --json` document inside it: the report's MFU chart and goodput's planned step.
+python3 -c 'import json, sys; json.dump(json.load(open(sys.argv[1]))["plan"], open(sys.argv[2], "w"), indent=1)' \
+  "$OUT/plan-step.json" "$OUT/pacer-plan-step.json" 2>/dev/null
+plan_opt=(); [ -s "$OUT/pacer-plan-step.json" ] && plan_opt=(--plan "$OUT/pacer-plan-step.json")
+step report "$pacer" report "$OUT/$name.db" "${plan_opt[@]}" -o "$OUT/$name.html"
+"$pacer" goodput "$OUT/$name.db" "${plan_opt[@]}" > "$OUT/goodput.txt" 2>&1
+"$pacer" goodput "$OUT/$name.db" "${plan_opt[@]}" --json > "$OUT/goodput.json" 2>/dev/null
 { date -u; uptime; } >> "$OUT/machine.txt"
 step compare python3 examples/gpt/compare.py --pacer "$OUT/pacer-summary.json" --baseline "$OUT/baseline-summary.json" \
   --plan "$OUT/plan-step.json" --score "$OUT/score.json" --name "$name-$(date -u +%Y-%m-%d)" --out "$OUT" \

@@ -77,6 +77,8 @@ def parse_args(argv=None):
     ap.add_argument("--baseline", action="store_true",
                     help="the same loop the usual way: torch DataLoader over the same tokens, torch.save checkpoints")
     ap.add_argument("--workers", type=int, default=2, help="--baseline: DataLoader worker processes")
+    ap.add_argument("--no-prefetch", action="store_true",
+                    help="read each batch when its step starts, not during the step before (the same batches either way)")
     # For tests: after this step (its checkpoint committed) wait to be killed, so a kill lands at a known step;
     # only in a job's first attempt, so the restarted run goes on.
     ap.add_argument("--hold-after", type=int, default=None, help=argparse.SUPPRESS)
@@ -217,14 +219,29 @@ class PacerData:
                                         threads=2, prefetch=4, pin_memory=device.type == "cuda")
         self.device, self.batch_size = device, a.batch_size
         self.it = None
+        self.ahead = None  # (the loader's state before it, the batch read ahead by prefetch())
 
     def __len__(self):
         return len(self.loader)
 
     def epoch(self):
-        return self.loader.epoch
+        return self.ahead[0]["epoch"] if self.ahead else self.loader.epoch
+
+    def prefetch(self):
+        """Reads the next batch and queues its copy to the GPU now, while the GPU still runs this step's kernels,
+        so the next step starts without waiting for the host work. state_dict() and epoch() stay those of the
+        batch next() returns, so a checkpoint taken in between resumes with the batch read ahead."""
+        if self.ahead is None:
+            state = self.loader.state_dict()
+            self.ahead = (state, self._read())
 
     def next(self):
+        if self.ahead is not None:
+            batch, self.ahead = self.ahead[1], None
+            return batch
+        return self._read()
+
+    def _read(self):
         if self.it is None:
             self.it = batches(self.loader)
         b = next(self.it)
@@ -244,12 +261,16 @@ class PacerData:
         lengths = torch.as_tensor(host["lengths"]).to(d, non_blocking=True).long()
         return {"tokens": tokens, "pos": pos, "labels": gpt.labels_for(tokens, pos, lengths),
                 "n_tokens": int(host["lengths"].sum()), "host_tokens": b["tokens"],
-                "documents": (b["cu_seqlens"], b["documents"])}
+                "documents": (b["cu_seqlens"], b["documents"]),
+                # The loader's pinned buffers go back to its pool when `b` is dropped: the copies above may still
+                # be queued behind the running step (prefetch), so the batch keeps `b` until the step is over.
+                "host_batch": b}
 
     def state_dict(self):
-        return self.loader.state_dict()
+        return self.ahead[0] if self.ahead else self.loader.state_dict()
 
     def load_state_dict(self, s):
+        self.ahead = None
         self.loader.load_state_dict(s)
 
 
@@ -541,6 +562,8 @@ def main(argv=None):
             if a.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(net.parameters(), a.grad_clip)
             optimizer.step()  # the first one allocates AdamW's moments: 8 bytes per parameter
+            if step + 1 < a.steps and hasattr(data, "prefetch") and not a.no_prefetch:
+                data.prefetch()  # the GPU is still busy with this step: the next batch's host work hides behind it
         except Exception as e:  # noqa: BLE001 (only out-of-memory is ours to explain)
             if is_oom(e):
                 report_oom(e, a, cfg, world, device)

@@ -673,6 +673,9 @@ Expected<VerifyReport> verify_shards(const std::string& spec, const std::functio
 // Schema pacer.shard.verify/1.
 nlohmann::json to_json(const VerifyReport& report);
 
+// XXH3-64 of a whole file, read in large chunks (the checksums of pack and verify).
+Expected<std::uint64_t> file_xxh3(const std::string& path);
+
 // ---------------------------------------------------------------------------
 // Blends (src/data/blend.cpp, docs/data.md "Blends")
 

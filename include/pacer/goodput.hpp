@@ -92,6 +92,11 @@ Expected<Ledger> build_ledger(telemetry::Catalog& catalog, const Options& option
 Expected<Ledger> ledger_of(const std::string& db, const Options& options);
 // The planned step time of a `pacer plan step --json` file (its "step_s").
 Expected<double> read_planned_step(const std::string& path);
+// That file's document, checked to be one (schema pacer.plan.step/1); a
+// missing file is a usage error naming it.
+Expected<nlohmann::json> read_plan_step(const std::string& path);
+// Whether an event marks a checkpoint (run.committed, checkpoint.*, ckpt.*).
+bool is_checkpoint_event(const std::string& kind);
 
 // The `pacer.goodput/1` document.
 nlohmann::json to_json(const Ledger& ledger);

@@ -139,7 +139,9 @@ Expected<PipelineReport> plan_pipeline(const std::vector<Layer>& layers, int sta
 nlohmann::json to_json(const PipelineReport& r, const std::string& file, std::size_t layers);
 
 // ---------------------------------------------------------------------------------------------------------
-// Transformers (GPT-style: attention + 4h MLP, learned position embeddings, tied output layer).
+// Transformers. The defaults are the GPT block of Megatron-LM 2021-2022 (multi-head attention, a 4h GeLU MLP with
+// biases, LayerNorm, learned position embeddings, a tied output layer, dropout); the fields after `ffn` describe
+// the models trained since (Llama, Mixtral, DeepSeek-MoE), and the presets set them (model_presets()).
 enum class Recompute { kNone, kSelective, kFull };
 struct Model {
   int layers = 0;
@@ -148,12 +150,30 @@ struct Model {
   int seq = 0;
   int vocab = 0;
   int ffn = 0;  // 0: 4 * hidden
+  int kv_heads = 0;               // key/value heads: 0 = heads (multi-head), 1 multi-query, else grouped-query
+  bool gated_mlp = false;         // SwiGLU: gate and up projections, each `ffn` wide, then the down projection
+  bool biases = true;             // biases in the linear layers
+  bool rms_norm = false;          // RMSNorm (a scale) instead of LayerNorm (a scale and a shift)
+  bool learned_positions = true;  // false: rotary embeddings, no parameters
+  bool tied_embeddings = true;    // false: a separate output layer of vocab x hidden
+  bool dropout = true;            // dropout masks stored for backward
+  int vocab_multiple = 1;         // the vocabulary is padded up to a multiple of this (Megatron: 128 x tp)
+  // Mixture of experts: 0 experts is a dense model.
+  int experts = 0;
+  int top_k = 1;                  // experts each token is routed to
+  int expert_ffn = 0;             // width of one expert's MLP; 0: ffn
+  int shared_experts = 0;         // experts every token goes through (DeepSeek-MoE), each expert_ffn wide
+  int dense_layers = 0;           // the first layers keep a dense MLP of width ffn (DeepSeek-MoE)
+  double capacity_factor = 0;     // slots per expert over the balanced share; 0: dropless (no padding)
 };
 struct Parallel {
   int tp = 1, pp = 1, dp = 1;
+  int cp = 1;                // context parallel: the sequence split over cp ranks (ring attention)
+  int ep = 1;                // expert parallel: experts split over ep ranks, carved out of dp
   int micro_batch = 1;
   int global_batch = 0;      // 0: micro_batch * dp (one micro-batch per step)
   int interleave = 1;        // virtual pipeline chunks per device
+  bool uneven_stages = false;  // pp x interleave need not divide the layers: chunks take ceil(l / (pp v)) at most
   bool sequence_parallel = false;
   // A fused attention kernel (FlashAttention, cuDNN): the scores never reach memory, the causal half of them
   // is skipped, and backward recomputes them. Without it, Megatron's unfused core (materialised scores).
@@ -163,24 +183,33 @@ struct Parallel {
   int act_bytes = 2;         // activations and their gradients on the wire (bf16/fp16)
   int grad_bytes = 4;        // data-parallel gradient reduction (Megatron reduces fp32 main grads)
 };
-// Checks that every size is positive, that tp divides heads and hidden, pp*interleave divides layers,
-// dp*micro_batch divides global_batch. The message names the option.
+// Checks that every size is positive, that heads divide hidden and kv-heads divide heads, that tp is no larger
+// than the heads and divides them (and the kv-heads, or is a multiple of them), pp*interleave divides layers,
+// dp*micro_batch divides global_batch, ep divides the experts and dp, cp splits the sequence into 2 cp chunks
+// and has a fused attention. The message names the option.
 Status validate(const Model& m, const Parallel& p);
 // The "config" object of the memory, comm and step records: the model, its parameter count and the layout.
 nlohmann::json to_json(const Model& m, const Parallel& p);
 
-// Parameters of the whole model: 12 l h^2 (1 + 13/(12h) + (V + s)/(12 l h)) for ffn = 4h.
+// Parameters of the whole model: 12 l h^2 (1 + 13/(12h) + (V + s)/(12 l h)) for the default GPT block.
 double parameter_count(const Model& m);
+// Parameters one token goes through (for a mixture of experts: top_k + shared experts of each MoE layer).
+double active_parameter_count(const Model& m);
+// The vocabulary after padding to Model::vocab_multiple.
+double padded_vocab(const Model& m);
 // Parameters held by the GPU of the first pipeline stage (transformer layers / (tp pp) plus the
-// embeddings / tp and the position embeddings).
+// embeddings / tp and the position embeddings; expert weights also / ep).
 double parameters_per_gpu(const Model& m, const Parallel& p);
+// The expert share of parameters_per_gpu: reduced and sharded over dp * cp / ep ranks, the rest over dp * cp.
+double expert_parameters_per_gpu(const Model& m, const Parallel& p);
 
 // One stored tensor of a transformer layer's forward pass, as counted by Korthikanti et al. 2022 §4.1.
 struct ActivationTensor {
   std::string name;
   double bytes = 0;  // per micro-batch, per GPU
 };
-// What one layer stores for backward, tensor by tensor, under the recomputation, tp and sp settings.
+// What one layer stores for backward, tensor by tensor, under the recomputation, tp, sp and cp settings (an MoE
+// layer for a mixture of experts); layer_activation_bytes is the mean over the model's layers.
 std::vector<ActivationTensor> layer_activations(const Model& m, const Parallel& p);
 double layer_activation_bytes(const Model& m, const Parallel& p);
 
@@ -190,6 +219,7 @@ struct MemoryReport {
   double gradient_bytes = 0;       // Parallel::grad_bytes per parameter, / dp under ZeRO-2 and 3
   double optimizer_bytes = 0;      // 12 bytes (fp32 master, momentum, variance), / dp under ZeRO >= 1
   double activation_bytes_per_layer = 0;  // one micro-batch
+  double stage_layers = 0;                // layers on the most loaded stage
   double in_flight_microbatches = 0;      // on the first stage at the peak of the schedule
   double activation_bytes = 0;     // first stage, schedule peak, with the embedding dropout mask
   double total_bytes = 0;
@@ -216,6 +246,7 @@ FlopCount step_flops(const Model& m, const Parallel& p);
 // Links and devices. Bandwidths are what a collective achieves per GPU ("bus bandwidth" in nccl-tests).
 struct Hardware {
   double gemm_tflops = 0;   // sustained large-GEMM throughput of one GPU, bf16/fp16
+  int gpus_per_node = 8;    // the NVLink domain: tp, cp and ep groups inside it use tp_gbps, else dp_gbps
   double attention_tflops = 0;  // a fused attention kernel's rate on the blocks it runs (0: gemm_tflops)
   double peak_tflops = 0;   // datasheet dense peak, for MFU (0: not reported)
   double hbm_gbps = 0;      // device memory bandwidth achieved by streaming kernels
@@ -230,7 +261,9 @@ struct CommReport {
   double dp_bytes = 0;        // per GPU per step (sent), all-reduce or reduce-scatter + all-gather
   double tp_bytes = 0;        // per GPU per step
   double pp_bytes = 0;        // per GPU per step (to the next stage and back)
-  double dp_time_s = 0, tp_time_s = 0, pp_time_s = 0;
+  double cp_bytes = 0;        // per GPU per step: keys and values around the context-parallel ring, and their gradients
+  double ep_bytes = 0;        // per GPU per step: the all-to-alls that dispatch tokens to experts and combine them
+  double dp_time_s = 0, tp_time_s = 0, pp_time_s = 0, cp_time_s = 0, ep_time_s = 0;  // cp: before overlap
   double dp_hide_flops = 0;   // FLOPs of backward compute needed on one GPU to hide dp_time_s
   double backward_flops = 0;  // backward FLOPs of the last micro-batch on one GPU: gradients are final only
                               // then, so it is all an overlapped reduction can hide behind
@@ -250,6 +283,8 @@ struct StepReport {
   double elementwise_s = 0;      // memory-bound kernels (norms, softmax, dropout, GeLU, residuals)
   double tp_comm_s = 0;
   double pp_comm_s = 0;
+  double cp_comm_s = 0;          // ring attention traffic not hidden behind the attention blocks
+  double ep_comm_s = 0;          // expert all-to-alls (not overlapped)
   double bubble_s = 0;
   double dp_comm_s = 0;          // exposed (after overlap)
   double optimizer_s = 0;
@@ -309,5 +344,58 @@ struct Calibration {
 Expected<Calibration> read_vet_report(const std::string& path);
 // The figure for `check`, if the report had a usable one.
 std::optional<double> figure(const Calibration& c, const std::string& check);
+
+
+// ---------------------------------------------------------------------------------------------------------
+// Presets: published model shapes and GPU figures by name, each number with its source (src/plan/presets.cpp,
+// docs/plan.md "Presets"). The CLI applies a preset first and then every flag given, so any number can be
+// overridden.
+struct ModelPreset {
+  std::string name;
+  Model model;            // seq: the pre-training sequence length of the source
+  std::string source;     // where the shape comes from
+  double published_parameters = 0;  // the count the source states (0: none), for the validation test
+};
+struct GpuPreset {
+  std::string name;
+  Hardware hw;                 // gemm_tflops: the one constant of the GPU's generation (docs/plan.md)
+  double memory_bytes = 0;     // device memory
+  std::string source;
+};
+const std::vector<ModelPreset>& model_presets();
+const std::vector<GpuPreset>& gpu_presets();
+// The preset of that name, or a usage error that lists the names.
+Expected<ModelPreset> find_model_preset(const std::string& name);
+Expected<GpuPreset> find_gpu_preset(const std::string& name);
+
+// ---------------------------------------------------------------------------------------------------------
+// Layout search: every tp x pp x dp x cp x ep x micro-batch x interleaving x recomputation x ZeRO stage for
+// `gpus` GPUs, those whose memory estimate fits under the capacity less the margin, ranked by step time.
+struct SearchSpace {
+  int gpus = 0;
+  int global_batch = 0;
+  double memory_bytes = 0;      // per GPU
+  double margin_bytes = 0;      // kept free (fragmentation, workspaces, the CUDA context)
+  int top = 5;
+  // Values to try; empty: every value that makes sense (docs/plan.md, "plan search").
+  std::vector<int> tp, pp, cp, ep, micro_batch, interleave, zero_stage;
+  std::vector<Recompute> recompute;
+};
+struct Candidate {
+  Parallel layout;
+  StepReport step;
+  MemoryReport memory;
+  // Why it is slower than the best: the parts of the step that grew, largest first (seconds).
+  std::vector<std::pair<std::string, double>> losses;
+};
+struct SearchReport {
+  int evaluated = 0;      // layouts that passed validate()
+  int fitting = 0;        // of those, the ones that fit in memory
+  double best_memory_bytes = 0;  // smallest total of all evaluated (what did not fit, by how much)
+  std::vector<Candidate> top;
+};
+// `base` gives the fixed settings (precisions, flash attention); its tp/pp/... are ignored.
+Expected<SearchReport> search_layouts(const Model& m, const Parallel& base, const Hardware& hw, const SearchSpace& space);
+nlohmann::json to_json(const SearchReport& r, const Model& m, const Hardware& hw, const SearchSpace& space);
 
 }  // namespace pacer::plan

@@ -19,6 +19,7 @@ typedef struct pacer_step {
   double tokens;
   double data_wait_s;
   double comm_s;
+  double flops; /* model FLOPs of this rank's step (the report's MFU); appended last so older fields keep their offsets */
 } pacer_step;
 
 /* A pacer_step with every optional field NaN and rank -1. */

@@ -1192,6 +1192,9 @@ class Checkpointer:
             raise Error("checkpoint meta must be a JSON object (a dict)")
         if META_KEY in meta:
             raise Error(f"meta key '{META_KEY}' is reserved for pacer's record of the state")
+        # The data-set version the run trains on (pacer data, docs/curate.md), unless the caller named one.
+        if os.environ.get("PACER_DATA_VERSION") and "data_version" not in meta:
+            meta = {**meta, "data_version": os.environ["PACER_DATA_VERSION"]}
         try:
             json.dumps(meta, allow_nan=False)
         except (TypeError, ValueError) as e:

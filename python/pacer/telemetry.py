@@ -14,11 +14,14 @@ to the job's default catalog (``pacer-$SLURM_JOB_ID.db``). The rank comes from
 SLURM_PROCID, RANK, OMPI_COMM_WORLD_RANK or PMI_RANK and the node is this
 host. ``step()`` only appends to a bounded queue that a background thread
 writes out; when the queue is full the record is dropped and counted
-(``dropped()``), never waited for. Any further keyword (``lr=3e-4``) is kept
-as JSON in the step's ``extra`` column.
+(``dropped()``), never waited for. ``flops`` is the model FLOPs this rank's
+step computed (forward and backward, e.g. 6 x parameters x tokens for a dense
+transformer): with it ``pacer report`` charts MFU. Any further keyword
+(``lr=3e-4``) is kept as JSON in the step's ``extra`` column.
 """
 import atexit
 import json
+import os
 import threading
 
 from . import _pacer
@@ -38,7 +41,15 @@ def open(db=None, rank=None, queue_capacity=65536, flush_interval_s=0.5):  # noq
         if _recorder is not None:
             _recorder.close()
         _recorder = _pacer._Recorder(None if db is None else str(db), rank, int(queue_capacity), float(flush_interval_s))
+        _record_data_version(_recorder)
         return _recorder
+
+
+def _record_data_version(recorder):
+    """The run's data-set version (PACER_DATA_VERSION, docs/curate.md) as a "data.version" event."""
+    version = os.environ.get("PACER_DATA_VERSION")
+    if version:
+        recorder.event("data.version", version)
 
 
 def _get():
@@ -47,6 +58,7 @@ def _get():
         with _lock:
             if _recorder is None:
                 globals()["_recorder"] = _pacer._Recorder(None, None, 65536, 0.5)
+                _record_data_version(_recorder)
             r = _recorder
     return r
 
@@ -62,13 +74,14 @@ def _number(name, value):
         raise Error(f"telemetry.step: {name}={value!r} is not a number") from None
 
 
-def step(step, loss=None, tokens=None, data_wait_s=None, comm_s=None, step_time_s=None, t=None, **extra):
+def step(step, loss=None, tokens=None, data_wait_s=None, comm_s=None, step_time_s=None, t=None, flops=None, **extra):
     """Queues one step record; returns False when it was dropped (queue full). Also a pacer.run heartbeat."""
     n = int(step)
     _run.heartbeat(n if n >= 0 else None)
     extra_json = json.dumps(extra, default=str) if extra else ""
     return _get().step(int(step), _number("loss", loss), _number("tokens", tokens), _number("data_wait_s", data_wait_s),
-                       _number("comm_s", comm_s), _number("step_time_s", step_time_s), _number("t", t), extra_json)
+                       _number("comm_s", comm_s), _number("step_time_s", step_time_s), _number("t", t), extra_json,
+                       _number("flops", flops))
 
 
 def event(kind, detail=""):

@@ -5,6 +5,7 @@
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <initializer_list>
 #include <utility>
 
 namespace pacer {
@@ -28,6 +29,8 @@ Error bad(std::string_view what, std::string_view text, std::string_view hint) {
   return Error{ErrorKind::kConfig, fmt::format("invalid {} '{}': {}", what, text, hint)};
 }
 
+Expected<std::uint64_t> parse_size_impl(std::string_view text, bool unit_required);
+
 }  // namespace
 
 Expected<double> parse_duration(std::string_view text) {
@@ -45,11 +48,52 @@ Expected<double> parse_duration(std::string_view text) {
   return bad("duration", text, "unknown unit (use us, ms, s, m, h or d)");
 }
 
-Expected<std::uint64_t> parse_size(std::string_view text) {
+Expected<std::uint64_t> parse_size(std::string_view text) { return parse_size_impl(text, false); }
+Expected<std::uint64_t> parse_size_with_unit(std::string_view text) { return parse_size_impl(text, true); }
+
+namespace {
+// One table-driven parser for the rates: `units` maps each accepted suffix to its scale.
+Expected<double> parse_rate(std::string_view text, std::string_view what,
+                            std::initializer_list<std::pair<std::string_view, double>> units, std::string_view forms) {
   double n = 0;
   std::string_view suffix;
-  if (!split_number(text, n, suffix)) return bad("size", text, "expected a number with an optional unit (KiB, MiB, GiB, KB, MB, GB)");
+  if (!split_number(text, n, suffix)) return bad(what, text, fmt::format("expected a number with a unit ({})", forms));
+  if (n < 0) return bad(what, text, "must not be negative");
+  if (suffix.empty()) return bad(what, text, fmt::format("a unit is needed ({})", forms));
+  for (const auto& [name, scale] : units) {
+    if (suffix != name) continue;
+    if (!std::isfinite(n * scale)) return bad(what, text, "too large");
+    return n * scale;
+  }
+  return bad(what, text, fmt::format("unknown unit (use {})", forms));
+}
+}  // namespace
+
+Expected<double> parse_bandwidth(std::string_view text) {
+  return parse_rate(text, "bandwidth",
+                    {{"B/s", 1}, {"KB/s", 1e3}, {"MB/s", 1e6}, {"GB/s", 1e9}, {"TB/s", 1e12}, {"KiB/s", 1024.0},
+                     {"MiB/s", 1048576.0}, {"GiB/s", 1073741824.0}, {"TiB/s", 1099511627776.0}, {"Mb/s", 1e6 / 8},
+                     {"Gb/s", 1e9 / 8}, {"Tb/s", 1e12 / 8}, {"Mbit/s", 1e6 / 8}, {"Gbit/s", 1e9 / 8}, {"Tbit/s", 1e12 / 8}},
+                    "MB/s, GB/s, TB/s, GiB/s, or bits: Gb/s, Gbit/s");
+}
+
+Expected<double> parse_flop_rate(std::string_view text) {
+  return parse_rate(text, "FLOP rate",
+                    {{"GFLOPs", 1e9}, {"GFLOPS", 1e9}, {"GFLOP/s", 1e9}, {"TFLOPs", 1e12}, {"TFLOPS", 1e12},
+                     {"TFLOP/s", 1e12}, {"PFLOPs", 1e15}, {"PFLOPS", 1e15}, {"PFLOP/s", 1e15}},
+                    "GFLOPs, TFLOPs, PFLOPs; also TFLOPS and TFLOP/s");
+}
+
+namespace {
+Expected<std::uint64_t> parse_size_impl(std::string_view text, bool unit_required) {
+  double n = 0;
+  std::string_view suffix;
+  if (!split_number(text, n, suffix))
+    return bad("size", text, unit_required ? "expected a number with a unit (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)"
+                                           : "expected a number with an optional unit (KiB, MiB, GiB, KB, MB, GB)");
   if (n < 0) return bad("size", text, "must not be negative");
+  if (unit_required && suffix.empty())
+    return bad("size", text, "a unit is needed (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB: 141GB or 80GiB)");
   static const std::pair<std::string_view, double> kUnits[] = {
       {"", 1},          {"B", 1},          {"K", 1024.0},          {"KiB", 1024.0},
       {"M", 1048576.0}, {"MiB", 1048576.0}, {"G", 1073741824.0},  {"GiB", 1073741824.0},
@@ -65,6 +109,7 @@ Expected<std::uint64_t> parse_size(std::string_view text) {
   }
   return bad("size", text, "unknown unit (use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB)");
 }
+}  // namespace
 
 std::string format_bytes(double bytes) {
   static const char* kNames[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};

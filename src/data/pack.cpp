@@ -473,6 +473,8 @@ Status write_shards(const Source& src, std::vector<ShardPlan>& shards, const std
 
 }  // namespace
 
+Expected<std::uint64_t> file_xxh3(const std::string& path) { return hash_file(path); }
+
 std::size_t PackReport::written() const {
   return static_cast<std::size_t>(std::count_if(shards.begin(), shards.end(), [](const PackedShard& s) { return s.written; }));
 }

@@ -17,6 +17,11 @@
 #include "pacer/telemetry/catalog.hpp"
 
 namespace pacer::goodput {
+
+bool is_checkpoint_event(const std::string& kind) {
+  return kind == "run.committed" || kind.rfind("checkpoint.", 0) == 0 || kind.rfind("ckpt.", 0) == 0;
+}
+
 namespace {
 
 using telemetry::Catalog;
@@ -86,10 +91,6 @@ std::optional<std::int64_t> event_step(const Event& e) {
     n = n * 10 + (e.detail[i] - '0');
   if (digits == 0) return std::nullopt;
   return n;
-}
-
-bool is_checkpoint_event(const std::string& kind) {
-  return kind == "run.committed" || kind.rfind("checkpoint.", 0) == 0 || kind.rfind("ckpt.", 0) == 0;
 }
 
 double percentile(std::vector<double> v, double q) {
@@ -331,7 +332,7 @@ bool balanced(const Ledger& l, double tolerance) {
   return std::fabs(l.sum_s() - whole) <= tolerance * whole;
 }
 
-Expected<double> read_planned_step(const std::string& path) {
+Expected<nlohmann::json> read_plan_step(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) return Error{ErrorKind::kUsage, fmt::format("{}: no such plan file", path)};
   auto text = read_file(path);
@@ -339,6 +340,13 @@ Expected<double> read_planned_step(const std::string& path) {
   auto j = nlohmann::json::parse(*text, nullptr, false);
   if (!j.is_object() || j.value("schema", std::string()) != "pacer.plan.step/1")
     return Error{ErrorKind::kConfig, fmt::format("{}: not a `pacer plan step --json` document (schema pacer.plan.step/1)", path)};
+  return j;
+}
+
+Expected<double> read_planned_step(const std::string& path) {
+  auto doc = read_plan_step(path);
+  if (!doc) return doc.error();
+  const nlohmann::json& j = *doc;
   if (!j.contains("step_s") || !j["step_s"].is_number() || !(j["step_s"].get<double>() > 0) ||
       !std::isfinite(j["step_s"].get<double>()))
     return Error{ErrorKind::kConfig, fmt::format("{}: step_s: expected a positive number of seconds", path)};

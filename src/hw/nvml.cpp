@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <fmt/format.h>
 
+#include <chrono>
 #include <cmath>
 #include <iterator>
 #include <vector>
@@ -49,6 +50,30 @@ struct nvmlProcessInfo_t {
   unsigned compute_instance_id;
 };
 constexpr unsigned long long kValueNotAvailable = ~0ull;
+
+// NVLink, page retirement, PCI address and events.
+constexpr unsigned kNvLinkMaxLinks = 18;  // NVML_NVLINK_MAX_LINKS
+constexpr int kNvLinkErrorReplay = 0, kNvLinkErrorRecovery = 1, kNvLinkErrorCrcFlit = 2, kNvLinkErrorCrcData = 3;
+constexpr int kRetireMultipleSingleBit = 0, kRetireDoubleBit = 1;
+constexpr nvmlReturn_t kTimeout = 10;
+constexpr unsigned long long kEventXidCriticalError = 0x8;
+struct nvmlPciInfo_t {
+  char bus_id_legacy[16];
+  unsigned domain;
+  unsigned bus;
+  unsigned device;
+  unsigned pci_device_id;
+  unsigned pci_subsystem_id;
+  char bus_id[32];
+};
+using nvmlEventSet_t = void*;
+struct nvmlEventData_t {
+  nvmlDevice_t device;
+  unsigned long long event_type;
+  unsigned long long event_data;  // the Xid for Xid events
+  unsigned gpu_instance_id;
+  unsigned compute_instance_id;
+};
 
 // GPM: a sample is an opaque handle; metrics are requested by id.
 struct nvmlGpmSample_t {
@@ -126,6 +151,15 @@ struct Nvml::Api {
   nvmlReturn_t (*gpm_sample_get)(nvmlDevice_t, nvmlGpmSample_t) = nullptr;
   nvmlReturn_t (*gpm_metrics_get)(nvmlGpmMetricsGet_t*) = nullptr;
   nvmlReturn_t (*system_get_driver_version)(char*, unsigned) = nullptr;
+  nvmlReturn_t (*device_get_nvlink_state)(nvmlDevice_t, unsigned, int*) = nullptr;
+  nvmlReturn_t (*device_get_nvlink_error_counter)(nvmlDevice_t, unsigned, int, unsigned long long*) = nullptr;
+  nvmlReturn_t (*device_get_retired_pages)(nvmlDevice_t, int, unsigned*, unsigned long long*) = nullptr;
+  nvmlReturn_t (*device_get_retired_pages_pending)(nvmlDevice_t, int*) = nullptr;
+  nvmlReturn_t (*device_get_pci_info)(nvmlDevice_t, nvmlPciInfo_t*) = nullptr;
+  nvmlReturn_t (*event_set_create)(nvmlEventSet_t*) = nullptr;
+  nvmlReturn_t (*device_register_events)(nvmlDevice_t, unsigned long long, nvmlEventSet_t) = nullptr;
+  nvmlReturn_t (*event_set_wait)(nvmlEventSet_t, nvmlEventData_t*, unsigned) = nullptr;
+  nvmlReturn_t (*event_set_free)(nvmlEventSet_t) = nullptr;
   nvmlReturn_t (*system_get_cuda_driver_version)(int*) = nullptr;
 
   std::string message(nvmlReturn_t rc) const {
@@ -227,6 +261,17 @@ Expected<std::shared_ptr<Nvml>> Nvml::open() {
   bind(h, api->gpm_sample_get, {"nvmlGpmSampleGet"});
   bind(h, api->gpm_metrics_get, {"nvmlGpmMetricsGet"});
   bind(h, api->system_get_driver_version, {"nvmlSystemGetDriverVersion"});
+  bind(h, api->device_get_nvlink_state, {"nvmlDeviceGetNvLinkState"});
+  bind(h, api->device_get_nvlink_error_counter, {"nvmlDeviceGetNvLinkErrorCounter"});
+  bind(h, api->device_get_retired_pages, {"nvmlDeviceGetRetiredPages"});
+  bind(h, api->device_get_retired_pages_pending, {"nvmlDeviceGetRetiredPagesPendingStatus"});
+  bind(h, api->device_get_pci_info, {"nvmlDeviceGetPciInfo_v3", "nvmlDeviceGetPciInfo_v2"});
+  bind(h, api->event_set_create, {"nvmlEventSetCreate"});
+  bind(h, api->device_register_events, {"nvmlDeviceRegisterEvents"});
+  // _v2 fills the GPU and compute instance ids as well; the first three
+  // fields, all that is read, are the same in both.
+  bind(h, api->event_set_wait, {"nvmlEventSetWait_v2", "nvmlEventSetWait"});
+  bind(h, api->event_set_free, {"nvmlEventSetFree"});
   bind(h, api->system_get_cuda_driver_version, {"nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetCudaDriverVersion"});
 
   if (!api->init || !api->device_get_count || !api->device_get_handle_by_index) {
@@ -437,6 +482,113 @@ std::string Nvml::cuda_driver_version() const {
   int v = 0;
   if (!api_->system_get_cuda_driver_version || api_->system_get_cuda_driver_version(&v) != kSuccess || v <= 0) return "";
   return fmt::format("{}.{}", v / 1000, (v % 1000) / 10);
+}
+
+Expected<std::vector<NvLink>> Nvml::nvlinks(unsigned index) const {
+  const Api& a = *api_;
+  std::vector<NvLink> out;
+  if (!a.device_get_nvlink_state) return out;
+  auto handle = a.device(index);
+  if (!handle) return handle.error();
+  for (unsigned l = 0; l < kNvLinkMaxLinks; ++l) {
+    int active = 0;
+    // Links a GPU does not have answer "not supported" or "invalid argument".
+    if (a.device_get_nvlink_state(*handle, l, &active) != kSuccess) continue;
+    NvLink link;
+    link.link = l;
+    link.active = active != 0;
+    auto counter = [&](int which) -> std::optional<std::uint64_t> {
+      unsigned long long v = 0;
+      if (!a.device_get_nvlink_error_counter || a.device_get_nvlink_error_counter(*handle, l, which, &v) != kSuccess)
+        return std::nullopt;
+      return v;
+    };
+    link.replay = counter(kNvLinkErrorReplay);
+    link.recovery = counter(kNvLinkErrorRecovery);
+    const auto flit = counter(kNvLinkErrorCrcFlit);
+    const auto data = counter(kNvLinkErrorCrcData);
+    if (flit || data) link.crc = flit.value_or(0) + data.value_or(0);
+    out.push_back(link);
+  }
+  return out;
+}
+
+std::optional<RetiredPages> Nvml::retired_pages(unsigned index) const {
+  const Api& a = *api_;
+  if (!a.device_get_retired_pages) return std::nullopt;
+  auto handle = a.device(index);
+  if (!handle) return std::nullopt;
+  // A zero-sized query returns the count ("insufficient size" when there are any).
+  auto count = [&](int cause) -> std::optional<unsigned> {
+    unsigned n = 0;
+    const nvmlReturn_t rc = a.device_get_retired_pages(*handle, cause, &n, nullptr);
+    if (rc != kSuccess && rc != kInsufficientSize) return std::nullopt;
+    return n;
+  };
+  const auto sbe = count(kRetireMultipleSingleBit);
+  const auto dbe = count(kRetireDoubleBit);
+  if (!sbe || !dbe) return std::nullopt;
+  RetiredPages r;
+  r.single_bit = *sbe;
+  r.double_bit = *dbe;
+  int pending = 0;
+  if (a.device_get_retired_pages_pending && a.device_get_retired_pages_pending(*handle, &pending) == kSuccess)
+    r.pending = pending != 0;
+  return r;
+}
+
+std::string Nvml::pci_bus_id(unsigned index) const {
+  const Api& a = *api_;
+  if (!a.device_get_pci_info) return "";
+  auto handle = a.device(index);
+  if (!handle) return "";
+  nvmlPciInfo_t info{};
+  if (a.device_get_pci_info(*handle, &info) != kSuccess) return "";
+  // NVML's bus id carries an 8-digit domain; sysfs a 4-digit one, lower case.
+  return fmt::format("{:04x}:{:02x}:{:02x}.0", info.domain & 0xffff, info.bus, info.device);
+}
+
+Expected<std::vector<XidEvent>> Nvml::watch_xid(double seconds) const {
+  const Api& a = *api_;
+  if (!a.event_set_create || !a.device_register_events || !a.event_set_wait || !a.event_set_free)
+    return Error{ErrorKind::kIo, "Xid events not supported (this driver has no nvmlEventSet* entry points)"};
+  nvmlEventSet_t set = nullptr;
+  if (const nvmlReturn_t rc = a.event_set_create(&set); rc != kSuccess)
+    return Error{ErrorKind::kIo, fmt::format("Xid events not supported (nvmlEventSetCreate: {})", a.message(rc))};
+  std::vector<nvmlDevice_t> registered;
+  std::string why;
+  for (unsigned i = 0; i < api_->handles.size(); ++i) {
+    if (!api_->handles[i]) continue;
+    const nvmlReturn_t rc = a.device_register_events(api_->handles[i], kEventXidCriticalError, set);
+    if (rc == kSuccess) registered.push_back(api_->handles[i]);
+    else why = fmt::format("gpu {}: nvmlDeviceRegisterEvents: {}", i, a.message(rc));
+  }
+  std::vector<XidEvent> out;
+  if (registered.empty()) {
+    a.event_set_free(set);
+    return Error{ErrorKind::kIo, "Xid events not supported (" + (why.empty() ? std::string("no GPU") : why) + ")"};
+  }
+  using clock = std::chrono::steady_clock;
+  const auto end = clock::now() + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(seconds));
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - clock::now()).count();
+    if (left <= 0) break;
+    nvmlEventData_t data{};
+    const nvmlReturn_t rc = a.event_set_wait(set, &data, static_cast<unsigned>(left));
+    if (rc == kTimeout) break;
+    if (rc != kSuccess) {
+      a.event_set_free(set);
+      return Error{ErrorKind::kIo, fmt::format("nvmlEventSetWait: {}", a.message(rc))};
+    }
+    if (!(data.event_type & kEventXidCriticalError)) continue;
+    XidEvent e;
+    for (unsigned i = 0; i < api_->handles.size(); ++i)
+      if (api_->handles[i] == data.device) e.gpu = i;
+    e.xid = data.event_data;
+    out.push_back(e);
+  }
+  a.event_set_free(set);
+  return out;
 }
 
 }  // namespace pacer::hw

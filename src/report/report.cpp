@@ -45,6 +45,118 @@ void append(json& series, const std::string& label, const Value& t, const Value&
   s["v"].push_back(rounded(v, 1e4));
 }
 
+// Six significant digits: a loss of 1e-5 keeps its value, a rate of 1e14 its size.
+json significant(double v) { return std::isfinite(v) ? json(std::stod(fmt::format("{:.6g}", v))) : json(nullptr); }
+
+
+// What MFU is made of: each step's own `flops`, else FLOPs per token from
+// `pacer plan step --json` times the step's tokens, shared by the tp x pp
+// ranks of a model replica (each of them reports the replica's tokens).
+struct FlopsSource {
+  std::optional<double> per_token;
+  double replica_ranks = 1;
+  std::optional<double> peak_flops;  // FLOP/s of one GPU
+  std::string per_token_from, peak_from;
+};
+
+Expected<FlopsSource> flops_source(const ReportOptions& o) {
+  FlopsSource f;
+  if (!o.plan_file.empty()) {
+    auto doc = goodput::read_plan_step(o.plan_file);
+    if (!doc) return doc.error();
+    const json& j = *doc;
+    const auto positive = [&](const json& v) { return v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() > 0; };
+    const json config = j.value("config", json::object());
+    const json flops = j.value("model_flops", json());
+    const json seq = config.value("seq", json()), batch = config.value("global_batch", json());
+    if (!positive(flops) || !positive(seq) || !positive(batch))
+      return Error{ErrorKind::kConfig, fmt::format("{}: model_flops, config.seq and config.global_batch: expected positive numbers "
+                                                   "(a `pacer plan step --json` document)", o.plan_file)};
+    f.per_token = flops.get<double>() / (seq.get<double>() * batch.get<double>());
+    const json tp = config.value("tp", json(1)), pp = config.value("pp", json(1));
+    f.replica_ranks = (positive(tp) ? tp.get<double>() : 1) * (positive(pp) ? pp.get<double>() : 1);
+    f.per_token_from = "--plan " + o.plan_file;
+    const json peak = j.value("hardware", json::object()).value("peak_tflops", json());
+    if (positive(peak)) f.peak_flops = peak.get<double>() * 1e12, f.peak_from = "--plan " + o.plan_file;
+  }
+  if (o.peak_tflops) f.peak_flops = *o.peak_tflops * 1e12, f.peak_from = "--peak-tflops";
+  return f;
+}
+
+// Loss, tokens/s and MFU (model FLOP/s without a peak: `rate`) per rank against the step. A step done again after
+// a restart counts once, as its last record (the one the run kept); steps
+// are averaged into at most max_points buckets of whole steps.
+Expected<json> training(Catalog& cat, std::int64_t run, const ReportOptions& o) {
+  auto src = flops_source(o);
+  if (!src) return src.error();
+  // A catalog older than steps.flops lacks the column (readers add nothing).
+  // The PRAGMA statement, as the table-valued pragma_table_info counts as a write to the read-only guard.
+  auto r = cat.query("PRAGMA table_info(steps)");
+  if (!r) return r.error();
+  const bool has_flops = std::any_of(r->rows.begin(), r->rows.end(), [](const auto& c) { return cell(c.at(1)) == "flops"; });
+  r = cat.query(fmt::format("SELECT min(step), max(step) FROM steps WHERE run_id = {}", run));
+  if (!r) return r.error();
+  const auto& range = r->rows.at(0);
+  // Per rank one array of steps (and their end times) that every curve shares: the page's size is what it is.
+  json out = {{"step_bucket", nullptr}, {"ranks", json::object()}, {"rate", src->peak_flops ? "mfu" : "model_flops_per_s"},
+              {"flops_from", nullptr},
+              {"peak_flops", src->peak_flops ? json(*src->peak_flops) : json(nullptr)},
+              {"peak_from", src->peak_flops ? json(src->peak_from) : json(nullptr)}};
+  if (std::holds_alternative<std::monostate>(range[0])) return out;
+  // Whole steps per bucket, in doubles: the step numbers are the caller's, and their span may not fit an int64.
+  const double span = num(range[1]) - num(range[0]) + 1;
+  const double stride = std::clamp(std::ceil(span / std::max(1, o.max_points)), 1.0, 4e18);
+  out["step_bucket"] = stride;
+  const std::string own = has_flops ? "st.flops" : "NULL";
+  const std::string flops = src->per_token
+      ? fmt::format("coalesce({}, {:.17g} * st.tokens / {:.17g})", own, *src->per_token, src->replica_ranks) : own;
+  r = cat.query(fmt::format(
+      "SELECT st.rank, n.hostname, CAST(st.step / {1:.0f} AS INTEGER) AS b, min(st.step), max(st.t), avg(st.loss), "
+      "sum(CASE WHEN st.tokens IS NOT NULL AND st.step_time_s > 0 THEN st.tokens END), "
+      "sum(CASE WHEN st.tokens IS NOT NULL AND st.step_time_s > 0 THEN st.step_time_s END), "
+      "sum(CASE WHEN {2} >= 0 AND st.step_time_s > 0 THEN {2} END), "
+      "sum(CASE WHEN {2} >= 0 AND st.step_time_s > 0 THEN st.step_time_s END), "
+      "count({3}) "
+      "FROM steps st LEFT JOIN nodes n USING(node_id) WHERE st.run_id = {0} AND NOT EXISTS "
+      "(SELECT 1 FROM steps l WHERE l.run_id = st.run_id AND l.rank = st.rank AND l.step = st.step AND l.t > st.t) "
+      "GROUP BY st.rank, b ORDER BY st.rank, b",
+      run, stride, flops, own));
+  if (!r) return r.error();
+  bool own_flops = false, any_flops = false;
+  for (const auto& s : r->rows) {
+    const std::string label = fmt::format("rank {} ({})", std::get<std::int64_t>(s[0]), cell(s[1]).is_string() ? cell(s[1]).get<std::string>() : "?");
+    json& curves = out["ranks"][label];
+    if (curves.is_null())
+      curves = {{"step", json::array()}, {"t", json::array()}, {"loss", json::array()}, {"tokens_per_s", json::array()},
+                {"rate", json::array()}};
+    curves["step"].push_back(num(s[3]));
+    curves["t"].push_back(std::round(num(s[4]) * 1e3) / 1e3);
+    curves["loss"].push_back(significant(num(s[5])));
+    curves["tokens_per_s"].push_back(num(s[7]) > 0 ? significant(num(s[6]) / num(s[7])) : json(nullptr));
+    const double rate = num(s[9]) > 0 ? num(s[8]) / num(s[9]) : NAN;
+    any_flops = any_flops || std::isfinite(rate);
+    curves["rate"].push_back(significant(src->peak_flops ? rate / *src->peak_flops : rate));
+    own_flops = own_flops || num(s[10]) > 0;
+  }
+  if (!any_flops) {
+    for (auto& curves : out["ranks"]) curves.erase("rate");
+    out["rate"] = nullptr;
+  }
+  if (any_flops)
+    out["flops_from"] = own_flops && src->per_token ? "steps' flops, else " + src->per_token_from
+                        : own_flops ? "steps' flops" : src->per_token_from;
+  return out;
+}
+
+// The events marked on the timelines, each with its class.
+std::string mark_class(const std::string& kind) {
+  if (goodput::is_checkpoint_event(kind)) return "checkpoint";
+  if (kind == "run.restart") return "restart";
+  if (kind == "run.hang") return "hang";
+  if (kind.rfind("vet", 0) == 0) return "vet";
+  return "";
+}
+
 }  // namespace
 
 Expected<json> report_data(const std::string& db, const ReportOptions& o) {
@@ -153,9 +265,38 @@ Expected<json> report_data(const std::string& db, const ReportOptions& o) {
   data["events"] = events;
   data["events_truncated"] = r->rows.size() > o.max_events;
 
+  auto train = training(cat, run, o);
+  if (!train) return train.error();
+  data["training"] = std::move(*train);
+
+  // Marks: the narrowest kinds in SQL, the classes in mark_class.
+  r = cat.query(fmt::format(
+      "SELECT e.t, e.kind, n.hostname, e.rank, e.detail FROM events e LEFT JOIN nodes n ON n.node_id = e.node_id "
+      "WHERE e.run_id = {} AND (e.kind IN ('run.committed', 'run.restart', 'run.hang') OR e.kind LIKE 'checkpoint.%' "
+      "OR e.kind LIKE 'ckpt.%' OR e.kind LIKE 'vet%') ORDER BY e.t",
+      run));
+  if (!r) return r.error();
+  json marks = json::array();
+  bool marks_truncated = false;
+  for (const auto& e : r->rows) {
+    const std::string kind = cell(e[1]).is_string() ? cell(e[1]).get<std::string>() : "";
+    const std::string cls = mark_class(kind);
+    if (cls.empty() || !std::isfinite(num(e[0]))) continue;
+    if (marks.size() == o.max_marks) {
+      marks_truncated = true;
+      break;
+    }
+    const json detail = cell(e[4]);
+    marks.push_back({{"t", num(e[0])}, {"class", cls}, {"kind", kind}, {"node", cell(e[2])}, {"rank", cell(e[3])},
+                     {"detail", detail.is_string() ? json(detail.get<std::string>().substr(0, 200)) : json(nullptr)}});
+  }
+  data["marks"] = std::move(marks);
+  data["marks_truncated"] = marks_truncated;
+
   // The goodput ledger, for a run with steps; null for one without (docs/goodput.md).
   goodput::Options go;
   go.run_id = run;
+  go.plan_file = o.plan_file;
   auto ledger = goodput::build_ledger(cat, go);
   if (!ledger && ledger.error().kind != ErrorKind::kUsage) return ledger.error();
   data["goodput"] = ledger ? goodput::to_json(*ledger) : json(nullptr);

@@ -21,7 +21,7 @@ extern "C" {
 
 pacer_step pacer_step_init(int64_t step) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
-  return pacer_step{step, 0, -1, nan, nan, nan, nan, nan};
+  return pacer_step{step, 0, -1, nan, nan, nan, nan, nan, nan};
 }
 
 int pacer_telemetry_open(const char* db) {
@@ -55,6 +55,7 @@ int pacer_telemetry_step(const pacer_step* s) {
   r.tokens = given(s->tokens);
   r.data_wait_s = given(s->data_wait_s);
   r.comm_s = given(s->comm_s);
+  r.flops = given(s->flops);
   return g_recorder->step(std::move(r)) ? 0 : -1;
 }
 

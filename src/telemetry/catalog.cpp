@@ -60,7 +60,7 @@ CREATE TABLE IF NOT EXISTS samples(
 CREATE INDEX IF NOT EXISTS samples_by_metric_time ON samples(metric_id, t);
 CREATE TABLE IF NOT EXISTS steps(
   run_id INTEGER NOT NULL, rank INTEGER NOT NULL, node_id INTEGER, step INTEGER NOT NULL, t REAL NOT NULL,
-  step_time_s REAL, loss REAL, tokens REAL, data_wait_s REAL, comm_s REAL, extra TEXT);
+  step_time_s REAL, loss REAL, tokens REAL, data_wait_s REAL, comm_s REAL, extra TEXT, flops REAL);
 CREATE INDEX IF NOT EXISTS steps_by_rank ON steps(run_id, rank, step);
 CREATE TABLE IF NOT EXISTS events(
   run_id INTEGER, t REAL NOT NULL, node_id INTEGER, rank INTEGER, gpu_id INTEGER, kind TEXT NOT NULL, detail TEXT);
@@ -115,6 +115,14 @@ const char* action_name(int action) {
       return "DROP";
     default: return "a statement that changes the database";
   }
+}
+
+bool has_column(sqlite3* db, const std::string& schema, const char* table, const char* column) {
+  Stmt st(db, "SELECT 1 FROM pragma_table_info(?, ?) WHERE name = ?");
+  st.bind(1, std::string(table));
+  st.bind(2, schema);
+  st.bind(3, std::string(column));
+  return st.ok() && st.step() == SQLITE_ROW;
 }
 
 double now_s() {
@@ -192,6 +200,11 @@ Expected<std::unique_ptr<Catalog>> Catalog::open(const std::string& path, Catalo
     // it gets it when opened for writing (readers check that it is there).
     if (version > 0)
       if (auto s = c->exec(kThreadsTable); !s) return s.error();
+    // steps.flops came later within version 1 too. Two writers opening an
+    // older catalog at once both try: the loser finds the column there.
+    if (version > 0 && !has_column(db, "main", "steps", "flops"))
+      if (auto s = c->exec("ALTER TABLE steps ADD COLUMN flops REAL"); !s && !has_column(db, "main", "steps", "flops"))
+        return s.error();
     // After the schema, so that the cap limits data, not the catalog's creation.
     if (options.max_pages > 0)
       if (auto s = c->exec(fmt::format("PRAGMA max_page_count={}", options.max_pages)); !s) return s.error();
@@ -470,8 +483,8 @@ Status Catalog::write_steps(std::int64_t run_id, const std::vector<StepRecord>& 
   return write(run_id, steps.size(), [&]() -> int {
     Stmt prev(db_, "SELECT t FROM steps WHERE run_id=? AND rank=? AND step<? ORDER BY step DESC LIMIT 1");
     Stmt rank(db_, "INSERT OR IGNORE INTO ranks(run_id, rank, node_id) VALUES(?,?,?)");
-    Stmt st(db_, "INSERT INTO steps(run_id, rank, node_id, step, t, step_time_s, loss, tokens, data_wait_s, comm_s, extra) "
-                 "VALUES(?,?,?,?,?,?,?,?,?,?,?)");
+    Stmt st(db_, "INSERT INTO steps(run_id, rank, node_id, step, t, step_time_s, loss, tokens, data_wait_s, comm_s, extra, flops) "
+                 "VALUES(?,?,?,?,?,?,?,?,?,?,?,?)");
     if (!st.ok()) return st.prepare_rc();
     const std::string here = hw::hostname();
     // Optional fields that are not finite are stored as NULL (SQL has no NaN);
@@ -518,6 +531,7 @@ Status Catalog::write_steps(std::int64_t run_id, const std::vector<StepRecord>& 
       st.bind(9, finite(s.data_wait_s));
       st.bind(10, finite(s.comm_s));
       if (!s.extra_json.empty()) st.bind(11, s.extra_json);
+      st.bind(12, finite(s.flops));
       if (const int rc = st.step(); rc != SQLITE_DONE) return rc;
     }
     return SQLITE_OK;
@@ -763,10 +777,11 @@ INSERT INTO main.threads(run_id, t, node_id, pid, tid, comm, main, python, busy,
 INSERT OR IGNORE INTO main.ranks(run_id, rank, node_id)
   SELECT rmap.new, r.rank, nmap.new FROM src.ranks r JOIN temp.rmap ON rmap.old = r.run_id LEFT JOIN temp.nmap ON nmap.old = r.node_id)sql",
        nullptr);
-  copy(R"sql(
-INSERT INTO main.steps(run_id, rank, node_id, step, t, step_time_s, loss, tokens, data_wait_s, comm_s, extra)
-  SELECT rmap.new, s.rank, nmap.new, s.step, s.t, s.step_time_s, s.loss, s.tokens, s.data_wait_s, s.comm_s, s.extra
-  FROM src.steps s JOIN temp.rmap ON rmap.old = s.run_id LEFT JOIN temp.nmap ON nmap.old = s.node_id)sql", &totals.steps);
+  copy(fmt::format(R"sql(
+INSERT INTO main.steps(run_id, rank, node_id, step, t, step_time_s, loss, tokens, data_wait_s, comm_s, extra, flops)
+  SELECT rmap.new, s.rank, nmap.new, s.step, s.t, s.step_time_s, s.loss, s.tokens, s.data_wait_s, s.comm_s, s.extra, {}
+  FROM src.steps s JOIN temp.rmap ON rmap.old = s.run_id LEFT JOIN temp.nmap ON nmap.old = s.node_id)sql",
+                   has_column(db, "src", "steps", "flops") ? "s.flops" : "NULL"), &totals.steps);
   copy(fmt::format(R"sql(
 INSERT INTO main.events(run_id, t, node_id, rank, gpu_id, kind, detail)
   SELECT rmap.new, e.t, nmap.new, e.rank, gmap.new, e.kind, e.detail FROM src.events e

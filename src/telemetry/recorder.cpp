@@ -208,6 +208,7 @@ Expected<StepRecord> parse_step_json(std::string_view line) {
     else if (key == "tokens") s = number(r.tokens);
     else if (key == "data_wait_s") s = number(r.data_wait_s);
     else if (key == "comm_s") s = number(r.comm_s);
+    else if (key == "flops") s = number(r.flops);
     else if (key == "step_time_s") s = number(r.step_time_s);
     else if (key == "t") {
       std::optional<double> t;
@@ -227,6 +228,7 @@ Expected<StepRecord> parse_step_json(std::string_view line) {
   }
   for (const auto* d : {&r.data_wait_s, &r.comm_s, &r.step_time_s})
     if (*d && **d < 0) return Error{ErrorKind::kConfig, "durations must not be negative"};
+  if (r.flops && *r.flops < 0) return Error{ErrorKind::kConfig, "\"flops\" must not be negative"};
   if (!extra.empty()) r.extra_json = extra.dump();
   return r;
 }

@@ -12,6 +12,7 @@
 #include "pacer/hw/system.hpp"
 #include "cluster_messages.hpp"
 #include "perftest.hpp"
+#include "probes.hpp"
 
 namespace pacer::vet {
 
@@ -78,9 +79,9 @@ RdmaResult rdma_from_json(const json& j) {
 
 std::vector<RdmaResult> rdma_pair_test(comm::TimedComm& leaders, const ClusterOptions& o, int peer, bool server,
                                        const std::string& me, const std::string& peer_name, int tag, comm::Deadline deadline) {
-  const std::vector<RdmaPort> ports = o.rdma ? active_rdma_ports(o.root) : std::vector<RdmaPort>{};
+  const std::vector<RdmaPort> ports = o.rdma ? active_rdma_ports(vet_root()) : std::vector<RdmaPort>{};
   const std::string why_not = cannot_test(o, ports);
-  const bool cuda = why_not.empty() && gpudirect_available(o.root);
+  const bool cuda = why_not.empty() && gpudirect_available(vet_root());
   const double duration = o.node.quick ? 1 : 2;
   if (server) {
     auto ready = receive(leaders, peer, tag, deadline);

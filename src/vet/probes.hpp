@@ -61,7 +61,9 @@ struct ProbeContext {
   std::vector<StorageTarget> storage;
   std::optional<unsigned> expect_gpus;
   std::set<std::string> wanted;  // checks of this probe that were selected
-  std::string root;              // prefixed to /sys (VetOptions::root)
+  // CLOCK_MONOTONIC seconds when run_vet began: what happened "during vet"
+  // (kernel log records carry the same clock).
+  double vet_started_s = 0;
 
   double seconds(const std::string& key) const { return params.at(key).get<double>(); }
   std::uint64_t bytes(const std::string& key) const { return params.at(key).get<std::uint64_t>(); }
@@ -103,6 +105,13 @@ std::vector<ProbeSpec> storage_probes();
 std::vector<ProbeSpec> gpu_probes();
 std::vector<ProbeSpec> gpu_active_probes();
 std::vector<ProbeSpec> software_probes();
+std::vector<ProbeSpec> gpu_error_probes();
+std::vector<ProbeSpec> grace_probes();
+std::vector<ProbeSpec> grace_active_probes();
+// A directory prefixed to /dev, /sys and /proc by the GPU error, topology and
+// Grace probes ($PACER_VET_ROOT; empty: the real ones), so tests use a fake tree.
+std::string vet_root();
+
 std::vector<ProbeSpec> fabric_probes();
 
 // Software drift inputs, exposed for tests. The `prefix` variables of `env`

@@ -65,7 +65,7 @@ std::map<std::string, std::vector<std::string>> read_cxi_restarts(const std::str
 bool recorded(const std::string& t) { return !t.empty() && t.find_first_not_of("0 \t.") != std::string::npos; }
 
 std::vector<Measurement> run_fabric(const ProbeContext& ctx) {
-  return measure_fabric(ctx.root, ctx.params.at("devices").get<std::string>(), ctx.seconds("window"), {});
+  return measure_fabric(vet_root(), ctx.params.at("devices").get<std::string>(), ctx.seconds("window"), {});
 }
 
 }  // namespace

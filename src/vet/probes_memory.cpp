@@ -39,7 +39,14 @@ class Mapping {
   std::size_t bytes_;
 };
 
-__attribute__((target_clones("avx512f", "avx2", "default")))
+// Clones for the x86 vector widths; aarch64's NEON is in every core, so the
+// plain -O3 loop already uses it.
+#if defined(__x86_64__)
+#define PACER_TRIAD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define PACER_TRIAD_CLONES
+#endif
+PACER_TRIAD_CLONES
 void triad(double* __restrict a, const double* __restrict b, const double* __restrict c, double s, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) a[i] = b[i] + s * c[i];
 }

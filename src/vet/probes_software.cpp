@@ -64,7 +64,7 @@ std::vector<Measurement> run_software_fabric(const ProbeContext& ctx) {
     if (text.empty()) out.push_back(not_measured(check, CheckStatus::kSkip, fmt::format("no {}* variable set", prefix)));
     else out.push_back(measured_text(check, text, fmt::format("the {}* environment", prefix)));
   }
-  const ContainerIdentity c = container_identity(env, ctx.root);
+  const ContainerIdentity c = container_identity(env, vet_root());
   if (c.text.empty()) out.push_back(not_measured("software.container", CheckStatus::kSkip, c.source));
   else out.push_back(measured_text("software.container", c.text, c.source));
   out.push_back(version("software.nccl_net", hw::nccl_net_plugin(), "the plugin NCCL loads ($NCCL_NET_PLUGIN or libnccl-net.so)",

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <ctime>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -473,6 +474,8 @@ Expected<VetReport> run_vet(const VetOptions& o) {
   std::stable_partition(report.injections.begin(), report.injections.end(), [](const Injection& i) { return i.node.empty(); });
   const std::vector<Injection>& injections = report.injections;
   const auto t0 = std::chrono::steady_clock::now();
+  timespec started{};
+  ::clock_gettime(CLOCK_MONOTONIC, &started);
   // Leaves a moment after the last probe for the verdict and the report.
   constexpr double kBoundReserve = 0.25;
   const std::vector<std::string> storage_paths = resolve_storage_paths(o, *profile);
@@ -492,7 +495,7 @@ Expected<VetReport> run_vet(const VetOptions& o) {
     ctx.quick = o.quick;
     ctx.params = resolve_params(p, *profile, o.quick);
     ctx.expect_gpus = o.expect_gpus;
-    ctx.root = o.root;
+    ctx.vet_started_s = static_cast<double>(started.tv_sec) + static_cast<double>(started.tv_nsec) / 1e9;
     for (const auto& c : p.checks)
       if (selected->count(c.name)) ctx.wanted.insert(c.name);
     if (p.uses_storage) ctx.storage = make_scratch(storage_paths, p.name);

@@ -6,7 +6,8 @@ saves with pacer.Checkpointer every --every steps (after sleeping --save, a
 slow save) and resumes from the newest checkpoint; --kill-at STEP SIGKILLs the
 process once after recording that step (a marker file next to the checkpoints
 remembers), so that `pacer run` restarts it and the steps since the last
-checkpoint are done again.
+checkpoint are done again. --flops F reports F model FLOPs per step (for the
+report's MFU).
 """
 import argparse
 import os
@@ -31,6 +32,7 @@ def main():
     p.add_argument("--every", type=int, default=5)
     p.add_argument("--save", type=float, default=0.0)
     p.add_argument("--kill-at", type=int, default=-1)
+    p.add_argument("--flops", type=float)
     a = p.parse_args()
     rank = int(os.environ.get("RANK", "0"))
     ck, start, w = None, 0, np.zeros(16)
@@ -47,7 +49,7 @@ def main():
         time.sleep(a.compute + (a.slow if rank == a.slow_rank else 0))
         w = w + 1
         t2 = time.time()
-        tm.step(step, loss=1.0 / (step + 1), tokens=1024, data_wait_s=t1 - t0, step_time_s=t2 - t0, t=t2)
+        tm.step(step, loss=1.0 / (step + 1), tokens=1024, data_wait_s=t1 - t0, step_time_s=t2 - t0, t=t2, flops=a.flops)
         if step == a.kill_at:
             marker = os.path.join(a.ckpt, "killed-once")
             if not os.path.exists(marker):

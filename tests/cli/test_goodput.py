@@ -22,6 +22,13 @@ def env():
     return e
 
 
+def supervised(db, ckpt, *loop_args):
+    """LOOP under `pacer run --monitor` (catalog `db`), checkpointing into `ckpt`, restarted at most once at once."""
+    return subprocess.run([PACER, "run", "--quiet", "--monitor", "--monitor-db", db, "--monitor-interval", "250ms",
+                           "--ckpt-dir", ckpt, "--max-restarts", "1", "--restart-delay", "0", "--",
+                           PYTHON, LOOP, "--ckpt", ckpt, *loop_args], capture_output=True, text=True, env=env(), timeout=120)
+
+
 def bucket(j, name):
     return next(b for b in j["buckets"] if b["name"] == name)["seconds"]
 
@@ -154,11 +161,7 @@ class GoodputTest(unittest.TestCase):
     def test_killed_rank_restarts_and_redoes_steps(self):
         db = os.path.join(self.dir, "killed.db")
         ckpt = os.path.join(self.dir, "ckpt")
-        r = subprocess.run([PACER, "run", "--quiet", "--monitor", "--monitor-db", db, "--monitor-interval", "250ms",
-                            "--ckpt-dir", ckpt, "--max-restarts", "1", "--restart-delay", "0", "--",
-                            PYTHON, LOOP, "--steps", "25", "--compute", "0.03", "--ckpt", ckpt, "--every", "5",
-                            "--save", "0.3", "--kill-at", "12"],
-                           capture_output=True, text=True, env=env(), timeout=120)
+        r = supervised(db, ckpt, "--steps", "25", "--compute", "0.03", "--every", "5", "--save", "0.3", "--kill-at", "12")
         self.assertEqual(r.returncode, 0, r.stderr)
         j = self.ledger(db)
         self.assertEqual(j["attempts"], 2)

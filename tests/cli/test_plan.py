@@ -198,5 +198,80 @@ class PlanTest(unittest.TestCase):
         self.assert_usage_error(["ckpt", "--save-cost", "1s", "--mtbf", "1h", "--write-time", "soon"], "--write-time")
 
 
+    def test_units_presets_and_overrides(self):
+        # A bare number where a size is needed is refused with the accepted forms, not read as bytes.
+        self.assert_usage_error(["memory", "--model", "llama3-8b", "--gpu-memory", "141"], "a unit is needed")
+        r = pacer("plan", "memory", "--model", "llama3-8b", "--gpu-memory", "141GB")
+        self.assertEqual(r.returncode, 1, r.stderr)  # 18 bytes a parameter for 8B parameters do not fit on one GPU
+        self.assertIn("of 131 GiB per GPU", r.stdout)
+        self.assert_usage_error(["memory", "--model", "llama3-9b"], "llama3-70b")  # unknown preset: the names
+        self.assert_usage_error(["step", "--model", "llama3-8b", "--gpu", "h300"], "b200")
+        self.assert_usage_error(["memory", "--layers", "4"], "--model NAME")
+        self.assert_usage_error(["step", "--model", "llama3-8b", "--gpu", "h200", "--hbm-gbps", "4.8TB"], "unknown unit")
+        j = self.run_json("memory", "--model", "llama3-70b")
+        self.assertAlmostEqual(j["config"]["parameters"] / 70.6e9, 1, delta=0.005)
+        self.assertEqual((j["config"]["kv_heads"], j["config"]["mlp"], j["config"]["embeddings"]), (8, "swiglu", "untied"))
+        # Flag by flag over the preset.
+        o = self.run_json("memory", "--model", "llama3-70b", "--kv-heads", "64", "--embeddings", "tied")
+        self.assertEqual(o["config"]["kv_heads"], 64)
+        self.assertGreater(o["config"]["parameters"], j["config"]["parameters"])
+        # Rates take units; bits are divided by 8; the preset, the command line and the report are named.
+        a = self.run_json("step", "--model", "llama3-8b", "--gpu", "h200", "--tp", "8", "--sequence-parallel",
+                          "--flash-attention", "--dp-gbps", "400Gb/s", "--gemm-tflops", "0.7PFLOPs")
+        self.assertAlmostEqual(a["hardware"]["dp_gbps"], 50)
+        self.assertAlmostEqual(a["hardware"]["gemm_tflops"], 700)
+        self.assertEqual(a["hardware_sources"]["gemm_tflops"], "command line")
+        self.assertEqual(a["hardware_sources"]["hbm_gbps"], "preset h200")
+        vet = self.write("vet.json", json.dumps({"schema": "pacer.vet/1", "checks": [
+            {"name": "gpu.gemm_bf16", "status": "pass", "value": 650.0, "unit": "TFLOP/s"}]}))
+        v = self.run_json("step", "--model", "llama3-8b", "--gpu", "h200", "--from-vet", vet)
+        self.assertAlmostEqual(v["hardware"]["gemm_tflops"], 650)
+        self.assertIn("gpu.gemm_bf16", v["hardware_sources"]["gemm_tflops"])
+
+    def test_bad_model_input(self):
+        m = ["memory", "--model", "llama3-70b"]
+        self.assert_usage_error([*m, "--kv-heads", "6"], "--kv-heads 6 does not divide --heads 64")
+        self.assert_usage_error([*m, "--heads", "60"], "--heads 60 does not divide --hidden 8192")
+        self.assert_usage_error([*m, "--tp", "128"], "--tp 128 is larger than --heads 64")
+        self.assert_usage_error(["memory", "--model", "mixtral-8x7b", "--ep", "3", "--dp", "3"], "not divisible by --ep 3")
+        self.assert_usage_error([*m, "--cp", "2"], "--cp needs --flash-attention")
+        self.assert_usage_error([*m, "--mlp", "relu"], "--mlp")
+
+    def test_moe_and_context_parallel(self):
+        j = self.run_json("comm", "--model", "mixtral-8x7b", "--gpu", "h100-sxm", "--tp", "2", "--ep", "8", "--dp", "8",
+                          "--sequence-parallel")
+        self.assertGreater(j["per_gpu_per_step"]["ep_bytes"], 0)
+        self.assertEqual(j["config"]["experts"], 8)
+        self.assertAlmostEqual(j["config"]["active_parameters"] / 12.9e9, 1, delta=0.01)
+        r = pacer("plan", "step", "--model", "llama3-8b", "--gpu", "h200", "--cp", "16", "--flash-attention", "--seq", "131072")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("context-parallel comm", r.stdout)
+
+    def test_search(self):
+        args = ["search", "--model", "llama3-70b", "--gpu", "h200", "--gpus", "4096", "--global-batch", "2048", "--seq", "4096"]
+        j = self.run_json(*args, "--top", "3")
+        self.assertEqual(j["schema"], "pacer.plan.search/1")
+        self.assertEqual(len(j["top"]), 3)
+        steps = [t["step_s"] for t in j["top"]]
+        self.assertEqual(steps, sorted(steps))
+        for t in j["top"]:
+            c = t["config"]
+            self.assertEqual(c["tp"] * c["pp"] * c["cp"] * c["dp"], 4096)
+            self.assertLessEqual(t["memory_bytes"], 0.9 * 141e9)
+        r = pacer("plan", *args)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("OK:", r.stdout)
+        self.assertIn("WHY SLOWER", r.stdout)
+        # Fixing a dimension keeps it fixed.
+        f = self.run_json(*args, "--tp", "8", "--recompute", "full")
+        self.assertTrue(all(t["config"]["tp"] == 8 and t["config"]["recompute"] == "full" for t in f["top"]))
+        # Nothing fits: exit 1 with the smallest need.
+        r = pacer("plan", "search", "--model", "llama3-405b", "--gpu", "a100-80g", "--gpus", "8", "--global-batch", "8")
+        self.assertEqual(r.returncode, 1, r.stdout)
+        self.assertIn("FAILED", r.stdout)
+        self.assert_usage_error([*args, "--dp", "8"], "--dp")
+        self.assert_usage_error([*args, "--memory-margin", "120%"], "--memory-margin")
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -201,5 +201,29 @@ TEST(FormatNumber, SignificantDigitsByMagnitude) {
   EXPECT_EQ(format_number(-12.345), "-12.3");
 }
 
+TEST(ParseSizeWithUnit, BareNumberIsAnErrorThatListsTheUnits) {
+  EXPECT_EQ(*parse_size_with_unit("141GB"), 141000000000ull);
+  EXPECT_EQ(*parse_size_with_unit("80GiB"), 80ull << 30);
+  auto bare = parse_size_with_unit("141");
+  ASSERT_FALSE(bare);
+  EXPECT_NE(bare.error().message.find("a unit is needed"), std::string::npos);
+  EXPECT_NE(bare.error().message.find("GiB"), std::string::npos);
+  EXPECT_EQ(*parse_size("141"), 141u);  // the plain parser keeps its bytes default
+}
+
+TEST(ParseRates, BandwidthAndFlopRatesNeedAUnit) {
+  EXPECT_DOUBLE_EQ(*parse_bandwidth("900GB/s"), 900e9);
+  EXPECT_DOUBLE_EQ(*parse_bandwidth("4.8TB/s"), 4.8e12);
+  EXPECT_DOUBLE_EQ(*parse_bandwidth("200Gb/s"), 25e9);
+  EXPECT_DOUBLE_EQ(*parse_bandwidth("200 Gbit/s"), 25e9);
+  EXPECT_DOUBLE_EQ(*parse_bandwidth("1GiB/s"), 1073741824.0);
+  EXPECT_DOUBLE_EQ(*parse_flop_rate("700TFLOPs"), 700e12);
+  EXPECT_DOUBLE_EQ(*parse_flop_rate("2.25PFLOPS"), 2.25e15);
+  EXPECT_DOUBLE_EQ(*parse_flop_rate("989 TFLOP/s"), 989e12);
+  for (const char* bad : {"900", "", "fast", "-1GB/s", "9GB", "1e309GB/s"}) EXPECT_FALSE(parse_bandwidth(bad)) << bad;
+  for (const char* bad : {"700", "700TB/s", "-5TFLOPs", "x"}) EXPECT_FALSE(parse_flop_rate(bad)) << bad;
+  EXPECT_NE(parse_flop_rate("700").error().message.find("TFLOPs"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace pacer

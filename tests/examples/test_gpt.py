@@ -125,6 +125,16 @@ class GptExample(Prepared):
             self.assertEqual(got[step]["loss_hex"], want[step]["loss_hex"],
                              f"step {step}: resumed loss differs from the uninterrupted run's")
 
+    def test_batches_read_ahead_are_the_batches_read_at_the_step(self):
+        # The loop reads the next batch during the step before (prefetch): the same batches, the same losses.
+        ckpt = os.path.join(self.tmp, "no-prefetch")
+        r = self.train(ckpt, "--no-prefetch")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        got = losses(os.path.join(ckpt, "losses.jsonl"))
+        want = losses(os.path.join(self.reference, "losses.jsonl"))
+        self.assertEqual([(x["step"], x["epoch"], x["batch"], x["loss_hex"]) for x in got],
+                         [(x["step"], x["epoch"], x["batch"], x["loss_hex"]) for x in want])
+
     def test_checkpoint_request_is_answered_with_one_save(self):
         # pacer run's contract (docs/run.md): the request file exists; the loop saves once, at the next step.
         ckpt = os.path.join(self.tmp, "requested")

@@ -31,7 +31,8 @@ class TelemetryTest(unittest.TestCase):
     def test_steps_land_with_rank_node_and_extra(self):
         tm.open(self.db, rank=4)
         for i in range(50):
-            self.assertTrue(tm.step(step=i, loss=np.float32(2.0 - i / 100), tokens=4096, data_wait_s=0.01, comm_s=0.02, lr=3e-4))
+            self.assertTrue(tm.step(step=i, loss=np.float32(2.0 - i / 100), tokens=4096, data_wait_s=0.01, comm_s=0.02, lr=3e-4,
+                                    flops=np.float64(2.5e13) if i % 2 else None))
         tm.event("checkpoint.saved", {"step": 49})
         tm.flush()
         self.assertEqual(tm.written(), 51)
@@ -43,6 +44,9 @@ class TelemetryTest(unittest.TestCase):
                          [(socket.gethostname(),)])
         extra = rows(self.db, "SELECT extra FROM steps WHERE step=7")[0][0]
         self.assertIn('"lr": 0.0003', extra)
+        self.assertNotIn("flops", extra)  # a field of its own, not an extra
+        self.assertEqual(rows(self.db, "SELECT count(*), min(flops), max(flops) FROM steps WHERE flops IS NOT NULL"), [(25, 2.5e13, 2.5e13)])
+        self.assertEqual(rows(self.db, "SELECT count(*) FROM steps WHERE flops IS NULL AND step % 2 = 0"), [(25,)])
         self.assertEqual(rows(self.db, "SELECT detail FROM events WHERE kind='checkpoint.saved'"), [('{"step": 49}',)])
 
     def test_full_queue_drops_and_never_blocks(self):
@@ -78,6 +82,8 @@ class TelemetryTest(unittest.TestCase):
         tm.open(self.db, rank=0)
         with self.assertRaises(pacer.Error):
             tm.step(step=1, loss="low")
+        with self.assertRaises(pacer.Error):
+            tm.step(step=1, flops="many")
 
     def test_newer_catalog_is_refused(self):
         tm.open(self.db, rank=0)

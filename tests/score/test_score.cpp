@@ -1,6 +1,9 @@
 #include "pacer/score.hpp"
 
 #include <gtest/gtest.h>
+#include <sqlite3.h>
+
+#include <cmath>
 
 #include <fmt/ranges.h>
 
@@ -277,6 +280,37 @@ TEST(Report, DataHoldsEveryTimelineAndThePageEmbedsIt) {
   EXPECT_EQ(html.find("</script><script>alert"), std::string::npos);
   EXPECT_EQ(html.find("/*PACER_"), std::string::npos);
   EXPECT_TRUE(contains(html, "uPlot"));
+}
+
+TEST(Report, TrainingCurvesInWholeStepBucketsAndMarks) {
+  TempDir dir("report-");
+  const std::string db = dir.path() + "/c.db";
+  ASSERT_TRUE(test::write_synthetic_catalog(db, "gemm"));
+  report::ReportOptions o;
+  o.max_points = 30;  // 100 steps: buckets of 4
+  auto d = report::report_data(db, o).value();
+  const auto& rank0 = d["training"]["ranks"]["rank 0 (gpu001)"];
+  EXPECT_EQ(d["training"]["step_bucket"], 4);
+  ASSERT_EQ(rank0["step"].size(), 25u);
+  EXPECT_EQ(rank0["step"][1], 4);
+  // The mean loss of steps 0-3 (4 exp(-step/60) + 1.5, as written).
+  double mean = 0;
+  for (int s = 0; s < 4; ++s) mean += (4.0 * std::exp(-s / 60.0) + 1.5) / 4;
+  EXPECT_NEAR(rank0["loss"][0].get<double>(), mean, 1e-5);
+  EXPECT_TRUE(d["training"]["rate"].is_null());  // no flops and no plan
+  EXPECT_FALSE(rank0.contains("rate"));
+  ASSERT_EQ(d["marks"].size(), 1u);  // the vet result
+  EXPECT_EQ(d["marks"][0]["class"], "vet");
+  // A catalog from before steps.flops: the report reads it unchanged.
+  {
+    sqlite3* raw = nullptr;
+    ASSERT_EQ(sqlite3_open(db.c_str(), &raw), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(raw, "ALTER TABLE steps DROP COLUMN flops", nullptr, nullptr, nullptr), SQLITE_OK);
+    sqlite3_close(raw);
+  }
+  auto old = report::report_data(db, o);
+  ASSERT_TRUE(old.has_value()) << old.error().message;
+  EXPECT_EQ((*old)["training"]["ranks"], d["training"]["ranks"]);
 }
 
 }  // namespace

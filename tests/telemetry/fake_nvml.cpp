@@ -4,6 +4,14 @@
 // returns NaN for one GPM metric, as NVML does over a too-short window.
 // $PACER_FAKE_NVML_INIT (an NVML return code: 9 is "driver not loaded") makes
 // nvmlInit fail; $PACER_FAKE_NVML_GPUS (0-2) shows fewer GPUs.
+// GPU errors (vet's gpu.errors probe): each GPU has $PACER_FAKE_NVML_NVLINKS
+// NVLinks (default 18), all up and error-free unless $PACER_FAKE_NVML_LINK_DOWN
+// names a link of gpu0 that is down, $PACER_FAKE_NVML_NVLINK_CRC gives gpu0's
+// link 1 that many CRC errors, or $PACER_FAKE_NVML_NVLINK_RISE makes gpu0's
+// link 0 replay counter rise by that much at every read. $PACER_FAKE_NVML_XID
+// delivers one Xid event of that number on gpu0. Page retirement is "not
+// supported" (as on Hopper) unless $PACER_FAKE_NVML_RETIRED gives gpu0 that
+// many double-bit retired pages ($PACER_FAKE_NVML_RETIRE_PENDING=1: pending).
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -212,4 +220,76 @@ int nvmlSystemGetDriverVersion(char* buf, unsigned n) {
   std::snprintf(buf, n, "580.00-fake");
   return kSuccess;
 }
+struct PciInfo {
+  char bus_id_legacy[16];
+  unsigned domain, bus, device, pci_device_id, pci_subsystem_id;
+  char bus_id[32];
+};
+constexpr unsigned kPciBus[kGpus] = {0x3b, 0x86};
+int nvmlDeviceGetPciInfo_v3(void* d, PciInfo* p) {
+  FAKE(nvmlDeviceGetPciInfo_v3);
+  CHECK_DEV(d);
+  *p = PciInfo{};
+  p->bus = kPciBus[device_index(d)];
+  std::snprintf(p->bus_id, sizeof(p->bus_id), "00000000:%02X:00.0", p->bus);
+  return kSuccess;
+}
+int nvmlDeviceGetNvLinkState(void* d, unsigned link, int* active) {
+  FAKE(nvmlDeviceGetNvLinkState);
+  CHECK_DEV(d);
+  if (link >= static_cast<unsigned>(env_int("PACER_FAKE_NVML_NVLINKS", 18))) return kNotSupported;
+  *active = !(device_index(d) == 0 && static_cast<int>(link) == env_int("PACER_FAKE_NVML_LINK_DOWN", -1));
+  return kSuccess;
+}
+int nvmlDeviceGetNvLinkErrorCounter(void* d, unsigned link, int counter, unsigned long long* v) {
+  FAKE(nvmlDeviceGetNvLinkErrorCounter);
+  CHECK_DEV(d);
+  if (link >= static_cast<unsigned>(env_int("PACER_FAKE_NVML_NVLINKS", 18))) return kNotSupported;
+  *v = 0;
+  if (device_index(d) != 0) return kSuccess;
+  static unsigned long long replays = 0;
+  if (link == 0 && counter == 0) *v = (replays += static_cast<unsigned long long>(env_int("PACER_FAKE_NVML_NVLINK_RISE", 0)));
+  if (link == 1 && counter == 2) *v = static_cast<unsigned long long>(env_int("PACER_FAKE_NVML_NVLINK_CRC", 0));
+  return kSuccess;
+}
+int nvmlDeviceGetRetiredPages(void* d, int cause, unsigned* n, unsigned long long*) {
+  FAKE(nvmlDeviceGetRetiredPages);
+  CHECK_DEV(d);
+  const int retired = env_int("PACER_FAKE_NVML_RETIRED", -1);
+  if (retired < 0) return kNotSupported;
+  *n = device_index(d) == 0 && cause == 1 ? static_cast<unsigned>(retired) : 0;
+  return kSuccess;
+}
+int nvmlDeviceGetRetiredPagesPendingStatus(void* d, int* pending) {
+  FAKE(nvmlDeviceGetRetiredPagesPendingStatus);
+  CHECK_DEV(d);
+  *pending = device_index(d) == 0 && env_int("PACER_FAKE_NVML_RETIRE_PENDING", 0);
+  return kSuccess;
+}
+struct EventData {
+  void* device;
+  unsigned long long event_type, event_data;
+  unsigned gpu_instance_id, compute_instance_id;
+};
+int g_event_set;
+bool g_xid_delivered = false;
+int nvmlEventSetCreate(void** set) {
+  FAKE(nvmlEventSetCreate);
+  *set = &g_event_set;
+  return kSuccess;
+}
+int nvmlDeviceRegisterEvents(void* d, unsigned long long, void*) {
+  FAKE(nvmlDeviceRegisterEvents);
+  CHECK_DEV(d);
+  return kSuccess;
+}
+int nvmlEventSetWait_v2(void*, EventData* e, unsigned) {
+  FAKE(nvmlEventSetWait_v2);
+  const int xid = env_int("PACER_FAKE_NVML_XID", 0);
+  if (xid <= 0 || g_xid_delivered) return 10;  // timeout, at once: the tests do not wait
+  g_xid_delivered = true;
+  *e = EventData{&g_devices[0], 0x8, static_cast<unsigned long long>(xid), 0, 0};
+  return kSuccess;
+}
+int nvmlEventSetFree(void*) { return FAKE(nvmlEventSetFree), kSuccess; }
 }

@@ -148,6 +148,36 @@ TEST(Catalog, SamplesStepsAndDerivedStepTime) {
   EXPECT_EQ(scalar(*f.cat, "SELECT count(*) FROM gpus WHERE uuid='GPU-aaa'"), 1);
 }
 
+// steps.flops came within version 1: a catalog written before it is merged
+// with NULL there and gains the column when opened for writing.
+TEST(Catalog, CatalogWithoutTheFlopsColumn) {
+  std::string path;
+  TempDir out("flops-");
+  {
+    Fixture f;
+    ASSERT_TRUE(f.cat->write_steps(f.run, {StepRecord{1, 1001, 0, "n1", 1.0, 2.0, 512, {}, {}, "", 3e12}}));
+    EXPECT_EQ(scalar(*f.cat, "SELECT count(*) FROM steps WHERE flops = 3e12"), 1);
+    path = out.path() + "/old.db";
+    const std::string written = f.cat->path();
+    f.cat.reset();  // closing moves the WAL into the file
+    std::filesystem::copy_file(written, path);
+  }
+  sqlite3* raw = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &raw), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(raw, "ALTER TABLE steps DROP COLUMN flops", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(raw);
+  auto merged = merge_catalogs(out.path() + "/merged.db", {path});
+  ASSERT_TRUE(merged.has_value()) << merged.error().message;
+  auto m = std::move(Catalog::open(out.path() + "/merged.db", CatalogOptions{.read_only = true}).value());
+  EXPECT_EQ(scalar(*m, "SELECT count(*) FROM steps WHERE flops IS NULL AND tokens = 512"), 1);
+  auto ro = std::move(Catalog::open(path, CatalogOptions{.read_only = true}).value());
+  EXPECT_EQ(ro->query("PRAGMA table_info(steps)")->rows.size(), 11u);  // readers change nothing
+  auto rw = std::move(Catalog::open(path).value());
+  EXPECT_EQ(scalar(*rw, "SELECT count(*) FROM pragma_table_info('steps') WHERE name = 'flops'"), 1);
+  ASSERT_TRUE(rw->write_steps(1, {StepRecord{2, 1002, 0, "n1", 1.0, {}, {}, {}, {}, "", 4e12}}));
+  EXPECT_EQ(scalar(*rw, "SELECT count(*) FROM steps WHERE flops = 4e12"), 1);
+}
+
 // pacer run --monitor: one run begun by the supervisor, joined by the
 // monitor of every attempt, whose sampler costs add up.
 TEST(Catalog, ContinueRunJoinsAnExistingRunOnly) {
@@ -250,8 +280,8 @@ TEST(Catalog, MergeMapsIdsAndJoinsAJobsRuns) {
   ASSERT_TRUE(b.cat->write_sample(b.run, b.node, sample_at(1001, 90, 0.1)));
   ASSERT_TRUE(b.cat->write_sample(b.run, b.node, sample_at(1002, 91, 0.1)));
   ASSERT_TRUE(b.cat->write_event(b.run, b.node, EventRecord{1001.5, "gpu.throttle", "hw_thermal", 0, -1}));
-  ASSERT_TRUE(a.cat->write_steps(a.run, {StepRecord{1, 1001, 0, "n1", 1.0, {}, {}, {}, {}, ""}}));
-  ASSERT_TRUE(b.cat->write_steps(b.run, {StepRecord{1, 1001, 1, "n2", 1.5, {}, {}, {}, {}, ""}}));
+  ASSERT_TRUE(a.cat->write_steps(a.run, {StepRecord{1, 1001, 0, "n1", 1.0, {}, {}, {}, {}, "", {}}}));
+  ASSERT_TRUE(b.cat->write_steps(b.run, {StepRecord{1, 1001, 1, "n2", 1.5, {}, {}, {}, {}, "", {}}}));
   TempDir out("merge-");
   const std::string merged = out.path() + "/job.db";
   auto r = merge_catalogs(merged, {a.cat->path(), b.cat->path()});
@@ -280,7 +310,7 @@ TEST(Catalog, MergeMapsIdsAndJoinsAJobsRuns) {
 TEST(Catalog, MergeTakesEveryRunOnce) {
   Fixture a("n1", "77"), b("n2", "77");
   ASSERT_TRUE(a.cat->write_sample(a.run, a.node, sample_at(1001, 60, 0.9)));
-  ASSERT_TRUE(a.cat->write_steps(a.run, {StepRecord{1, 1001, 0, "n1", 1.0, {}, {}, {}, {}, ""}}));
+  ASSERT_TRUE(a.cat->write_steps(a.run, {StepRecord{1, 1001, 0, "n1", 1.0, {}, {}, {}, {}, "", {}}}));
   ASSERT_TRUE(a.cat->write_event(a.run, a.node, EventRecord{1001.5, "gpu.throttle", "hw_thermal", 0, -1}));
   ASSERT_TRUE(b.cat->write_sample(b.run, b.node, sample_at(1001, 90, 0.1)));
   TempDir out("merge-");
@@ -406,7 +436,7 @@ TEST(Questions, AnswerOnASyntheticRun) {
   for (int i = 0; i < 10; ++i) {
     const double dt = i == 5 ? 3.0 : 1.0;
     t += dt;
-    steps.push_back(StepRecord{i, t, 0, "n1", dt, 2.0, 4096, 0.25 * dt, 0.1 * dt, ""});
+    steps.push_back(StepRecord{i, t, 0, "n1", dt, 2.0, 4096, 0.25 * dt, 0.1 * dt, "", {}});
   }
   ASSERT_TRUE(f.cat->write_steps(f.run, steps));
   for (double s = 1000; s <= t; s += 1) {
@@ -482,7 +512,7 @@ TEST(Catalog, DiscardRunRemovesTheRunAndItsRowsOnly) {
   Fixture f;
   auto other = f.cat->begin_run(RunInfo{"78", "typo", "n1", 2000, 1}).value();
   ASSERT_TRUE(f.cat->write_sample(other, f.node, sample_at(2001, 60, 0.5)));
-  ASSERT_TRUE(f.cat->write_steps(other, {StepRecord{1, 2001, 0, "n1", 1.0, 2.0, 10, 0, 0, ""}}));
+  ASSERT_TRUE(f.cat->write_steps(other, {StepRecord{1, 2001, 0, "n1", 1.0, 2.0, 10, 0, 0, "", {}}}));
   ASSERT_TRUE(f.cat->write_sample(f.run, f.node, sample_at(1001, 60, 0.5)));
   ASSERT_TRUE(f.cat->discard_run(other));
   EXPECT_EQ(scalar(*f.cat, "SELECT count(*) FROM runs"), 1);
@@ -498,7 +528,7 @@ TEST(Questions, RunLimitsEveryQuestionAndEachShowsTheRun) {
   for (auto run : {f.run, second}) {
     const double base = run == f.run ? 1000 : 2000;
     std::vector<StepRecord> steps;
-    for (int i = 0; i < 4; ++i) steps.push_back(StepRecord{i, base + i + 1, 0, "n1", i == 2 ? 3.0 : 1.0, 2.0, 10, 0.2, 0.1, ""});
+    for (int i = 0; i < 4; ++i) steps.push_back(StepRecord{i, base + i + 1, 0, "n1", i == 2 ? 3.0 : 1.0, 2.0, 10, 0.2, 0.1, "", {}});
     ASSERT_TRUE(f.cat->write_steps(run, steps));
     for (double t = base; t <= base + 5; t += 1) ASSERT_TRUE(f.cat->write_sample(run, f.node, sample_at(t, 92, 0.5)));
     ASSERT_TRUE(f.cat->write_event(run, f.node, EventRecord{base + 1, "gpu.throttle", "hw_thermal", 0, -1}));
@@ -522,15 +552,15 @@ TEST(StepGauges, NewestStepOfEachRankWithItsWritersNode) {
   StepGauges g;
   ASSERT_TRUE(g.update(*f.cat, f.run));
   EXPECT_EQ(g.render("here"), "") << "no steps, no training families";
-  ASSERT_TRUE(f.cat->write_steps(f.run, {StepRecord{1, 1001, 0, "n1", 2.0, 3.5, 4096, 0.5, 0.1, ""},
-                                         StepRecord{2, 1003, 0, "n1", 2.0, 3.25, 8192, 0.25, 0.1, ""},
-                                         StepRecord{2, 1003, 1, "n2", 4.0, std::nullopt, 1000, std::nullopt, 0.1, ""}}));
+  ASSERT_TRUE(f.cat->write_steps(f.run, {StepRecord{1, 1001, 0, "n1", 2.0, 3.5, 4096, 0.5, 0.1, "", {}},
+                                         StepRecord{2, 1003, 0, "n1", 2.0, 3.25, 8192, 0.25, 0.1, "", {}},
+                                         StepRecord{2, 1003, 1, "n2", 4.0, std::nullopt, 1000, std::nullopt, 0.1, "", {}}}));
   // Another run's steps are not this run's.
   auto other = f.cat->begin_run(RunInfo{"78", "x", "n1", 900, 1}).value();
-  ASSERT_TRUE(f.cat->write_steps(other, {StepRecord{9, 2000, 0, "n1", 1.0, 9.0, 1, 0, 0, ""}}));
+  ASSERT_TRUE(f.cat->write_steps(other, {StepRecord{9, 2000, 0, "n1", 1.0, 9.0, 1, 0, 0, "", {}}}));
   ASSERT_TRUE(g.update(*f.cat, f.run));
   // A late write of an older step of rank 0 does not replace the newest.
-  ASSERT_TRUE(f.cat->write_steps(f.run, {StepRecord{0, 999, 0, "n1", 2.0, 7.0, 1, 0, 0, ""}}));
+  ASSERT_TRUE(f.cat->write_steps(f.run, {StepRecord{0, 999, 0, "n1", 2.0, 7.0, 1, 0, 0, "", {}}}));
   ASSERT_TRUE(g.update(*f.cat, f.run));
   const std::string text = g.render("here");
   EXPECT_EQ(text,
@@ -549,7 +579,7 @@ TEST(StepGauges, NewestStepOfEachRankWithItsWritersNode) {
             "# TYPE pacer_data_wait_ratio gauge\n"
             "pacer_data_wait_ratio{rank=\"0\",node=\"n1\"} 0.125\n");
   // A step whose node the catalog lacks (NULL node_id) is labelled with the exporter's host.
-  ASSERT_TRUE(f.cat->write_steps(f.run, {StepRecord{3, 1010, 1, "n2", 1.0, 1.0, 1, 0, 0, ""}}));
+  ASSERT_TRUE(f.cat->write_steps(f.run, {StepRecord{3, 1010, 1, "n2", 1.0, 1.0, 1, 0, 0, "", {}}}));
   ASSERT_TRUE(f.cat->query(fmt::format("UPDATE steps SET node_id=NULL WHERE run_id={} AND step=3", f.run)).has_value());
   ASSERT_TRUE(g.update(*f.cat, f.run));
   EXPECT_TRUE(contains(g.render("here"), "pacer_loss{rank=\"1\",node=\"here\"} 1\n")) << g.render("here");

@@ -26,7 +26,7 @@ std::int64_t count(const std::string& db, const std::string& sql) {
 }
 
 TEST(StepJson, ParsesKnownAndExtraFields) {
-  auto r = parse_step_json(R"({"step": 7, "loss": 2.5, "tokens": 4096, "data_wait_s": 0.1, "comm_s": 0.2, "rank": 3, "lr": 0.001, "phase": "warmup"})");
+  auto r = parse_step_json(R"({"step": 7, "loss": 2.5, "tokens": 4096, "data_wait_s": 0.1, "comm_s": 0.2, "rank": 3, "lr": 0.001, "phase": "warmup", "flops": 2.5e13})");
   ASSERT_TRUE(r.has_value()) << r.error().message;
   EXPECT_EQ(r->step, 7);
   EXPECT_DOUBLE_EQ(*r->loss, 2.5);
@@ -34,6 +34,8 @@ TEST(StepJson, ParsesKnownAndExtraFields) {
   EXPECT_DOUBLE_EQ(*r->data_wait_s, 0.1);
   EXPECT_DOUBLE_EQ(*r->comm_s, 0.2);
   EXPECT_EQ(r->rank, 3);
+  EXPECT_DOUBLE_EQ(*r->flops, 2.5e13);
+  EXPECT_FALSE(contains(r->extra_json, "flops"));
   EXPECT_FALSE(r->step_time_s.has_value());
   EXPECT_TRUE(contains(r->extra_json, "\"lr\":0.001"));
   EXPECT_TRUE(contains(r->extra_json, "\"phase\":\"warmup\""));
@@ -48,6 +50,7 @@ TEST(StepJson, MalformedRecordsSayWhy) {
       {"{\"step\": 1, \"loss\": \"low\"}", "\"loss\" is not a number"},
       {"{\"step\": 1, \"rank\": -2}", "\"rank\""},
       {"{\"step\": 1, \"data_wait_s\": -1}", "negative"},
+      {"{\"step\": 1, \"flops\": -1}", "\"flops\" must not be negative"},
       {"{\"step\": 1, \"node\": 5}", "\"node\""},
       {"\xff\xfe garbage", "not valid JSON"},
   };
@@ -136,7 +139,7 @@ TEST(Recorder, FullQueueDropsAndCountsInsteadOfBlocking) {
   auto rec = std::move(
       Recorder::open(RecorderOptions{.db = dir.path() + "/r.db", .rank = 0, .queue_capacity = 8, .flush_interval_s = 3600}).value());
   int accepted = 0;
-  for (int i = 0; i < 100; ++i) accepted += rec->step(StepRecord{i, 0, -1, "", {}, {}, {}, {}, {}, ""}) ? 1 : 0;
+  for (int i = 0; i < 100; ++i) accepted += rec->step(StepRecord{i, 0, -1, "", {}, {}, {}, {}, {}, "", {}}) ? 1 : 0;
   EXPECT_EQ(accepted, 8);
   EXPECT_EQ(rec->dropped(), 92u);
   ASSERT_TRUE(rec->flush());
@@ -150,7 +153,7 @@ TEST(Recorder, ManyThreadsLoseNothingWithRoom) {
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t)
     threads.emplace_back([&, t] {
-      for (int i = 0; i < 500; ++i) rec->step(StepRecord{t * 1000 + i, 0, t, "", {}, {}, {}, {}, {}, ""});
+      for (int i = 0; i < 500; ++i) rec->step(StepRecord{t * 1000 + i, 0, t, "", {}, {}, {}, {}, {}, "", {}});
     });
   for (auto& th : threads) th.join();
   ASSERT_TRUE(rec->flush());
@@ -185,12 +188,15 @@ TEST(CApi, StepsThroughTheCInterface) {
     pacer_step s = pacer_step_init(i);
     s.loss = 3.0;
     s.rank = 2;
+    if (i == 0) s.flops = 1e12;
     EXPECT_EQ(pacer_telemetry_step(&s), 0);
   }
   EXPECT_EQ(pacer_telemetry_flush(), 0);
   EXPECT_EQ(pacer_telemetry_dropped(), 0u);
   pacer_telemetry_close();
   EXPECT_EQ(count(db, "SELECT count(*) FROM steps WHERE rank=2 AND loss=3.0 AND tokens IS NULL"), 10);
+  EXPECT_EQ(count(db, "SELECT count(*) FROM steps WHERE flops = 1e12 AND step = 0"), 1);
+  EXPECT_EQ(count(db, "SELECT count(*) FROM steps WHERE flops IS NULL"), 9);
   EXPECT_EQ(pacer_telemetry_open((dir.path() + "/no/such/dir/x.db").c_str()), -1);
   EXPECT_TRUE(contains(pacer_telemetry_error(), "no/such/dir"));
 }

@@ -72,8 +72,9 @@ VetReport vet_fabric(const FakeFabric& f, const std::string& profile) {
   o.quick = true;
   o.only = {"fabric"};
   o.profile = profile;
-  o.root = f.root();
+  ::setenv("PACER_VET_ROOT", f.root().c_str(), 1);  // the probe's child inherits it
   auto r = run_vet(o);
+  ::unsetenv("PACER_VET_ROOT");
   EXPECT_TRUE(r) << r.error().message;
   return r ? *r : VetReport{};
 }

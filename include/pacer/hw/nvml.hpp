@@ -69,6 +69,29 @@ struct GpmMetrics {
   std::optional<double> nvlink_rx_bytes_per_s;
 };
 
+// One NVLink of a GPU: whether it is up and its data-link error counters
+// since the driver loaded (empty where the driver does not report one).
+struct NvLink {
+  unsigned link = 0;
+  bool active = false;
+  std::optional<std::uint64_t> replay;    // transmit replays
+  std::optional<std::uint64_t> recovery;  // link recoveries (retraining)
+  std::optional<std::uint64_t> crc;       // receive CRC errors, flit and data
+};
+
+// Pages retired for ECC errors (GPUs before Ampere; later ones remap rows).
+struct RetiredPages {
+  unsigned single_bit = 0;  // for repeated single-bit errors
+  unsigned double_bit = 0;
+  bool pending = false;     // a retirement waits for the next driver reload
+};
+
+// An Xid (the driver's error report) delivered by NVML's event API.
+struct XidEvent {
+  unsigned gpu = 0;  // NVML index
+  unsigned long long xid = 0;  // 999: the driver did not say which
+};
+
 // Clock event reason bits as NVML defines them.
 inline constexpr std::uint64_t kClockEventGpuIdle = 0x1;
 inline constexpr std::uint64_t kClockEventApplicationsClocks = 0x2;
@@ -104,6 +127,17 @@ class Nvml {
   enum class QueryScope { kFast, kPerSecond, kDynamic, kAll };
   Expected<GpuInfo> query(unsigned index, QueryScope scope = QueryScope::kAll) const;
   Expected<std::vector<GpuProcess>> compute_processes(unsigned index) const;
+  // NVLinks of one GPU, in link order; empty when it has none (PCIe only).
+  Expected<std::vector<NvLink>> nvlinks(unsigned index) const;
+  // Empty when the GPU does not retire pages (Ampere and later remap rows).
+  std::optional<RetiredPages> retired_pages(unsigned index) const;
+  // The GPU's PCI address as sysfs names it ("0000:3b:00.0"); empty when unknown.
+  std::string pci_bus_id(unsigned index) const;
+  // Registers every GPU for Xid events and collects those that arrive within
+  // `seconds` (blocks that long). Events before the call are not seen: NVML
+  // delivers only those raised after registration. Fails (message starting
+  // "Xid events not supported") on drivers or GPUs without the event API.
+  Expected<std::vector<XidEvent>> watch_xid(double seconds) const;
   std::string driver_version() const;
   // The CUDA version the driver supports, as "13.0"; empty when unknown.
   std::string cuda_driver_version() const;

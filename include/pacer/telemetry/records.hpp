@@ -93,6 +93,10 @@ struct StepRecord {
   std::optional<double> data_wait_s;
   std::optional<double> comm_s;
   std::string extra_json;
+  // Model FLOPs this rank computed in the step (forward + backward, without
+  // recomputation): what the report's MFU is made of. Last, so that
+  // aggregate initialisers written before it still mean the same fields.
+  std::optional<double> flops;
 };
 
 // What a node is, recorded once per catalog.

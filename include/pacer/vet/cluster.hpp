@@ -32,7 +32,6 @@ struct ClusterOptions {
   int latency_reps = 200;
   bool rdma = true;         // perftest between the RDMA ports of ring neighbours (--skip rdma turns it off)
   int rdma_tcp_port = 18515;  // perftest's out-of-band connections use this port and the next 2 per RDMA port
-  std::string root;         // prefixed to /sys where the RDMA ports are read (tests use a fake tree)
 };
 
 // One network measurement between two nodes.

@@ -46,7 +46,6 @@ struct VetOptions {
   std::vector<Injection> injections;
   std::string node_name;            // reported as the host; default: the host name
   std::optional<double> bound_s;    // the whole run ends within this: probe timeouts are cut to the time left
-  std::string root;                 // prefixed to /sys by the probes that read it (tests use a fake tree)
   // Called before and after each probe from the calling thread (progress display).
   std::function<void(const std::string& probe, std::size_t index, std::size_t total, bool done)> on_probe;
 };
