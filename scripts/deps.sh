@@ -15,6 +15,7 @@ packages=(
   python3 python3-dev pybind11-dev python3-numpy python3-torch
   libopenmpi-dev openmpi-bin
   mbw fio
+  perftest  # ib_write_bw/ib_write_lat for vet --cluster RDMA pairs; the tests run its no-device path
   clang libclang-rt-dev  # libFuzzer and the sanitizer runtimes, for build/sanitize (docs/fuzzing.md)
   slurm-wlm munge
   chromium  # headless, for the pacer report integration test

@@ -70,6 +70,12 @@ int run_cluster(const VetArgs& a, vet::VetOptions node) {
     o.network = false;
     o.node.skip.erase(net);
   }
+  // Not a node check either: the perftest pairs of the network phase.
+  const auto rdma = std::find(o.node.skip.begin(), o.node.skip.end(), "rdma");
+  if (rdma != o.node.skip.end()) {
+    o.rdma = false;
+    o.node.skip.erase(rdma);
+  }
   o.node_name = a.node_name;
   if (a.need >= 0) o.need = static_cast<unsigned>(a.need);
   if (!a.bound.empty()) o.bound_s = positive_duration("--bound", a.bound);

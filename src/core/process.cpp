@@ -2,9 +2,13 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <poll.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <string_view>
 
@@ -79,6 +83,44 @@ int exit_code_of(int wait_status) {
   if (WIFEXITED(wait_status)) return WEXITSTATUS(wait_status);
   if (WIFSIGNALED(wait_status)) return 128 + WTERMSIG(wait_status);
   return 1;
+}
+
+Expected<CapturedOutput> capture_output(const std::vector<std::string>& argv, double timeout_s, const sigset_t* child_mask) {
+  int out[2];
+  if (pipe2(out, O_CLOEXEC) != 0) return io_error("cannot create a pipe", argv.empty() ? "" : argv[0], errno);
+  Fd out_read(out[0]), out_write(out[1]);
+  SpawnOptions so;
+  so.signal_mask = child_mask;
+  so.stdout_fd = so.stderr_fd = out[1];
+  // spawn_process's wording ("X: cannot run: not found"), so a missing
+  // program reads the same wherever pacer runs one.
+  auto pid = spawn_process(argv, so);
+  if (!pid) return Error{ErrorKind::kIo, pid.error().message};
+  out_write.reset();
+  CapturedOutput c;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  bool timed_out = false;
+  char buf[4096];
+  for (;;) {
+    const auto left = std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
+    if (left <= 0) {
+      timed_out = true;
+      break;
+    }
+    pollfd pfd{out_read.get(), POLLIN, 0};
+    const int r = poll(&pfd, 1, static_cast<int>(left * 1000) + 1);
+    if (r <= 0) continue;  // EINTR or the deadline: the loop head decides
+    const ssize_t n = retry_eintr([&] { return read(out_read.get(), buf, sizeof buf); });
+    if (n <= 0) break;
+    c.output.append(buf, static_cast<std::size_t>(n));
+  }
+  out_read.reset();
+  if (timed_out) kill(*pid, SIGKILL);
+  int st = 0;
+  (void)wait_process(*pid, &st);
+  if (timed_out) return Error{ErrorKind::kIo, fmt::format("{}: no answer within {:.0f} s", argv[0], timeout_s)};
+  c.status = exit_code_of(st);
+  return c;
 }
 
 }  // namespace pacer

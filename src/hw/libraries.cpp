@@ -4,7 +4,9 @@
 #include <fmt/format.h>
 #include <gnu/libc-version.h>
 
+#include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "cuda_library.hpp"
@@ -102,5 +104,48 @@ std::string cuda_toolkit_version() {
 }
 
 std::string glibc_version() { return gnu_get_libc_version(); }
+
+namespace {
+
+// The file a loaded symbol lives in, with symlinks resolved: the name of the
+// real file usually carries the full version (libfabric.so.1.18.2).
+std::string file_of(const void* symbol) {
+  Dl_info info{};
+  if (!symbol || ::dladdr(symbol, &info) == 0 || !info.dli_fname) return "";
+  std::error_code ec;
+  const auto real = std::filesystem::canonical(info.dli_fname, ec);
+  return ec ? std::string(info.dli_fname) : real.string();
+}
+
+}  // namespace
+
+std::string nccl_net_plugin() {
+  std::string lib = "libnccl-net.so";
+  if (const char* p = std::getenv("NCCL_NET_PLUGIN"); p && *p) {
+    const std::string v = p;
+    if (v == "none") return "";
+    lib = v.find('/') != std::string::npos || v.ends_with(".so") ? v : "libnccl-net-" + v + ".so";
+  }
+  void* h = ::dlopen(lib.c_str(), RTLD_LAZY | RTLD_LOCAL);
+  if (!h) return "";
+  // Every ncclNet_vN struct starts with the plugin's name.
+  for (int v = 12; v >= 2; --v) {
+    const void* sym = ::dlsym(h, fmt::format("ncclNetPlugin_v{}", v).c_str());
+    if (!sym) continue;
+    const char* name = *static_cast<const char* const*>(sym);
+    return fmt::format("{} v{} ({})", name ? name : "unnamed", v, file_of(sym));
+  }
+  return fmt::format("no ncclNetPlugin_vN symbol ({})", lib);
+}
+
+std::string libfabric_version() {
+  void* h = ::dlopen("libfabric.so.1", RTLD_LAZY | RTLD_LOCAL);
+  if (!h) return "";
+  using Fn = std::uint32_t (*)();
+  auto fn = reinterpret_cast<Fn>(::dlsym(h, "fi_version"));
+  if (!fn) return "";
+  const std::uint32_t v = fn();  // FI_VERSION(major, minor): major in the high 16 bits
+  return fmt::format("{}.{} ({})", v >> 16, v & 0xffff, file_of(reinterpret_cast<const void*>(fn)));
+}
 
 }  // namespace pacer::hw

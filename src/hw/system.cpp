@@ -326,8 +326,17 @@ Expected<std::vector<NetDevCounters>> read_net_dev(const std::string& root) {
   return read_parsed(root, "/proc/net/dev", parse_net_dev);
 }
 
-std::vector<IbCounters> read_ib_counters(const std::string& root) {
-  std::vector<IbCounters> out;
+namespace {
+
+struct IbPortDir {
+  std::string device;
+  int port = 0;
+  std::filesystem::path path;
+};
+
+// DEV/ports/N directories under ROOT/sys/class/infiniband, sorted by path.
+std::vector<IbPortDir> ib_port_dirs(const std::string& root) {
+  std::vector<IbPortDir> out;
   const std::filesystem::path base = root + "/sys/class/infiniband";
   std::error_code ec;
   std::vector<std::filesystem::path> devices;
@@ -338,16 +347,35 @@ std::vector<IbCounters> read_ib_counters(const std::string& root) {
     for (const auto& p : std::filesystem::directory_iterator(dev / "ports", ec)) ports.push_back(p.path());
     std::sort(ports.begin(), ports.end());
     for (const auto& port : ports) {
-      IbCounters c;
-      c.device = dev.filename().string();
+      IbPortDir d{dev.filename().string(), 0, port};
       const std::string port_name = port.filename().string();
-      std::from_chars(port_name.data(), port_name.data() + port_name.size(), c.port);
-      const auto counter = [&](const char* name) -> std::uint64_t {
-        auto t = read_text((port / "counters" / name).string());
-        std::uint64_t v = 0;
-        if (t) std::from_chars(t->data(), t->data() + t->size(), v);
-        return v;
-      };
+      std::from_chars(port_name.data(), port_name.data() + port_name.size(), d.port);
+      out.push_back(std::move(d));
+    }
+  }
+  return out;
+}
+
+std::optional<std::uint64_t> read_counter(const std::filesystem::path& path) {
+  auto t = read_text(path.string());
+  if (!t) return std::nullopt;
+  std::uint64_t v = 0;
+  const auto [ptr, ec] = std::from_chars(t->data(), t->data() + t->size(), v);
+  if (ec != std::errc() || ptr == t->data()) return std::nullopt;
+  return v;
+}
+
+}  // namespace
+
+std::vector<IbCounters> read_ib_counters(const std::string& root) {
+  std::vector<IbCounters> out;
+  for (const auto& d : ib_port_dirs(root)) {
+    const auto& port = d.path;
+    {
+      IbCounters c;
+      c.device = d.device;
+      c.port = d.port;
+      const auto counter = [&](const char* name) -> std::uint64_t { return read_counter(port / "counters" / name).value_or(0); };
       c.rx_bytes = counter("port_rcv_data") * 4;
       c.tx_bytes = counter("port_xmit_data") * 4;
       c.rx_packets = counter("port_rcv_packets");
@@ -357,6 +385,45 @@ std::vector<IbCounters> read_ib_counters(const std::string& root) {
       c.rcv_errors = counter("port_rcv_errors");
       out.push_back(std::move(c));
     }
+  }
+  return out;
+}
+
+std::string strip_sysfs_code(std::string_view text) {
+  const auto colon = text.find(':');
+  if (colon != std::string_view::npos && colon > 0 &&
+      text.substr(0, colon).find_first_not_of("0123456789") == std::string_view::npos)
+    text.remove_prefix(colon + 1);
+  return std::string(trim(text));
+}
+
+std::optional<double> parse_ib_rate(std::string_view text) {
+  text = trim(text);
+  double v = 0;
+  const auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || ptr == text.data() || !(v >= 0)) return std::nullopt;
+  return v;
+}
+
+std::vector<IbPort> read_ib_ports(const std::string& root) {
+  std::vector<IbPort> out;
+  for (const auto& d : ib_port_dirs(root)) {
+    IbPort p;
+    p.device = d.device;
+    p.port = d.port;
+    const auto text = [&](const char* name) {
+      auto t = read_text((d.path / name).string());
+      return t ? *t : std::string();
+    };
+    p.state = strip_sysfs_code(text("state"));
+    p.phys_state = strip_sysfs_code(text("phys_state"));
+    p.rate = std::string(trim(text("rate")));
+    p.rate_gbits = parse_ib_rate(p.rate);
+    p.link_layer = std::string(trim(text("link_layer")));
+    p.symbol_errors = read_counter(d.path / "counters" / "symbol_error");
+    p.link_downed = read_counter(d.path / "counters" / "link_downed");
+    p.rcv_errors = read_counter(d.path / "counters" / "port_rcv_errors");
+    out.push_back(std::move(p));
   }
   return out;
 }

@@ -18,21 +18,17 @@
 #include <vector>
 
 #include "pacer/core/error.hpp"
+#include "pacer/core/process.hpp"
 #include "pacer/core/time.hpp"
 #include "pacer/run.hpp"
 
 namespace pacer::run {
 
-struct Captured {
-  int status = 0;      // exit status, or 128 + signal
-  std::string output;  // stdout and stderr together
-};
-
-// Runs argv (path search, no shell) and collects its output. Errors: it could
-// not start (the message says "not found" for a missing program) or gave no
-// answer within timeout_s (it is killed). `child_mask`: the signal mask the
-// child starts with (the supervisor blocks signals it waits for).
-Expected<Captured> capture(const std::vector<std::string>& argv, double timeout_s, const sigset_t* child_mask);
+// core's capture_output; `child_mask`: the supervisor blocks signals it waits for.
+using Captured = CapturedOutput;
+inline Expected<Captured> capture(const std::vector<std::string>& argv, double timeout_s, const sigset_t* child_mask) {
+  return capture_output(argv, timeout_s, child_mask);
+}
 
 // The heartbeat file as the supervisor sees it (layout in heartbeat.cpp).
 struct SlotReading {

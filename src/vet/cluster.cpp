@@ -10,7 +10,9 @@
 #include <set>
 #include <thread>
 
+#include "cluster_messages.hpp"
 #include "cluster_nccl.hpp"
+#include "cluster_rdma.hpp"
 #include "probes.hpp"
 #include "pacer/core/stats.hpp"
 #include "pacer/core/units.hpp"
@@ -25,29 +27,17 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-enum Tag : int { kHello = 101, kRole, kRingResult, kPlan, kReport, kPairBase = 200 };
+enum Tag : int { kHello = 101, kRole, kRingResult, kPlan, kReport, kPairBase = 200, kRdmaBase = 300 };
 
 Deadline after(Deadline t, double seconds) {
   return t + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
 }
 double seconds_between(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
-bool send_json(comm::TimedComm& c, int peer, int tag, const json& j, Deadline d) {
-  return c.send(peer, tag, std::make_shared<const std::string>(j.dump()), d);
-}
-
-std::optional<json> recv_json(comm::TimedComm& c, int peer, int tag, Deadline d) {
-  auto s = c.recv(peer, tag, d);
-  if (!s) return std::nullopt;
-  json j = json::parse(*s, nullptr, false);
-  if (j.is_discarded()) return std::nullopt;
-  return j;
-}
-
 // Every phase has a fixed end counted from this rank's start, so a phase that
 // waits on a hung peer cannot push the next one past the bound.
 struct Schedule {
-  Deadline start, hello, role, ring[3], ring_results, plan, bisect[2], allreduce, nccl, checks_end, report;
+  Deadline start, hello, role, ring[3], ring_results, plan, bisect[2], allreduce, nccl, rdma[3], checks_end, report;
   explicit Schedule(Deadline t0, double bound_s, bool quick) {
     const double slot = std::clamp(0.04 * bound_s, 1.0, quick ? 3.0 : 10.0);
     start = t0;
@@ -60,6 +50,8 @@ struct Schedule {
     bisect[1] = after(plan, 2 * slot);
     allreduce = after(bisect[1], slot);
     nccl = after(allreduce, 2 * slot);  // CUDA contexts and NCCL's init come first
+    // Two slots a phase: perftest opens the device and connects twice (bandwidth, latency).
+    for (int k = 0; k < 3; ++k) rdma[k] = after(nccl, 2 * (k + 1) * slot);
     checks_end = after(t0, bound_s - 2.5);
     report = after(t0, bound_s - 1.0);
   }
@@ -80,8 +72,8 @@ const Injection* find_injection(const std::vector<Injection>& inj, const std::st
 
 json link_to_json(const LinkResult& l) {
   json j = {{"a", l.a}, {"b", l.b}, {"kind", l.kind}, {"status", std::string(to_string(l.status))}, {"reason", l.reason}};
-  j["bandwidth_gbps"] = l.bandwidth_gbps ? json(*l.bandwidth_gbps) : json(nullptr);
-  j["latency_us"] = l.latency_us ? json(*l.latency_us) : json(nullptr);
+  j["bandwidth_gbps"] = number_or_null(l.bandwidth_gbps);
+  j["latency_us"] = number_or_null(l.latency_us);
   return j;
 }
 
@@ -91,10 +83,9 @@ LinkResult link_from_json(const json& j) {
   l.b = j.value("b", "");
   l.kind = j.value("kind", "");
   l.reason = j.value("reason", "");
-  if (j.contains("bandwidth_gbps") && j["bandwidth_gbps"].is_number()) l.bandwidth_gbps = j["bandwidth_gbps"].get<double>();
-  if (j.contains("latency_us") && j["latency_us"].is_number()) l.latency_us = j["latency_us"].get<double>();
-  auto s = parse_status(j.value("status", "error"));
-  l.status = s ? *s : CheckStatus::kError;
+  l.bandwidth_gbps = number_at(j, "bandwidth_gbps");
+  l.latency_us = number_at(j, "latency_us");
+  l.status = status_at(j);
   return l;
 }
 
@@ -370,6 +361,7 @@ BisectionPlan judge_ring(comm::TimedComm& leaders, const Role& role, const Profi
 struct NetworkResults {
   std::vector<LinkResult> ring_links, bisect_links;  // on rank 0 the ring's are every node's
   AllReduceResult allreduce, nccl;
+  std::vector<RdmaResult> rdma;  // measured on this node (the clients' side)
 };
 
 // Network: the ring, then bisection pairs chosen by rank 0, then the
@@ -418,6 +410,18 @@ NetworkResults test_network(comm::TimedComm& leaders, const ClusterOptions& o, c
   }
   out.allreduce = measure_allreduce(leaders, o, when.allreduce);
   out.nccl = nccl_allreduce_across_nodes(leaders, o.allreduce_bytes, o.node.quick ? 3 : 5, when.nccl);
+  // RDMA ports, pair by pair along the ring: NCCL's traffic takes these
+  // ports, not the path MPI's tests above may have used.
+  if (n >= 2 && o.rdma) {
+    const auto phases = ring_phases(n);
+    for (int p = 0; p < 3; ++p)
+      for (const auto& [a, b] : phases[p]) {
+        if (a != role.node && b != role.node) continue;
+        const int other = a == role.node ? b : a;
+        auto got = rdma_pair_test(leaders, o, other, a == role.node, name, role.names[other], kRdmaBase + 2 * p, when.rdma[p]);
+        out.rdma.insert(out.rdma.end(), got.begin(), got.end());
+      }
+  }
   return out;
 }
 
@@ -435,7 +439,7 @@ Expected<VetReport> check_node(const ClusterOptions& o, const std::string& name,
 
 // A leader other than rank 0 sends its node's report and its bisection links.
 void send_report(comm::TimedComm& leaders, const ClusterOptions& o, const std::string& name, const Schedule& when,
-                 const VetReport& report, const std::vector<LinkResult>& bisect_links) {
+                 const VetReport& report, const std::vector<LinkResult>& bisect_links, const std::vector<RdmaResult>& rdma) {
   const Injection* wedge = find_injection(o.node.injections, "cluster.report", name);
   if (wedge && wedge->action == Injection::Action::kHang) {
     // A wedged node: silent past the bound; rank 0 reports it and ends the job.
@@ -446,7 +450,9 @@ void send_report(comm::TimedComm& leaders, const ClusterOptions& o, const std::s
   j.erase("profile");  // rank 0 has it
   json links = json::array();
   for (const auto& l : bisect_links) links.push_back(link_to_json(l));
-  send_json(leaders, 0, kReport, {{"report", j}, {"links", links}, {"stalled", leaders.abandoned()}}, when.report);
+  json rdma_results = json::array();
+  for (const auto& r : rdma) rdma_results.push_back(rdma_to_json(r));
+  send_json(leaders, 0, kReport, {{"report", j}, {"links", links}, {"rdma", rdma_results}, {"stalled", leaders.abandoned()}}, when.report);
 }
 
 // The other leaders' reports, by node index (nullopt: none by the deadline).
@@ -493,7 +499,7 @@ Expected<std::optional<ClusterReport>> run_cluster_vet(comm::TimedComm& world, c
   auto report = check_node(o, name, when);
   if (!report) return report.error();
   if (role.node != 0) {
-    send_report(leaders, o, name, when, *report, net.bisect_links);
+    send_report(leaders, o, name, when, *report, net.bisect_links, net.rdma);
     return kNotRoot;
   }
 
@@ -510,6 +516,7 @@ Expected<std::optional<ClusterReport>> run_cluster_vet(comm::TimedComm& world, c
   r.stalled = leaders.abandoned();
   r.links = net.ring_links;
   r.links.insert(r.links.end(), net.bisect_links.begin(), net.bisect_links.end());
+  r.rdma = net.rdma;
   const auto got = receive_reports(leaders, when);
   for (int i = 0; i < n; ++i) {
     NodeResult nr;
@@ -522,11 +529,14 @@ Expected<std::optional<ClusterReport>> run_cluster_vet(comm::TimedComm& world, c
       nr.report = report_from_json((*j)["report"], *profile);
       r.stalled = r.stalled || j->value("stalled", false);
       for (const auto& e : (*j)["links"]) r.links.push_back(link_from_json(e));
+      if (j->contains("rdma") && (*j)["rdma"].is_array())
+        for (const auto& e : (*j)["rdma"]) r.rdma.push_back(rdma_from_json(e));
     }
     r.nodes.push_back(std::move(nr));
   }
   judge_links(r.links, *profile);  // the bisection links against the same median
   r.suspects = blame(r.links);
+  judge_rdma(r.rdma, *profile);
   r.drift = find_drift(r.nodes);
   r.outliers = find_outliers(r.nodes, *profile);
   judge_nodes(r);

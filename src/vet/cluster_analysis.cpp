@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <set>
+#include <tuple>
 
 #include "pacer/core/stats.hpp"
 #include "pacer/core/units.hpp"
@@ -229,6 +230,21 @@ void judge_nodes(ClusterReport& r) {
     }
   for (const auto& s : r.suspects)
     if (by_name.count(s)) raise(*by_name[s], CheckStatus::kFail, "network: every link tested with this node was slow");
+  // RDMA: a bad pair warns both ends; a port that was bad with two peers and
+  // good with none is the common factor and fails its node.
+  std::map<std::pair<std::string, std::string>, std::pair<int, int>> port_tally;  // (node, port) -> (bad, good)
+  for (const auto& x : r.rdma) {
+    if (x.status == CheckStatus::kSkip) continue;
+    const bool bad = x.status == CheckStatus::kFail || x.status == CheckStatus::kError;
+    for (const auto& key : {std::pair{x.a, x.device}, std::pair{x.b, x.peer_device}}) (bad ? port_tally[key].first : port_tally[key].second) += 1;
+    if (!bad && x.status != CheckStatus::kWarn) continue;
+    for (const auto& [node, other, port] : {std::tuple{x.a, x.b, x.device}, std::tuple{x.b, x.a, x.peer_device}})
+      if (by_name.count(node))
+        raise(*by_name[node], CheckStatus::kWarn, fmt::format("rdma: {} with {}: {}", port.empty() ? "-" : port, other, x.reason));
+  }
+  for (const auto& [key, t] : port_tally)
+    if (t.first >= 2 && t.second == 0 && by_name.count(key.first))
+      raise(*by_name[key.first], CheckStatus::kFail, fmt::format("rdma: {} was slow or failed with every peer tested", key.second));
   for (auto& n : r.nodes) {
     if (!n.report) {
       n.score = 0;

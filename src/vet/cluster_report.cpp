@@ -2,10 +2,13 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <set>
+
 #include "pacer/core/atomic_file.hpp"
 #include "pacer/core/table.hpp"
 #include "pacer/core/units.hpp"
 #include "pacer/vet/cluster.hpp"
+#include "cluster_rdma.hpp"
 
 namespace pacer::vet {
 
@@ -53,6 +56,8 @@ json to_json(const ClusterReport& r) {
   for (const auto& l : r.links)
     links.push_back({{"a", l.a}, {"b", l.b}, {"kind", l.kind}, {"bandwidth_gbps", opt(l.bandwidth_gbps)},
                      {"latency_us", opt(l.latency_us)}, {"status", status_text(l.status)}, {"reason", l.reason}});
+  json rdma = json::array();
+  for (const auto& x : r.rdma) rdma.push_back(rdma_to_json(x));
   json drift = json::array();
   for (const auto& d : r.drift) drift.push_back({{"key", d.key}, {"reference", d.reference}, {"values", d.values}, {"status", "fail"}});
   json outliers = json::array();
@@ -77,7 +82,7 @@ json to_json(const ClusterReport& r) {
           {"ranks", r.ranks},
           {"missing_ranks", r.missing_ranks},
           {"nodes", nodes},
-          {"network", {{"links", links}, {"suspects", r.suspects}, {"allreduce", allreduce_json(r.allreduce)}, {"nccl", allreduce_json(r.nccl)}}},
+          {"network", {{"links", links}, {"suspects", r.suspects}, {"allreduce", allreduce_json(r.allreduce)}, {"nccl", allreduce_json(r.nccl)}, {"rdma", rdma}}},
           {"drift", drift},
           {"outliers", outliers},
           {"selection", selection},
@@ -109,6 +114,31 @@ std::string render_table(const ClusterReport& r) {
     net.add_row({"all-reduce (NCCL)", fmt::format("{} nodes", r.nccl.ranks), gbps(r.nccl.busbw_gbps), "", status_text(r.nccl.status), r.nccl.reason});
     out += "\n" + net.render();
     if (!r.suspects.empty()) out += fmt::format("network suspects (every link tested with them was slow): {}\n", fmt::join(r.suspects, ", "));
+  }
+
+  if (!r.rdma.empty()) {
+    std::set<std::string> skip_reasons;
+    bool measured = false;
+    // Reasons name the node ("node3: no active ... port"): the same lack on
+    // every node is one line, not a row per pair.
+    for (const auto& x : r.rdma) {
+      if (x.status == CheckStatus::kSkip) {
+        const auto colon = x.reason.find(": ");
+        skip_reasons.insert(colon == std::string::npos ? x.reason : x.reason.substr(colon + 2));
+      } else {
+        measured = true;
+      }
+    }
+    if (!measured && skip_reasons.size() == 1) {
+      out += fmt::format("\nrdma (perftest): skip on every pair: {}\n", *skip_reasons.begin());
+    } else {
+      Table rdma({{"RDMA PORTS"}, {"GPU"}, {"BANDWIDTH", true}, {"LATENCY", true}, {"STATUS"}, {"REASON", false, 90}});
+      for (const auto& x : r.rdma)
+        rdma.add_row({fmt::format("{} {} - {} {}", x.a, x.device.empty() ? "-" : x.device, x.b, x.peer_device.empty() ? "-" : x.peer_device),
+                      x.gpudirect ? "yes" : "no", x.bandwidth_gbits ? fmt::format("{} Gb/s", format_number(*x.bandwidth_gbits)) : "-",
+                      x.latency_us ? fmt::format("{} us", format_number(*x.latency_us)) : "-", status_text(x.status), x.reason});
+      out += "\n" + rdma.render();
+    }
   }
 
   if (!r.drift.empty()) {

@@ -112,6 +112,27 @@ std::vector<ProbeSpec> grace_active_probes();
 // Grace probes ($PACER_VET_ROOT; empty: the real ones), so tests use a fake tree.
 std::string vet_root();
 
+std::vector<ProbeSpec> fabric_probes();
+
+// Software drift inputs, exposed for tests. The `prefix` variables of `env`
+// ("K=V" entries) but those named in `ignore`, sorted, space-separated.
+std::string environment_text(const std::vector<std::string>& env, const std::string& prefix, const std::set<std::string>& ignore);
+// The container image the process runs in, from the runtimes' environment
+// variables and Podman's ROOT/run/.containerenv; empty text (with `source`
+// saying why) outside a known container.
+struct ContainerIdentity {
+  std::string text;
+  std::string source;
+};
+ContainerIdentity container_identity(const std::vector<std::string>& env, const std::string& root);
+
+// The fabric probe's body: RDMA ports and Slingshot links under ROOT/sys,
+// read twice; `between` runs between the two reads instead of the sleep of
+// `window_s` (tests change the fake tree there). `devices`: the probe's
+// parameter, a comma-separated list of devices or DEV/PORT; empty: all.
+std::vector<Measurement> measure_fabric(const std::string& root, const std::string& devices, double window_s,
+                                        const std::function<void()>& between);
+
 // Set in the probe's child process when the runner asks it to stop (SIGTERM,
 // Ctrl-C): long loops check it and clean up.
 extern volatile std::sig_atomic_t g_probe_cancelled;

@@ -9,7 +9,7 @@ const std::vector<ProbeSpec>& all_probes() {
     std::vector<ProbeSpec> all;
     // The GPU error probe runs after the load probes, so that what they made
     // the GPUs report (Xids, NVLink errors) counts as "during vet".
-    for (auto group : {system_probes, software_probes, gpu_probes, grace_probes, cpu_probes, memory_probes, storage_probes,
+    for (auto group : {system_probes, software_probes, gpu_probes, fabric_probes, grace_probes, cpu_probes, memory_probes, storage_probes,
                        gpu_active_probes, grace_active_probes, gpu_error_probes}) {
       for (auto& p : group()) all.push_back(std::move(p));
     }

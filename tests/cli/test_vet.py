@@ -73,7 +73,8 @@ class VetCli(unittest.TestCase):
     def test_list_names_every_category(self):
         r = pacer("vet", "--list")
         self.assertEqual(r.returncode, 0)
-        for name in ["system.thp_enabled", "cpu.flops", "memory.bandwidth", "storage.metadata", "gpu.ecc", "software.nccl"]:
+        for name in ["system.thp_enabled", "cpu.flops", "memory.bandwidth", "storage.metadata", "gpu.ecc", "software.nccl",
+                     "fabric.ib_state", "fabric.cxi_link_flaps", "software.container"]:
             self.assertIn(name, r.stdout)
 
     def test_quick_run_table_and_json(self):

@@ -41,4 +41,15 @@ pid_t wait_process(pid_t pid, int* status = nullptr, int flags = 0);
 // A wait status as a shell reports it: the exit code, or 128 + the signal.
 int exit_code_of(int wait_status);
 
+struct CapturedOutput {
+  int status = 0;      // exit status, or 128 + signal
+  std::string output;  // stdout and stderr together
+};
+// Runs argv (path search, no shell) and collects its output. Errors: it could
+// not start (the message says "not found" for a missing program) or gave no
+// answer within timeout_s (it is killed). `child_mask`: the signal mask the
+// child starts with (nullptr: nothing blocked).
+Expected<CapturedOutput> capture_output(const std::vector<std::string>& argv, double timeout_s,
+                                        const sigset_t* child_mask = nullptr);
+
 }  // namespace pacer

@@ -12,6 +12,14 @@ std::string nccl_version();         // "2.27.3", from ncclGetVersion
 std::string mpi_library_version();  // first line of MPI_Get_library_version
 std::string cuda_toolkit_version(); // from $CUDA_HOME or /usr/local/cuda version.json
 std::string glibc_version();
+// The NCCL network plugin NCCL would load: $NCCL_NET_PLUGIN (a path, or NAME
+// for libnccl-net-NAME.so), else libnccl-net.so. "NAME vN (PATH)": the name
+// the plugin gives itself, the newest ncclNetPlugin_vN interface it exports
+// and the file it resolved to. Empty when none loads.
+std::string nccl_net_plugin();
+// libfabric's release (major.minor, from fi_version) and the real file behind
+// libfabric.so.1: "1.17 (/usr/lib/x86_64-linux-gnu/libfabric.so.1.20.0)".
+std::string libfabric_version();
 
 // The NCCL library every part of pacer uses (vet's version and bandwidth
 // checks, the comm backend), loaded once per process and never unloaded, so

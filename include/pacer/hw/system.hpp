@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -147,6 +148,30 @@ struct IbCounters {
 };
 // Every port of every device; empty (not an error) on a node without InfiniBand.
 std::vector<IbCounters> read_ib_counters(const std::string& root = "");
+
+// One InfiniBand or RoCE port's link, beside its counters: state ("ACTIVE"),
+// physical state ("LinkUp") and rate as sysfs words them, without the
+// numeric code sysfs puts first ("4: ACTIVE"). A counter the driver does not
+// provide is nullopt, not 0: vet must not pass a check it could not read.
+struct IbPort {
+  std::string device;
+  int port = 0;
+  std::string state;
+  std::string phys_state;
+  std::string rate;            // "400 Gb/sec (4X NDR)", as written
+  std::optional<double> rate_gbits;  // 400: the leading number of `rate`
+  std::string link_layer;      // "InfiniBand" or "Ethernet" (RoCE)
+  std::optional<std::uint64_t> symbol_errors;
+  std::optional<std::uint64_t> link_downed;
+  std::optional<std::uint64_t> rcv_errors;
+};
+// Every port of every device under ROOT/sys/class/infiniband, sorted; empty
+// on a node without RDMA devices.
+std::vector<IbPort> read_ib_ports(const std::string& root = "");
+// "4: ACTIVE" -> "ACTIVE"; text without a "N: " prefix is returned trimmed.
+std::string strip_sysfs_code(std::string_view text);
+// The leading number of a sysfs rate ("400 Gb/sec (4X NDR)" -> 400).
+std::optional<double> parse_ib_rate(std::string_view text);
 
 // /proc/diskstats: whole devices and partitions as the kernel lists them.
 // Sectors are always 512 bytes there, whatever the device's block size.

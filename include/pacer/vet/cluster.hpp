@@ -30,6 +30,8 @@ struct ClusterOptions {
   std::size_t allreduce_bytes = 64u << 20; // buffer size of the all-reduce test
   int p2p_reps = 10;
   int latency_reps = 200;
+  bool rdma = true;         // perftest between the RDMA ports of ring neighbours (--skip rdma turns it off)
+  int rdma_tcp_port = 18515;  // perftest's out-of-band connections use this port and the next 2 per RDMA port
 };
 
 // One network measurement between two nodes.
@@ -51,6 +53,22 @@ struct AllReduceResult {
   CheckStatus status = CheckStatus::kSkip;
   std::string reason;
 };
+
+// perftest's RDMA write between the k-th active RDMA port of two ring
+// neighbours: `a` runs the servers, `b` the clients, which measure.
+struct RdmaResult {
+  std::string a;
+  std::string b;
+  std::string device;       // a's port, "mlx5_0/1"
+  std::string peer_device;  // b's port
+  bool gpudirect = false;   // buffers in GPU memory (--use_cuda; nvidia_peermem loaded on both)
+  std::optional<double> bandwidth_gbits;  // Gb/s, ib_write_bw's average, as the port's rate is given
+  std::optional<double> latency_us;       // ib_write_lat's typical (median) one-way latency
+  CheckStatus status = CheckStatus::kSkip;
+  std::string reason;
+};
+// Judges RDMA results against their median bandwidth with the link ratios of [cluster].
+void judge_rdma(std::vector<RdmaResult>& results, const Profile& profile);
 
 // Values of one setting that differ between nodes: a failure.
 struct Drift {
@@ -109,6 +127,7 @@ struct ClusterReport {
   std::vector<std::string> suspects;  // nodes the bisection blames for slow links
   AllReduceResult allreduce;
   AllReduceResult nccl;  // across nodes on GPUs; skip without CUDA
+  std::vector<RdmaResult> rdma;
   std::vector<Drift> drift;
   std::vector<OutlierCheck> outliers;
   std::optional<Selection> selection;
