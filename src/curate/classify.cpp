@@ -104,13 +104,22 @@ Status check_model_file(const std::string& path) {
   std::int32_t args[12];
   double t = 0;
   if (!get(args, sizeof args) || !get(&t, sizeof t)) return bad("truncated in its arguments");
-  const std::int32_t dim = args[0], model = args[7];
+  // Args::save order: dim ws epoch minCount neg wordNgrams loss model bucket minn maxn lrUpdateRate, t.
+  const std::int32_t dim = args[0], word_ngrams = args[5], loss = args[6], model = args[7], bucket = args[8], maxn = args[10];
   if (dim <= 0 || dim > 10000) return bad(fmt::format("dimension {}", dim));
   if (model != 3) return bad("an unsupervised (word vector) model cannot classify");
+  if (loss < 1 || loss > 4) return bad(fmt::format("loss {} (1-4: hs, ns, softmax, ova)", loss));
+  // fastText hashes word n-grams and subwords modulo the bucket count as it loads and predicts, and
+  // compares maxn with unsigned lengths (a negative one loops over every length).
+  const std::int32_t minn = args[9];
+  if (minn < 0 || maxn < 0 || maxn > 1000 || word_ngrams < 1 || word_ngrams > 1000)
+    return bad(fmt::format("subwords of {} to {} characters, {}-word n-grams", minn, maxn, word_ngrams));
+  if (bucket < 0 || (bucket == 0 && (word_ngrams > 1 || maxn > 0)))
+    return bad(fmt::format("{} buckets for {}-word n-grams and subwords up to {} characters", bucket, word_ngrams, maxn));
   std::int32_t nwords_all = 0, nwords = 0, nlabels = 0;
   std::int64_t ntokens = 0, prune = 0;
   if (!get(&nwords_all, 4) || !get(&nwords, 4) || !get(&nlabels, 4) || !get(&ntokens, 8) || !get(&prune, 8)) return bad("truncated dictionary");
-  if (nwords_all < 0 || nwords < 0 || nlabels <= 0 || nwords + nlabels != nwords_all || nwords_all > 30000000)
+  if (nwords_all < 0 || nwords < 0 || nlabels <= 0 || static_cast<std::int64_t>(nwords) + nlabels != nwords_all || nwords_all > 30000000)
     return bad(fmt::format("dictionary of {} entries ({} words, {} labels)", nwords_all, nwords, nlabels));
   // Each entry is at least a NUL, a count and a type: 10 bytes.
   if (static_cast<std::uint64_t>(nwords_all) * 10 > size - pos) return bad("dictionary larger than the file");
@@ -137,19 +146,24 @@ Status check_model_file(const std::string& path) {
     f.seekg(static_cast<std::streamoff>(prune * 8), std::ios::cur);
     pos += static_cast<std::uint64_t>(prune) * 8;
   }
-  bool quant = false;
+  // fastText reads its two flags as a raw bool: a byte other than 0 or 1 is refused here, never loaded as one.
+  std::uint8_t quant = 0;
   if (!get(&quant, 1)) return bad("truncated before its input matrix");
+  if (quant > 1) return bad(fmt::format("quantization flag {} (0 or 1)", quant));
   if (quant) return bad("a quantized (.ftz) model; classify with the .bin");
   for (const char* which : {"input", "output"}) {
     std::int64_t m = 0, n = 0;
     if (!get(&m, 8) || !get(&n, 8)) return bad(fmt::format("truncated {} matrix", which));
     if (m < 0 || n != dim || static_cast<std::uint64_t>(m) > (size - pos) / (4 * static_cast<std::uint64_t>(n)))
       return bad(fmt::format("{} matrix of {} x {} does not fit the file", which, m, n));
+    if (which[0] == 'i' && m != static_cast<std::int64_t>(nwords) + bucket)
+      return bad(fmt::format("input matrix of {} rows for {} words and {} buckets", m, nwords, bucket));
     f.seekg(static_cast<std::streamoff>(m * n * 4), std::ios::cur);
     pos += static_cast<std::uint64_t>(m * n * 4);
     if (which[0] == 'i') {
-      bool qout = false;
+      std::uint8_t qout = 0;
       if (!get(&qout, 1)) return bad("truncated before its output matrix");
+      if (qout > 1) return bad(fmt::format("output quantization flag {} (0 or 1)", qout));
       if (qout) return bad("a quantized output matrix");
     } else if (m != nlabels) {
       return bad(fmt::format("output matrix of {} rows for {} labels", m, nlabels));
