@@ -29,7 +29,7 @@ async function press(page, key) {
   const before = await page.evaluate(() => document.getElementById('status').textContent + '|' + document.body.dataset.sample);
   await page.keyboard.press(key);
   await page.waitForFunction((b) => document.getElementById('status').textContent + '|' + document.body.dataset.sample !== b,
-                             { timeout: 5000 }, before);
+                             { timeout: 60000 }, before);
   return shown(page);
 }
 
@@ -40,7 +40,7 @@ async function open(browser, url) {
   page.on('pageerror', (e) => errors.push(String(e)));
   page.on('console', (m) => { if (m.type() === 'error') errors.push(m.text()); });
   await page.goto(url);
-  await page.waitForSelector('body[data-ready="1"]', { timeout: 5000 });
+  await page.waitForSelector('body[data-ready="1"]', { timeout: 60000 });
   return { page, errors };
 }
 
@@ -48,6 +48,8 @@ async function open(browser, url) {
   const browser = await puppeteer.launch({
     executablePath: chromium, headless: true,
     args: ['--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage'],
+    // Chromium took over 30 s (puppeteer's default) to start on the 2-core CI machine under a parallel ctest.
+    timeout: 180000, protocolTimeout: 180000,
   });
   const out = { a: [], b: [] };
   try {
@@ -60,10 +62,10 @@ async function open(browser, url) {
     out.a.push(await press(a, 'Backspace'));       // 4: the skip taken back: third again
     const before = await shown(a);
     await a.click('button[data-label="safe"]');    // 5: a click labels too
-    await a.waitForFunction((s) => document.body.dataset.sample !== s, { timeout: 5000 }, before.sample);
+    await a.waitForFunction((s) => document.body.dataset.sample !== s, { timeout: 60000 }, before.sample);
     out.a.push(await shown(a));
     await a.reload();                              // 6: a reload continues where it was
-    await a.waitForSelector('body[data-ready="1"]', { timeout: 5000 });
+    await a.waitForSelector('body[data-ready="1"]', { timeout: 60000 });
     out.a.push(await shown(a));
 
     const B = await open(browser, urlB);

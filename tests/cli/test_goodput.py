@@ -141,8 +141,15 @@ class GoodputTest(unittest.TestCase):
         self.assertGreater(waited, 30 * 0.055)
         self.assertAlmostEqual(bucket(j, "input_wait"), waited, delta=0.05 * waited)
         self.assertGreater(bucket(j, "input_wait"), 2 * bucket(j, "productive"))
-        self.assertEqual(j["largest_loss"]["bucket"], "input_wait", j["largest_loss"])
-        self.assertIn("loader threads", j["largest_loss"]["advice"])
+        losses = {b["name"]: b["seconds"] for b in j["buckets"] if b["name"] not in ("productive", "input_wait", "startup")}
+        self.assertGreater(bucket(j, "input_wait"), max(losses.values()), j["buckets"])
+        if j["largest_loss"]["bucket"] == "startup":
+            # A loaded machine can take longer to start Python than the 30 steps take: then start-up is the
+            # largest loss, rightly.
+            self.assertGreater(bucket(j, "startup"), bucket(j, "input_wait"), j["largest_loss"])
+        else:
+            self.assertEqual(j["largest_loss"]["bucket"], "input_wait", j["largest_loss"])
+            self.assertIn("loader threads", j["largest_loss"]["advice"])
 
     def test_slow_rank_is_a_straggler(self):
         ranks = " & ".join(f"RANK={r} {PYTHON} {LOOP} --steps 20 --compute 0.02 --slow-rank 1 --slow 0.08" for r in (0, 1))
@@ -190,7 +197,7 @@ class GoodputTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr[-2000:])
         self.assertEqual(console, [], "console output from the page")
         self.assertIn('id="goodput"', r.stdout)
-        self.assertIn("Largest loss: input_wait", r.stdout)
+        self.assertIn("Largest loss: " + self.ledger(db)["largest_loss"]["bucket"], r.stdout)
         # A run without steps has no ledger, and its report is still written.
         empty = self.monitored("no-steps", ["sleep", "0.3"])
         r = pacer("report", empty, "-o", os.path.join(self.dir, "empty.html"))

@@ -29,7 +29,7 @@ lib=(core/error.cpp core/units.cpp core/stats.cpp core/atomic_file.cpp core/tabl
      hw/system.cpp hw/nvml.cpp hw/gpu_errors.cpp hw/libraries.cpp hw/cuda_host.cpp hw/gpu_bench_nocuda.cpp
      vet/check.cpp vet/profile.cpp vet/registry.cpp vet/runner.cpp vet/report.cpp vet/outliers.cpp
      vet/probes_system.cpp vet/probes_cpu.cpp vet/probes_memory.cpp vet/probes_storage.cpp vet/probes_gpu.cpp
-     vet/probes_gpu_active.cpp vet/probes_software.cpp vet/probes_gpu_errors.cpp vet/probes_grace.cpp)
+     vet/probes_gpu_active.cpp vet/probes_software.cpp vet/probes_gpu_errors.cpp vet/probes_grace.cpp vet/probes_fabric.cpp)
 # make test runs the tests of what the Grace build adds or changes (the FLOP
 # kernel, the GPU error checks, the kernel-log parser) and core's; make
 # test-slow (PACER_SLOW_TESTS=1) all of core's, hw's and vet's. CI time is the

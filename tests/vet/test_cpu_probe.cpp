@@ -30,8 +30,9 @@ TEST(CpuProbe, MeasuresWithTheVectorUnitOfThisCpu) {
   for (const auto& isa : isas) named = named || c.reason.find(isa) != std::string::npos;
   EXPECT_TRUE(named) << c.reason;
   // tests/cross/aarch64.sh runs this under emulated CPUs with and without SVE.
-  if (const char* want = std::getenv("PACER_EXPECT_CPU_KERNEL"))
+  if (const char* want = std::getenv("PACER_EXPECT_CPU_KERNEL")) {
     EXPECT_NE(c.reason.find(std::string("fp64 ") + want + " "), std::string::npos) << c.reason;
+  }
 }
 
 }  // namespace
