@@ -129,7 +129,8 @@ class CommBench(unittest.TestCase):
         # Elements, not bytes: the pick in bytes / 4, unless DeepSpeed's default
         # (5e8 elements) exposes no more (e.g. both are one whole-gradient
         # bucket when the measured fit makes one message best).
-        if ds["recommended"] != round(t["best"]["bucket_bytes"] / 4):
+        # (Within one element: a pick of 4n+2 bytes rounds either way.)
+        if abs(ds["recommended"] - t["best"]["bucket_bytes"] / 4) > 1:
             self.assertEqual(ds["recommended"], ds["default"])
             self.assertEqual(ds["at_recommended"], ds["at_default"])
         for s in t["settings"]:
