@@ -202,13 +202,21 @@ namespace {
 struct ViewBuf : std::streambuf {
   ViewBuf(char* p, std::size_t n) { setg(p, p, p + n); }
 };
+
+// fastText reads one example a line: line breaks inside a text become spaces.
+void flatten_lines(std::string& text) {
+  for (char& c : text)
+    if (c == '\n' || c == '\r' || c == '\v' || c == '\f') c = ' ';
+}
+
+// A label as the user names it: fastText's "__label__" prefix dropped.
+std::string label_name(std::string label) { return label.rfind("__label__", 0) == 0 ? label.substr(9) : label; }
 }  // namespace
 
 std::vector<std::pair<float, std::string>> Model::predict(const std::string& text, int k) const {
   thread_local std::string line;
   line.assign(text);
-  for (char& c : line)
-    if (c == '\n' || c == '\r' || c == '\v' || c == '\f') c = ' ';
+  flatten_lines(line);
   line += '\n';
   ViewBuf buf(line.data(), line.size());
   std::istream in(&buf);
@@ -216,24 +224,20 @@ std::vector<std::pair<float, std::string>> Model::predict(const std::string& tex
   impl_->ft.predictLine(in, p, k, 0.0);
   std::vector<std::pair<float, std::string>> out;
   out.reserve(p.size());
-  for (auto& [prob, label] : p) out.emplace_back(prob, label.rfind("__label__", 0) == 0 ? label.substr(9) : label);
+  for (auto& [prob, label] : p) out.emplace_back(prob, label_name(std::move(label)));
   return out;
 }
 
 std::vector<std::string> Model::labels() const {
   auto d = impl_->ft.getDictionary();
   std::vector<std::string> out;
-  for (std::int32_t i = 0; i < d->nlabels(); ++i) {
-    std::string l = d->getLabel(i);
-    out.push_back(l.rfind("__label__", 0) == 0 ? l.substr(9) : l);
-  }
+  for (std::int32_t i = 0; i < d->nlabels(); ++i) out.push_back(label_name(d->getLabel(i)));
   return out;
 }
 
 std::string fasttext_line(const std::string& text) {
   std::string out = text;
-  for (char& c : out)
-    if (c == '\n' || c == '\r' || c == '\v' || c == '\f') c = ' ';
+  flatten_lines(out);
   return out;
 }
 

@@ -117,16 +117,13 @@ Expected<int> read_pci_numa_node(const std::string& pci_bus_id, const std::strin
 
 std::vector<RdmaNic> read_rdma_nics(const std::string& root) {
   std::vector<RdmaNic> out;
-  std::error_code ec;
-  const std::filesystem::path base = root + "/sys/class/infiniband";
-  for (const auto& e : std::filesystem::directory_iterator(base, ec)) {
+  for (const auto& dev : ib_device_dirs(root)) {
     RdmaNic nic;
-    nic.name = e.path().filename().string();
-    if (auto t = read_text((e.path() / "device" / "numa_node").string()))
+    nic.name = dev.filename().string();
+    if (auto t = read_text((dev / "device" / "numa_node").string()))
       std::from_chars(t->data(), t->data() + t->size(), nic.numa_node);
     out.push_back(nic);
   }
-  std::sort(out.begin(), out.end(), [](const RdmaNic& a, const RdmaNic& b) { return a.name < b.name; });
   return out;
 }
 

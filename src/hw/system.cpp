@@ -337,12 +337,8 @@ struct IbPortDir {
 // DEV/ports/N directories under ROOT/sys/class/infiniband, sorted by path.
 std::vector<IbPortDir> ib_port_dirs(const std::string& root) {
   std::vector<IbPortDir> out;
-  const std::filesystem::path base = root + "/sys/class/infiniband";
   std::error_code ec;
-  std::vector<std::filesystem::path> devices;
-  for (const auto& d : std::filesystem::directory_iterator(base, ec)) devices.push_back(d.path());
-  std::sort(devices.begin(), devices.end());
-  for (const auto& dev : devices) {
+  for (const auto& dev : ib_device_dirs(root)) {
     std::vector<std::filesystem::path> ports;
     for (const auto& p : std::filesystem::directory_iterator(dev / "ports", ec)) ports.push_back(p.path());
     std::sort(ports.begin(), ports.end());
@@ -366,6 +362,14 @@ std::optional<std::uint64_t> read_counter(const std::filesystem::path& path) {
 }
 
 }  // namespace
+
+std::vector<std::filesystem::path> ib_device_dirs(const std::string& root) {
+  std::vector<std::filesystem::path> devices;
+  std::error_code ec;
+  for (const auto& d : std::filesystem::directory_iterator(root + "/sys/class/infiniband", ec)) devices.push_back(d.path());
+  std::sort(devices.begin(), devices.end());
+  return devices;
+}
 
 std::vector<IbCounters> read_ib_counters(const std::string& root) {
   std::vector<IbCounters> out;

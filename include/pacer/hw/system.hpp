@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -168,6 +169,8 @@ struct IbPort {
 // Every port of every device under ROOT/sys/class/infiniband, sorted; empty
 // on a node without RDMA devices.
 std::vector<IbPort> read_ib_ports(const std::string& root = "");
+// The RDMA devices' directories (ROOT/sys/class/infiniband/DEV), sorted by name.
+std::vector<std::filesystem::path> ib_device_dirs(const std::string& root = "");
 // "4: ACTIVE" -> "ACTIVE"; text without a "N: " prefix is returned trimmed.
 std::string strip_sysfs_code(std::string_view text);
 // The leading number of a sysfs rate ("400 Gb/sec (4X NDR)" -> 400).
