@@ -17,6 +17,15 @@ times each contender once, in an order that rotates between rounds:
 
 Writes one JSON file with the machine, versions, raw per-round numbers,
 medians, spreads, ratios and the issue's targets with `met`.
+
+Several ranks (`torchrun --nproc-per-node N bench/ckpt_gpu.py ...`): every rank
+holds the same state (DDP: replicated), NCCL when each rank has a GPU of its
+own, gloo otherwise (several ranks sharing one GPU, or `--device cpu`). Every
+figure is the slowest rank's, each contender starting after a barrier:
+pacer's collective save and load(into=) on every rank (and, for comparison,
+load(into=, collective=False): every rank reading the whole state); `torch.save` by rank 0
+alone (the DDP habit) and `torch.load` on every rank; DCP collectively; `dd`
+of each rank's own data file, all at once; `cat` of the step's files once.
 """
 import argparse
 import datetime
@@ -38,14 +47,54 @@ from ckpt_vs_torch import evict, run_dd  # noqa: E402  (page-cache control and d
 import pacer  # noqa: E402
 
 
+RANK = int(os.environ.get("RANK", "0"))
+WORLD = int(os.environ.get("WORLD_SIZE", "1"))
+_TIMING = None  # a gloo group for the barriers and the max of the ranks' times
+
+
 def log(msg):
-    print(f"ckpt_gpu: {msg}", flush=True)
+    if RANK == 0:
+        print(f"ckpt_gpu: {msg}", flush=True)
 
 
 def now():
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     return time.perf_counter()
+
+
+def start():
+    """Every rank begins a timed step together."""
+    if WORLD > 1:
+        torch.distributed.barrier(group=_TIMING)
+    return now()
+
+
+def slowest(seconds):
+    """The slowest rank's time for the step (every rank gets it)."""
+    if WORLD == 1:
+        return seconds
+    t = torch.tensor([seconds], dtype=torch.float64)
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX, group=_TIMING)
+    return float(t.item())
+
+
+def setup_ranks(device):
+    """torchrun's ranks: the process group, and this rank's device."""
+    global _TIMING
+    if WORLD == 1:
+        return torch.device(device), None
+    local = int(os.environ.get("LOCAL_RANK", RANK))
+    own_gpu = device == "cuda" and torch.cuda.device_count() >= int(os.environ.get("LOCAL_WORLD_SIZE", WORLD))
+    backend = "nccl" if own_gpu else "gloo"
+    if device == "cuda":
+        torch.cuda.set_device(local % torch.cuda.device_count())
+        dev = torch.device("cuda", torch.cuda.current_device())
+    else:
+        dev = torch.device("cpu")
+    torch.distributed.init_process_group(backend)
+    _TIMING = torch.distributed.new_group(backend="gloo")
+    return dev, backend
 
 
 def make_state(layers, hidden, device):
@@ -121,9 +170,13 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--skip", default="", help="comma-separated contenders to leave out")
     ap.add_argument("--device", default="cuda", help="cuda (the measurement) or cpu (a dry run of the script)")
+    ap.add_argument("--share-over-gloo", action="store_true",
+                    help="several ranks: share loaded pieces over gloo too (pacer.checkpoint._SHARE_OVER_GLOO)")
     a = ap.parse_args()
+    if a.share_over_gloo:
+        pacer.checkpoint._SHARE_OVER_GLOO = True
     skip = set(filter(None, a.skip.split(",")))
-    dev = torch.device(a.device)
+    dev, backend = setup_ranks(a.device)
     load_start = os.getloadavg()
     os.makedirs(a.dir, exist_ok=True)
     cache = {"drop_caches": None}
@@ -152,98 +205,144 @@ def main():
 
     ck_root = os.path.join(a.dir, "pacer")
     ck = pacer.Checkpointer(ck_root, keep_last=1, staging_bytes=total + (256 << 20))
-    t0 = now()
+    t0 = start()
     h = ck.save(0, state)
-    first_blocked = time.perf_counter() - t0
+    first_blocked = slowest(time.perf_counter() - t0)
     h.wait()
-    first_durable = time.perf_counter() - t0
+    first_durable = slowest(time.perf_counter() - t0)
     log(f"first save (allocates and pins staging): blocked {first_blocked:.3f} s, durable {first_durable:.3f} s")
     step = [0]
 
     def step_dir():
         return os.path.join(ck_root, f"step-{step[0]:012d}")
 
+    def timed(key, t0, at=None):
+        """Records the slowest rank's seconds since t0 (every rank must call it)."""
+        rec(key, slowest((time.perf_counter() if at is None else at) - t0))
+
+    def barrier():
+        if WORLD > 1:
+            torch.distributed.barrier(group=_TIMING)
+
+    def sync_all():
+        os.sync()
+        barrier()
+
+    def evict_all(path):
+        if RANK == 0:
+            evict(path, cache)
+        barrier()
+
+    def rm_all(path):
+        barrier()
+        if RANK == 0:
+            rm(path)
+        barrier()
+
     def c_d2h():
-        t0 = now()
+        t0 = start()
         for p, t in zip(pinned, gpu):
             p.copy_(t, non_blocking=True)
-        rec("d2h_s", now() - t0)
+        timed("d2h_s", t0, now())
 
     def c_pacer():
         step[0] += 1
-        os.sync()
-        t0 = now()
+        sync_all()
+        t0 = start()
         h = ck.save(step[0], state)
         blocked = time.perf_counter() - t0
         h.wait()
-        rec("pacer_blocked_s", blocked)
-        rec("pacer_durable_s", time.perf_counter() - t0)
+        durable = time.perf_counter()
+        rec("pacer_blocked_s", slowest(blocked))
+        timed("pacer_durable_s", t0, durable)
 
     def c_dd():
+        # Each rank writes its own part of the step as pacer did: its data
+        # file, the ranks at once.
         src = files_in(step_dir())
-        data = max(src, key=os.path.getsize)
+        mine = [f for f in src if os.path.basename(f) == f"rank-{RANK:05d}.bin"] or [max(src, key=os.path.getsize)]
+        data = mine[0]
         with open(data, "rb") as f:  # the source from the page cache: dd measures the write alone
             while f.read(64 << 20):
                 pass
-        dst = os.path.join(a.dir, "dd.bin")
+        dst = os.path.join(a.dir, f"dd-{RANK}.bin")
+        sync_all()
+        start()
         s, _, _ = run_dd(["dd", f"if={data}", f"of={dst}", "bs=64M", "conv=fsync"])
-        rec("dd_fsync_s", s)
-        rec("dd_bytes", os.path.getsize(data))
-        rm(dst)
+        rec("dd_fsync_s", slowest(s))
+        n = torch.tensor([os.path.getsize(data)], dtype=torch.float64)
+        if WORLD > 1:
+            torch.distributed.all_reduce(n, group=_TIMING)
+        rec("dd_bytes", float(n.item()))
+        os.unlink(dst)
+        barrier()
 
     def c_torch_save():
+        # The DDP habit: rank 0 saves, every rank loads.
         path = os.path.join(a.dir, "torch.pt")
-        os.sync()
-        t0 = now()
-        with open(path, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        rec("torch_save_s", time.perf_counter() - t0)
-        evict(path, cache)
-        t0 = now()
-        loaded = torch.load(path, map_location=a.device, **({"weights_only": False} if torch.__version__ >= "2" else {}))
-        rec("torch_load_s", now() - t0)
+        sync_all()
+        t0 = start()
+        if RANK == 0:
+            with open(path, "wb") as f:
+                torch.save(state, f)
+                f.flush()
+                os.fsync(f.fileno())
+        timed("torch_save_s", t0)
+        evict_all(path)
+        t0 = start()
+        loaded = torch.load(path, map_location=dev, **({"weights_only": False} if torch.__version__ >= "2" else {}))
+        timed("torch_load_s", t0, now())
         del loaded
-        rm(path)
+        rm_all(path)
 
     def c_dcp():
         import torch.distributed.checkpoint as dcp
         path = os.path.join(a.dir, "dcp")
-        os.sync()
-        t0 = now()
+        sync_all()
+        t0 = start()
         dcp.save(state, checkpoint_id=path)
-        rec("dcp_save_s", time.perf_counter() - t0)
-        evict(path, cache)
+        timed("dcp_save_s", t0)
+        evict_all(path)
         poison(state)
-        t0 = now()
+        t0 = start()
         dcp.load(state, checkpoint_id=path)
-        rec("dcp_load_s", now() - t0)
+        timed("dcp_load_s", t0, now())
         checks.setdefault("dcp_load_equal", []).append(same_state(state, reference))
-        rm(path)
+        rm_all(path)
         if hasattr(dcp, "async_save"):
             path2 = os.path.join(a.dir, "dcp_async")
-            os.sync()
-            t0 = now()
+            sync_all()
+            t0 = start()
             fut = dcp.async_save(state, checkpoint_id=path2)
-            rec("dcp_async_blocked_s", time.perf_counter() - t0)
+            blocked = time.perf_counter() - t0
             fut.result()
-            rec("dcp_async_done_s", time.perf_counter() - t0)
-            rm(path2)
+            done = time.perf_counter()
+            rec("dcp_async_blocked_s", slowest(blocked))
+            timed("dcp_async_done_s", t0, done)
+            rm_all(path2)
 
     def c_loads():
         d = step_dir()
         files = files_in(d)
-        evict(d, cache)
-        t0 = time.perf_counter()
-        subprocess.run(["cat", *files], stdout=subprocess.DEVNULL, check=True)
-        rec("cat_s", time.perf_counter() - t0)
-        evict(d, cache)
+        evict_all(d)
+        t0 = start()
+        if RANK == 0:  # the step's bytes read once: the floor for any number of readers on one host
+            subprocess.run(["cat", *files], stdout=subprocess.DEVNULL, check=True)
+        timed("cat_s", t0)
+        evict_all(d)
         poison(state)
-        t0 = now()
+        t0 = start()
         ck.load(into=state)
-        rec("pacer_load_s", now() - t0)
+        timed("pacer_load_s", t0, now())
         checks.setdefault("pacer_load_equal", []).append(same_state(state, reference))
+        checks.setdefault("pacer_last_load_rank0", []).append(getattr(ck, "last_load", None))
+        if WORLD > 1:  # every rank reading the whole state itself, as before loads were shared
+            evict_all(d)
+            poison(state)
+            t0 = start()
+            ck.load(into=state, collective=False)
+            timed("pacer_load_alone_s", t0, now())
+            checks.setdefault("pacer_load_alone_equal", []).append(same_state(state, reference))
 
     def summarise(rounds_done):
         med = {k: stats(v) for k, v in raw.items()}
@@ -264,6 +363,7 @@ def main():
             "dcp_async_blocked / pacer_blocked": ratio("dcp_async_blocked_s", "pacer_blocked_s"),
             "torch_save / pacer_durable": ratio("torch_save_s", "pacer_durable_s"),
             "torch_load / pacer_load": ratio("torch_load_s", "pacer_load_s"),
+            "pacer_load_alone / pacer_load": ratio("pacer_load_alone_s", "pacer_load_s"),
         }
         limits = {"pacer_blocked / d2h <= 2": ("<=", 2), "pacer_durable / dd_fsync(same bytes) <= 1.1": ("<=", 1.1),
                   "pacer_load / cat <= 1.15": ("<=", 1.15), "dcp_load / pacer_load >= 1.4": (">=", 1.4)}
@@ -282,6 +382,8 @@ def main():
                         "loadavg_start_end": [load_start, os.getloadavg()], "torch": torch.__version__, "python": platform.python_version(),
                         "drop_caches": cache["drop_caches"]},
             "command": " ".join(sys.argv),
+            "ranks": {"world_size": WORLD, "backend": backend, "device": str(dev),
+                      "note": "every figure is the slowest rank's" if WORLD > 1 else None},
             "state": {"layers": a.layers, "hidden": a.hidden, "tensors": len(gpu), "bytes": total, "dtype": "bfloat16", "optimizer": "AdamW"},
             "first_save": {"blocked_s": first_blocked, "durable_s": first_durable},
             "pacer_stats": pacer_stats,
@@ -293,6 +395,8 @@ def main():
             "errors": errors,
         }
         result["rounds_done"] = rounds_done
+        if RANK != 0:
+            return med, targets, met
         with open(a.out, "w") as f:
             json.dump(result, f, indent=1)
         return med, targets, met
@@ -311,7 +415,11 @@ def main():
         summarise(r + 1)  # a run cut short still leaves its finished rounds
 
     med, targets, met = summarise(a.rounds)
-    shutil.rmtree(a.dir, ignore_errors=True)
+    if WORLD > 1:
+        torch.distributed.barrier(group=_TIMING)
+        torch.distributed.destroy_process_group()
+    if RANK == 0:
+        shutil.rmtree(a.dir, ignore_errors=True)
     log("medians: " + ", ".join(f"{k} {v['median']:.3f}" for k, v in med.items() if v and k.endswith("_s")))
     log("ratios: " + json.dumps({k: (round(v, 3) if v is not None else None) for k, v in targets.items()}))
     log(f"met: {met}; checks: {checks}; errors: {list(errors)}")

@@ -215,8 +215,25 @@ def pacer_round(ck, root, step, tensors, state, check):
             np.array_equal(loaded[k], tensors[k].numpy()) for k in tensors)
     del loaded
     file_bytes = sum(os.path.getsize(f) for f in files_under(step_dir))
+    # dd of the checkpoint's own files from a cold cache (the issue's "dd of
+    # the files"): the same bytes, on the same blocks, as pacer's load read.
+    data = [f for f in files_under(step_dir) if f.endswith(".bin")]
+    dd_files = [dd_read_cold(f, state) for f in data]
     return {"save_blocking_s": t1 - t0, "save_durable_s": t2 - t0, "load_cold_s": t4 - t3, "pool_waits": pool_waits,
-            "resident_before_load": res, "file_bytes": file_bytes, "load_equal": ok}
+            "resident_before_load": res, "file_bytes": file_bytes, "load_equal": ok,
+            "dd_read_files_cold_s": sum(d["dd_s"] for d in dd_files), "extents": extents(data)}
+
+
+def extents(paths):
+    """Extents per file (filefrag), or None where it is missing: a file in many pieces reads back slower."""
+    if not shutil.which("filefrag"):
+        return None
+    out = {}
+    for p in paths:
+        r = subprocess.run(["filefrag", p], capture_output=True, text=True)
+        m = re.search(r"(\d+) extents? found", r.stdout)
+        out[os.path.basename(p)] = int(m.group(1)) if m else None
+    return out
 
 
 def pacer_load_split(ck, root, step, names_sizes, state):
@@ -418,6 +435,7 @@ def write_results(a, rows, total, n, per, memcpy_s, warmup_s, split, src_residen
     dd_s = med(series(["dd", "dd_s"]))
     dd_direct_s = med(series(["dd_direct", "dd_s"]))
     dd_read_s = med(series(["dd_read_cold", "dd_s"]))
+    dd_files_s = med(series(["pacer", "dd_read_files_cold_s"]))
     t_save = med(series(["torch", "save_s"]))
     t_save_fsync = med(series(["torch", "save_fsync_s"]))
     t_load = med(series(["torch", "load_cold_s"]))
@@ -429,6 +447,7 @@ def write_results(a, rows, total, n, per, memcpy_s, warmup_s, split, src_residen
         "dd_write_fsync_MBps": mbps(dd_s),
         "dd_write_direct_MBps": mbps(dd_direct_s),
         "dd_read_cold_MBps": mbps(dd_read_s),
+        "dd_read_pacer_files_cold_MBps": mbps(dd_files_s),
         "torch_save_no_fsync_MBps": mbps(t_save),
         "torch_save_fsync_MBps": mbps(t_save_fsync),
         "torch_load_cold_MBps": mbps(t_load),
@@ -440,6 +459,7 @@ def write_results(a, rows, total, n, per, memcpy_s, warmup_s, split, src_residen
         "retouch_at_once_MBps": mbps(touch["retouch_at_once_s"]),
     }
     medians_s = {"dd_write_fsync": dd_s, "dd_write_direct": dd_direct_s, "dd_read_cold": dd_read_s,
+                 "dd_read_pacer_files_cold": dd_files_s,
                  "torch_save": t_save, "torch_save_fsync": t_save_fsync, "torch_load_cold": t_load,
                  "pacer_save_blocking": p_block, "pacer_save_durable": p_durable, "pacer_load_cold": p_load,
                  "memcpy_1thread": med(memcpy_s)}
@@ -448,8 +468,10 @@ def write_results(a, rows, total, n, per, memcpy_s, warmup_s, split, src_residen
          "value": dd_s / p_durable, "goal": ">= 0.90"},
         {"target": "load >= 1.3x torch.load, cold cache (pacer load MB/s / torch.load MB/s)",
          "value": t_load / p_load, "goal": ">= 1.3"},
-        {"target": "load >= 0.8x dd, cold cache (pacer load MB/s / cold dd read MB/s)",
-         "value": dd_read_s / p_load, "goal": ">= 0.8"},
+        {"target": "load >= 0.8x dd of the checkpoint's files, cold cache (pacer load MB/s / cold dd read MB/s)",
+         "value": dd_files_s / p_load, "goal": ">= 0.8"},
+        {"target": "(for information) load >= 0.8x dd of the copy dd wrote, cold cache",
+         "value": dd_read_s / p_load, "goal": ">= 0.8", "info": True},
         {"target": "(stricter, for information) save >= 90% of dd oflag=direct",
          "value": dd_direct_s / p_durable, "goal": ">= 0.90", "info": True},
         {"target": "blocking <= 5% of a synchronous save: reference torch.save + fsync",
@@ -467,6 +489,7 @@ def write_results(a, rows, total, n, per, memcpy_s, warmup_s, split, src_residen
         "pacer_over_torch_save_no_fsync": t_save / p_durable,
         "pacer_over_torch_load_cold": t_load / p_load,
         "pacer_load_over_dd_read_cold": dd_read_s / p_load,
+        "pacer_load_over_dd_read_pacer_files_cold": dd_files_s / p_load,
         "blocking_over_torch_save_fsync": p_block / t_save_fsync,
         "blocking_over_pacer_save_durable": p_block / p_durable,
         "blocking_over_memcpy": p_block / med(memcpy_s),
@@ -551,7 +574,8 @@ def write_results(a, rows, total, n, per, memcpy_s, warmup_s, split, src_residen
         "|---|---:|---:|",
         f"| dd write, bs=4M conv=fsync (disk limit for buffered writes) | {f3(dd_s)} | {f1(mbps(dd_s))} |",
         f"| dd write, bs=4M oflag=direct conv=fsync (info) | {f3(dd_direct_s)} | {f1(mbps(dd_direct_s))} |",
-        f"| dd read, cold, bs=4M (info: disk read limit) | {f3(dd_read_s)} | {f1(mbps(dd_read_s))} |",
+        f"| dd read, cold, bs=4M, of the checkpoint's data files | {f3(dd_files_s)} | {f1(mbps(dd_files_s))} |",
+        f"| dd read, cold, bs=4M, of the file dd wrote (info) | {f3(dd_read_s)} | {f1(mbps(dd_read_s))} |",
         f"| torch.save (no fsync) | {f3(t_save)} | {f1(mbps(t_save))} |",
         f"| torch.save + fsync | {f3(t_save_fsync)} | {f1(mbps(t_save_fsync))} |",
         f"| torch.load, cold | {f3(t_load)} | {f1(mbps(t_load))} |",
@@ -574,7 +598,7 @@ def write_results(a, rows, total, n, per, memcpy_s, warmup_s, split, src_residen
         "Other ratios: "
         f"pacer save / torch.save+fsync = {f2(ratios['pacer_over_torch_save_fsync'])}x, "
         f"pacer save / torch.save without fsync = {f2(ratios['pacer_over_torch_save_no_fsync'])}x, "
-        f"pacer cold load / dd cold read = {f3(ratios['pacer_load_over_dd_read_cold'])}, "
+        f"pacer cold load / cold dd read of the file dd wrote = {f3(ratios['pacer_load_over_dd_read_cold'])}, "
         f"save() blocking / 1-thread memcpy = {f2(ratios['blocking_over_memcpy'])}.",
         "",
         "Where a cold pacer load goes (after the rounds, last step, each from a cold cache): `read_into` of every "

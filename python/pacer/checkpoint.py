@@ -42,6 +42,10 @@ class _Mismatch(Error):
     """The checkpoint does not fit the structure given to load(into=...): not a bad copy, no fallback."""
 
 
+class _Collective(Error):
+    """The ranks of a load could not share what they read: not a bad copy, no fallback."""
+
+
 def _torch():
     """torch when the program uses it; pacer never imports it for numpy-only states."""
     return sys.modules.get("torch")
@@ -469,6 +473,7 @@ class _Plan:
         cb = reader.chunk_bytes or (64 << 20)
         self.piece = max(cb, ((64 << 20) // cb) * cb)  # whole chunks: each chunk is read and checked once
         self.claimed = set()  # blobs a node has taken: each is saved for one leaf
+        self.bytes_read = self.bytes_alone = self.bytes_received = 0  # what run() read, alone, and got from others
 
     def claim(self, name, path):
         """A stored tree naming one blob twice would have it allocated and read once per mention."""
@@ -728,11 +733,37 @@ class _Plan:
         return given
 
     # -- running
-    def run(self):
-        """Every planned read, in parallel (the reads release the GIL), each byte checked as it arrives."""
+    def run(self, shared=None):
+        """Every planned read, in parallel (the reads release the GIL), each byte checked as it arrives.
+
+        `shared` (a _SharedLoad, several ranks): the pieces every rank reads
+        alike are read once, each by one rank, and broadcast to the others.
+        """
         jobs = [(name, buf, offset, lo, min(self.piece, buf.nbytes - lo))
                 for name, buf, offset in self.host for lo in range(0, buf.nbytes, self.piece)]
         workers = max(1, min(4, os.cpu_count() or 1, len(jobs) + len(self.device)))
+        dev = _DeviceCopies(self, workers) if self.device else None
+        dev_jobs = list(dev.jobs()) if dev is not None else []
+        exchange = None
+        if shared is not None:
+            exchange = shared.divide(self.reader.step, jobs, dev_jobs)
+            if exchange is not None:
+                jobs, dev_jobs = exchange.mine(jobs, dev_jobs)
+        self.bytes_read = sum(j[4] for j in jobs) + sum(j[4] for j in dev_jobs)
+        self.bytes_alone = self.bytes_read - (0 if exchange is None else exchange.owned)
+        try:
+            self._read(jobs, dev, dev_jobs, workers)
+        except BaseException:
+            if exchange is not None:
+                exchange.failed()
+            raise
+        if exchange is not None:
+            exchange.finish(self.reader.step)
+            self.bytes_received = exchange.received
+        for f in self.after:
+            f()
+
+    def _read(self, jobs, dev, dev_jobs, workers):
         # Small blobs travel together (a few groups per worker), so that a state
         # of thousands of small tensors is not thousands of thread hand-offs.
         per_group = max(1, -(-len(jobs) // (4 * workers)))
@@ -758,11 +789,9 @@ class _Plan:
                 faulters.append(threading.Thread(target=self._fault_ahead, args=(groups, ready, stop, order),
                                                  daemon=True))
                 faulters[-1].start()
-        dev = _DeviceCopies(self, workers) if self.device else None
         with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
             futures = [pool.submit(self._read_host, g, ready[i] if ready else None) for i, g in enumerate(groups)]
-            if dev is not None:
-                futures += [pool.submit(dev.copy, *j) for j in dev.jobs()]
+            futures += [pool.submit(dev.copy, *j) for j in dev_jobs]
             try:
                 for f in concurrent.futures.as_completed(futures):
                     f.result()
@@ -775,8 +804,6 @@ class _Plan:
                 stop.set()
                 for t in faulters:
                     t.join()
-        for f in self.after:
-            f()
 
     @staticmethod
     def _fault_ahead(groups, ready, stop, order):
@@ -804,6 +831,113 @@ class _Plan:
             ready.wait()
         for name, buf, offset, lo, n in group:
             self.reader.read_into(name, buf[lo:lo + n], offset + lo)
+
+
+class _SharedLoad:
+    """One load() by every rank of a Checkpointer over several ranks.
+
+    Replicated state (DDP: every rank loads the same tensors) would otherwise
+    be read whole by every rank: N times the bytes from the filesystem, and
+    on one node N O_DIRECT readers of the same file. Instead the pieces that
+    every rank reads alike are divided between the ranks, each read (and
+    checked) once, and broadcast: device tensors over the job's own group
+    (NCCL), host memory over the checkpointer's gloo group.
+
+    The ranks go through their candidates together, so that every rank
+    resumes from the same step. Per candidate every rank calls gather_all
+    once (its step and reads, or None when the candidate did not plan) and,
+    when all planned the same step, all_ok once after its reads: a copy that
+    fails on one rank is skipped by all. Ranks that planned different steps,
+    or some a step and some none, go on alone from there, as one rank does.
+    """
+
+    def __init__(self, comm):
+        self.comm = comm
+        self.active = True
+        self.used = False  # the last candidate was read in parts and exchanged
+
+    def plan_failed(self):
+        """This rank could not plan its candidate (or has none left): the ranks agree to skip it, or part."""
+        if self.active:
+            everyone = self.comm.gather_all(None)
+            self.active = everyone is not None and all(e is None for e in everyone)
+
+    def divide(self, step, jobs, dev_jobs):
+        """An _Exchange when every rank planned this step, else None (this rank reads alone from now on)."""
+        self.used = False
+        if not self.active:
+            return None
+        host = _SHARE_OVER_GLOO
+        device = _SHARE_OVER_GLOO or self.comm.data_backend() == "nccl"
+        keys = [("h", j[0], j[2] + j[3], j[4]) for j in jobs if host and j[4] >= _SHARE_FROM] + \
+               [("d", j[0], j[2] + j[3], j[4]) for j in dev_jobs if device and j[4] >= _SHARE_FROM]
+        everyone = self.comm.gather_all((step, keys))
+        if everyone is None or any(not (isinstance(e, tuple) and e[0] == step) for e in everyone):
+            self.active = False
+            return None
+        common = set(keys)
+        for e in everyone:
+            common &= {tuple(k) for k in e[1]}
+        owners, taken = {}, [0] * self.comm.size()
+        for k in sorted(common):  # the same order on every rank, so the same owners
+            r = min(range(len(taken)), key=lambda i: (taken[i], i))
+            owners[k] = r
+            taken[r] += k[3]
+        return _Exchange(self, owners)
+
+
+class _Exchange:
+    """The pieces of one load that each rank reads for all, and their broadcast."""
+
+    def __init__(self, load, owners):
+        self.load = load
+        self.comm = load.comm
+        self.owners = owners
+        self.shared = []  # (key, owner, kind, target slice), in key order
+        self.received = 0  # bytes the other ranks read for this one
+        self.owned = 0     # bytes this rank reads for all
+
+    def mine(self, jobs, dev_jobs):
+        """This rank's reads: its own pieces and everything not shared."""
+        me = self.comm.rank()
+        out = ([], [])
+        for kind, js, i in (("h", jobs, 0), ("d", dev_jobs, 1)):
+            for j in js:
+                key = (kind, j[0], j[2] + j[3], j[4])
+                owner = self.owners.get(key)
+                if owner is not None:
+                    self.shared.append((key, owner, kind, j[1][j[3]:j[3] + j[4]]))
+                    if owner != me:
+                        self.received += j[4]
+                        continue
+                    self.owned += j[4]
+                out[i].append(j)
+        self.shared.sort(key=lambda x: x[0])
+        return out
+
+    def failed(self):
+        """This rank's reads failed: every rank skips the candidate."""
+        self.comm.all_ok(False)
+
+    def finish(self, step):
+        """Broadcasts every shared piece from its reader; raises _Bad when another rank's reads failed."""
+        if not self.comm.all_ok(True):
+            if self.comm.broken is not None:
+                self.load.active = False
+            raise _Bad(f"another rank could not read its part of step {step}")
+        self.comm.broadcast_pieces([(owner, kind, part) for _, owner, kind, part in self.shared])
+        self.load.used = bool(self.shared)
+
+
+# Pieces smaller than this are read by every rank that needs them: a
+# broadcast each would cost more than the read.
+_SHARE_FROM = 1 << 20
+# Whether pieces travel over gloo too (host memory, or CUDA tensors when the
+# job's group is gloo). Off: gloo sends over TCP, and ranks that read for
+# themselves were faster, on one node (parallel O_DIRECT readers) and with
+# two ranks on one GPU (bench/results/ckpt-gpu-h200-2026-12-04/,
+# ckpt_ranks-vm-2026-12-04.json). CUDA tensors over NCCL are always shared.
+_SHARE_OVER_GLOO = False
 
 
 # Loads smaller than this are not worth a faulting thread.
@@ -990,6 +1124,8 @@ class TorchCommunicator:
         self._group = dist.new_group(ranks=self._ranks, backend="gloo", timeout=self._timeout)
         self._rank = self._ranks.index(dist.get_rank())
         self._broken = None
+        # The job's own group (NCCL for GPU jobs) carries loaded device tensors between ranks.
+        self._data_group = None if group is dist.group.WORLD else group
 
     def rank(self):
         return self._rank
@@ -1043,6 +1179,46 @@ class TorchCommunicator:
         # The root keeps what it knows; the others must not take silence for success.
         return value if self._rank == root else self._broken.encode()
 
+    def data_backend(self):
+        """The backend of the job's group, which carries loaded CUDA tensors ("nccl", "gloo", ...)."""
+        try:
+            return str(self._dist.get_backend(self._data_group)).lower()
+        except Exception:  # noqa: BLE001 - a group torch cannot name: treat as not NCCL
+            return ""
+
+    def gather_all(self, value):
+        """Every rank's value (picklable), in rank order; None when the collective failed."""
+        if self._broken is not None:
+            return None
+        out = [None] * len(self._ranks)
+        try:
+            self._dist.all_gather_object(out, value, group=self._group)
+            return out
+        except Exception as e:  # noqa: BLE001
+            self._fail("all_gather_object", e)
+            return None
+
+    def broadcast_pieces(self, pieces):
+        """Broadcasts each (root, kind, buffer) in place from its root: "h" numpy host memory over the gloo
+        group, "d" CUDA tensors over the job's group. Raises pacer.Error when a broadcast fails."""
+        dist, torch = self._dist, self._torch
+        try:
+            if self._broken is not None:
+                raise RuntimeError(self._broken)
+            works = []
+            for root, kind, buf in pieces:
+                if kind == "h":
+                    t, group = torch.from_numpy(buf), self._group
+                else:
+                    t, group = buf, self._data_group
+                works.append(dist.broadcast(t, src=self._ranks[root], group=group, async_op=True))
+            for w in works:
+                w.wait()
+        except Exception as e:  # noqa: BLE001
+            self._fail("broadcast", e)
+            raise _Collective(f"rank {self._rank}: sharing the loaded bytes between ranks failed: "
+                              f"{type(e).__name__}: {e}") from None
+
     def split_node(self):
         return self._split(socket.gethostname())
 
@@ -1075,6 +1251,7 @@ class _SubCommunicator(TorchCommunicator):
         self._ranks = sorted(ranks)
         self._timeout = parent._timeout
         self._group = self._dist.new_group(ranks=self._ranks, backend="gloo", timeout=self._timeout)
+        self._data_group = None
         me = self._dist.get_rank()
         self._rank = self._ranks.index(me) if me in self._ranks else -1
         self._broken = None
@@ -1163,6 +1340,9 @@ class Checkpointer:
     def __init__(self, root, fast_tier=None, keep_last=3, keep_every=0, staging_bytes=1 << 30, chunk_bytes=64 << 20,
                  group=None, timeout=300.0, overflow_bytes=0):
         self._comm = _communicator(group, timeout)
+        # What the last load() read: {"step", "dir", "shared" (read in parts between the ranks), "bytes_read"
+        # (from storage by this rank), "bytes_alone" (of those, not shared), "bytes_received" (from other ranks)}.
+        self.last_load = None
         self._impl = _Checkpointer(str(root), None if fast_tier is None else str(fast_tier), keep_last, keep_every,
                                    staging_bytes, chunk_bytes, self._comm, overflow_bytes)
 
@@ -1236,7 +1416,7 @@ class Checkpointer:
         """A Reader for `step` (default: the latest valid one)."""
         return self._impl.open_reader(step)
 
-    def load(self, step=None, into=None, map_location="cpu"):
+    def load(self, step=None, into=None, map_location="cpu", collective=True):
         """Loaded(step, state, meta) of `step` or of the latest valid checkpoint.
 
         Without `into`: the saved structure, tensors on `map_location` (default
@@ -1250,11 +1430,30 @@ class Checkpointer:
         Every byte is checked against its checksum as it is read, once; a copy
         that fails is skipped with a warning and the next candidate (the other
         tier's copy, then the next older step) is read instead.
+
+        Several ranks (torch.distributed): like save(), load() is called by
+        every rank of the group. The pieces that every rank reads alike (DDP's
+        replicated tensors) are read once, each by one rank, and broadcast to
+        the others (CUDA tensors over the job's group, host memory over
+        pacer's gloo group), so N ranks read the bytes once, not N times.
+        `collective=False` loads on this rank alone (a rank that loads when
+        the others do not).
         """
         if into is not None and not isinstance(into, dict):
             raise Error(f"load(into=...) takes a dict, not {type(into).__name__}")
+        shared = None
+        if collective and isinstance(self._comm, TorchCommunicator) and self._comm.size() > 1:
+            shared = _SharedLoad(self._comm)
+        try:
+            return self._load(step, into, map_location, shared)
+        finally:
+            if shared is not None:
+                shared.plan_failed()  # ranks with candidates left are not kept waiting for this one
+
+    def _load(self, step, into, map_location, shared):
         problems = []
         for reader in self._impl.candidates(step):
+            planned = False  # until then a failure is this rank's alone: the others hear of it
             try:
                 try:
                     meta = json.loads(reader.meta_json)
@@ -1278,11 +1477,21 @@ class Checkpointer:
                         state = plan.restore(tree, into, ())
                 except RecursionError:
                     raise _Bad("the stored state nests too deeply") from None
-                plan.run()
+                planned = True
+                plan.run(shared)
+                self.last_load = {"step": reader.step, "dir": reader.dir, "shared": bool(shared and shared.used),
+                                  "bytes_read": plan.bytes_read, "bytes_alone": plan.bytes_alone,
+                                  "bytes_received": plan.bytes_received}
                 return Loaded(reader.step, _resolve(state), meta)
             except _Mismatch as e:
+                if shared is not None and not planned:
+                    shared.plan_failed()
                 raise _Mismatch(f"step {reader.step}: {e}") from None
+            except _Collective as e:
+                raise Error(f"step {reader.step}: {e}") from None
             except Error as e:
+                if shared is not None and not planned:
+                    shared.plan_failed()
                 warnings.warn(f"pacer: skipping step {reader.step} in {reader.dir}: {e}")
                 problems.append(str(e))
         where = f"step {step}" if step is not None else "any step"

@@ -389,6 +389,12 @@ struct Job {
   std::string data_path;
   int fd = -1;
   bool direct = false;  // O_DIRECT: pieces are written padded to 4 KiB from the aligned staging buffers
+  // The data file's laid-out size, reserved before the first write: a disk
+  // too full for the step fails before any byte is written, and the blocks
+  // are allocated at once rather than as each O_DIRECT write lands, while
+  // other files (other ranks' parts) grow beside it.
+  std::uint64_t file_bytes = 0;
+  bool reserved = false;
   Manifest manifest;
   int rank = 0;
   bool failed = false;
@@ -499,6 +505,13 @@ struct Checkpointer::Impl {
 
   void write_chunk(Task& t) {
     Job& j = *t.job;
+    if (!j.reserved && !j.failed) {
+      j.reserved = true;
+      if (Status st = reserve_space(j.fd, 0, j.file_bytes, j.data_path); !st) {
+        j.failed = true;
+        j.error = st.error();
+      }
+    }
     for (const Piece& p : t.pieces) {
       if (j.failed) break;
       BlobInfo& b = j.manifest.blobs[p.blob];
@@ -1461,6 +1474,7 @@ void lay_out(Job& job, const std::vector<BlobView>& blobs, const std::vector<Wri
     m.blobs.push_back(std::move(info));
     offset = align_up(offset + w.end - w.begin, kAlign);
   }
+  job.file_bytes = offset;
 }
 
 // Copies a save's writes into staging buffers: large blobs fill whole

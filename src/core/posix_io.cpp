@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <limits>
 #include <utility>
 
 namespace pacer {
@@ -93,6 +94,17 @@ Status pwrite_full(int fd, const void* buf, std::size_t n, std::uint64_t offset,
     n -= static_cast<std::size_t>(w);
     offset += static_cast<std::uint64_t>(w);
   }
+  return {};
+}
+
+Status reserve_space(int fd, std::uint64_t offset, std::uint64_t len, const std::string& path) {
+  constexpr auto kMax = static_cast<std::uint64_t>(std::numeric_limits<off_t>::max());
+  if (len == 0) return {};
+  if (offset > kMax || len > kMax - offset) return io_error(fmt::format("cannot reserve {} bytes at offset {}", len, offset), path, EFBIG);
+  if (retry_eintr([&] { return ::fallocate(fd, FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset), static_cast<off_t>(len)); }) == 0)
+    return {};
+  if (errno == ENOSPC || errno == EDQUOT || errno == EFBIG)
+    return io_error(fmt::format("cannot reserve {} bytes", len), path, errno);
   return {};
 }
 

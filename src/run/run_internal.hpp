@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "pacer/core/error.hpp"
+#include "pacer/core/posix_io.hpp"
 #include "pacer/core/process.hpp"
 #include "pacer/core/time.hpp"
 #include "pacer/run.hpp"
@@ -159,7 +160,7 @@ class Log {
   // system cannot preallocate.
   void reserve() {
     struct stat st {};
-    if (fstat(fd_, &st) == 0) (void)fallocate(fd_, FALLOC_FL_KEEP_SIZE, st.st_size, kReserveBytes);
+    if (fstat(fd_, &st) == 0) (void)reserve_space(fd_, static_cast<std::uint64_t>(st.st_size), kReserveBytes, "");
   }
   static constexpr off_t kReserveBytes = 64 << 10;
   const Options& o_;

@@ -3,10 +3,13 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <filesystem>
 #include <regex>
 #include <string>
@@ -67,6 +70,25 @@ TEST(PosixIo, AFullDeviceIsAnErrorNotALoop) {
   Status st = write_full(fd->get(), data.data(), data.size(), "/dev/full");
   ASSERT_FALSE(st);
   EXPECT_TRUE(contains(st.error().message, "/dev/full: write failed")) << st.error().message;
+}
+
+TEST(PosixIo, ReservedSpaceIsAllocatedWithoutGrowingTheFileAndTooMuchIsAnError) {
+  test::TempDir dir("pacer_posix_io_");
+  const std::string p = (fs::path(dir.path()) / "r.bin").string();
+  auto fd = open_fd(p, O_WRONLY | O_CREAT | O_TRUNC);
+  ASSERT_TRUE(fd) << fd.error().message;
+  ASSERT_TRUE(reserve_space(fd->get(), 0, 8 << 20, p));
+  struct stat st {};
+  ASSERT_EQ(::fstat(fd->get(), &st), 0);
+  EXPECT_EQ(st.st_size, 0);  // the size is what the writes make it
+  if (st.st_blocks == 0) GTEST_SKIP() << dir.path() << "'s filesystem does not preallocate";
+  EXPECT_GE(static_cast<std::uint64_t>(st.st_blocks) * 512, 8u << 20);
+  // Past the largest file offset: EFBIG, named with the path, never a wrapped range.
+  Status big = reserve_space(fd->get(), std::numeric_limits<std::uint64_t>::max() - 100, 4096, p);
+  ASSERT_FALSE(big);
+  EXPECT_TRUE(contains(big.error().message, p)) << big.error().message;
+  EXPECT_TRUE(contains(big.error().message, "cannot reserve 4096 bytes")) << big.error().message;
+  EXPECT_TRUE(reserve_space(fd->get(), 0, 0, p));  // nothing to reserve
 }
 
 TEST(PosixIo, FdClosesOnDestructionAndMovesOwnership) {

@@ -5,6 +5,10 @@
     ckpt_ranks_worker.py ROOT die        rank 1 dies inside the save; rank 0 reports what wait() said
     ckpt_ranks_worker.py ROOT hang       rank 1 stays alive but never commits; rank 0 reports what wait() said
     ckpt_ranks_worker.py ROOT dtensor    torch 2.x: DTensors placed Shard(0) and Replicate(), saved and loaded back into
+    ckpt_ranks_worker.py ROOT shared     replicated tensors of a few MiB: read by each rank (host memory over gloo
+                                         is not shared by default); then, sharing over gloo, each rank reads its part
+                                         of step 2 and gets the rest by broadcast; then step 2 is damaged and every rank falls back to
+                                         step 1; then rank 0 loads alone (collective=False) while rank 1 does not load
 Prints one JSON line: {"rank", "ok", "error", "seconds"}.
 """
 import datetime
@@ -57,12 +61,62 @@ def dtensors(root, rank, world):
     print(json.dumps(result), flush=True)
 
 
+def shared_loads(root, rank, world):
+    """Replicated state, loaded by every rank: the large pieces are read once between them."""
+    def state(step):
+        g = torch.Generator().manual_seed(step)
+        return {"a": torch.randn(3 << 18, generator=g), "b": torch.randn(2 << 18, generator=g).to(torch.bfloat16),
+                "small": torch.arange(5.0) + step, "own": pacer.PerRank(torch.full((3,), float(rank)))}
+    ck = pacer.Checkpointer(root, keep_last=0, chunk_bytes=1 << 20, timeout=TIMEOUT)
+    result = {"rank": rank, "ok": True, "error": None}
+    try:
+        for step in (1, 2):
+            ck.save(step, state(step)).wait()
+        into = {"a": torch.zeros(3 << 18), "b": torch.zeros(2 << 18, dtype=torch.bfloat16), "small": torch.zeros(5),
+                "own": pacer.PerRank(torch.zeros(3))}
+        step, _, _ = ck.load(into=into)  # by default host memory is not sent over gloo: each rank reads it
+        assert step == 2 and torch.equal(into["a"], state(2)["a"]), step
+        result["default"] = dict(ck.last_load)
+        pacer.checkpoint._SHARE_OVER_GLOO = True  # the exchange itself, as CUDA tensors over NCCL take it
+        step, _, _ = ck.load(into=into)
+        want = state(2)
+        assert step == 2 and all(torch.equal(into[k], want[k]) for k in ("a", "b", "small")), "step 2 differs"
+        assert torch.equal(into["own"].value, torch.full((3,), float(rank))), into["own"].value
+        result["first"] = dict(ck.last_load)
+        dist.barrier()
+        if rank == 0:  # one bit of step 2's data flipped: a bad copy, for every rank
+            path = os.path.join(root, "step-000000000002", "rank-00001.bin")
+            with open(path, "r+b") as f:
+                f.seek(4096 + 17)
+                b = f.read(1)
+                f.seek(4096 + 17)
+                f.write(bytes([b[0] ^ 1]))
+        dist.barrier()
+        step, _, _ = ck.load(into=into)
+        want = state(1)
+        assert step == 1 and all(torch.equal(into[k], want[k]) for k in ("a", "b", "small")), f"fell back to {step}"
+        result["damaged"] = dict(ck.last_load)
+        dist.barrier()
+        if rank == 0:
+            step, alone, _ = ck.load(collective=False)
+            assert step == 1 and torch.equal(alone["a"], want["a"])
+            result["alone"] = dict(ck.last_load)
+        dist.barrier()
+    except (pacer.Error, AssertionError) as e:
+        result.update(ok=False, error=str(e))
+    print(json.dumps(result), flush=True)
+
+
 def main():
     root, mode = sys.argv[1:3]
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
     rank, world = dist.get_rank(), dist.get_world_size()
     if mode == "dtensor":
         dtensors(root, rank, world)
+        dist.destroy_process_group()
+        return
+    if mode == "shared":
+        shared_loads(root, rank, world)
         dist.destroy_process_group()
         return
     torch.manual_seed(0)  # the same replicated state on every rank

@@ -109,6 +109,37 @@ class TwoRanks(unittest.TestCase):
                       "world": 0})
         self.assertTrue(torch.equal(part, full[4:7]))
 
+    def test_replicated_state_is_read_once_between_the_ranks(self):
+        out = self.ranks("shared")
+        for code, res, err in out:
+            self.assertEqual(code, 0, err)
+            self.assertTrue(res["ok"], (res, err))
+        large = (3 << 18) * 4 + (2 << 18) * 2  # "a" and "b": shared; "small" and each rank's own: read by each
+        for _, res, _ in out:  # the default over gloo: every rank reads for itself
+            self.assertFalse(res["default"]["shared"], res)
+            self.assertGreater(res["default"]["bytes_read"], large)
+            self.assertEqual(res["default"]["bytes_received"], 0)
+        first = [res["first"] for _, res, _ in out]
+        for f in first:
+            self.assertTrue(f["shared"], f)
+            self.assertEqual(f["step"], 2)
+            self.assertLess(f["bytes_read"], large)  # not the whole state on any rank
+        self.assertEqual(sum(f["bytes_read"] - f["bytes_alone"] for f in first), large)  # every shared byte read once
+        self.assertTrue(all(f["bytes_received"] > 0 for f in first), first)  # and each rank got some from the other
+        self.assertEqual([f["bytes_read"] - f["bytes_alone"] + f["bytes_received"] for f in first], [large, large])
+        # The damaged step: whichever rank read the bad piece, every rank skips step 2 and all resume from step 1,
+        # still reading it once between them.
+        for _, res, err in out:
+            self.assertEqual(res["damaged"]["step"], 1, res)
+            self.assertTrue(res["damaged"]["shared"], res)
+            self.assertIn("skipping step 2", err)
+        self.assertTrue(any("checksum mismatch" in err for _, _, err in out), [e for _, _, e in out])
+        self.assertTrue(any("another rank could not read its part of step 2" in err for _, _, err in out),
+                        [e for _, _, e in out])
+        alone = out[0][1]["alone"]
+        self.assertFalse(alone["shared"])
+        self.assertGreaterEqual(alone["bytes_read"], large)
+
     def test_data_parallel_resume_is_bit_identical_on_every_rank(self):
         data = os.path.join(self.tmp.name, "tokens")
         rng = np.random.default_rng(0)

@@ -61,6 +61,12 @@ Expected<std::size_t> read_full(int fd, void* buf, std::size_t n, const std::str
 // progress (0 bytes) is ENOSPC.
 Status write_full(int fd, const void* buf, std::size_t n, const std::string& path);
 Status pwrite_full(int fd, const void* buf, std::size_t n, std::uint64_t offset, const std::string& path);
+// Allocates the blocks of [offset, offset+len) without changing the file's
+// size (fallocate FALLOC_FL_KEEP_SIZE), so that later writes land in few,
+// contiguous extents and a full disk shows before any byte is written. Only
+// a lack of space (ENOSPC, EDQUOT, EFBIG) is an error: a filesystem that
+// cannot preallocate is left to allocate as it writes.
+Status reserve_space(int fd, std::uint64_t offset, std::uint64_t len, const std::string& path);
 // fsync(2) of an open file.
 Status fsync_fd(int fd, const std::string& path);
 // fsync of a directory: what makes a rename, a creation or a removal in it
