@@ -402,7 +402,9 @@ struct SearchReport {
   double best_memory_bytes = 0;  // smallest total of all evaluated (what did not fit, by how much)
   std::vector<Candidate> top;
 };
-// `base` gives the fixed settings (precisions, flash attention); its tp/pp/... are ignored.
+// `base` gives the fixed settings (precisions, flash attention, tp overlap, cp communication); its tp/pp/..., uneven
+// stages and sequence parallelism are the enumeration's. A model that validate() refuses, or a space in which no
+// layout passes it, is a usage error with the reason; layouts that pass but do not fit give an empty `top`.
 Expected<SearchReport> search_layouts(const Model& m, const Parallel& base, const Hardware& hw, const SearchSpace& space);
 nlohmann::json to_json(const SearchReport& r, const Model& m, const Hardware& hw, const SearchSpace& space);
 

@@ -236,6 +236,14 @@ class PlanTest(unittest.TestCase):
         self.assert_usage_error(["memory", "--model", "mixtral-8x7b", "--ep", "3", "--dp", "3"], "not divisible by --ep 3")
         self.assert_usage_error([*m, "--cp", "2"], "--cp needs --flash-attention")
         self.assert_usage_error([*m, "--mlp", "relu"], "--mlp")
+        # The search refuses the same models, before enumerating anything.
+        s = ["search", "--model", "llama3-70b", "--gpu", "h100-sxm", "--gpus", "64", "--global-batch", "128"]
+        self.assert_usage_error([*s, "--kv-heads", "6"], "--kv-heads 6 does not divide --heads 64")
+        self.assert_usage_error([*s, "--heads", "60"], "--heads 60 does not divide --hidden 8192")
+        self.assert_usage_error(["search", "--model", "mixtral-8x7b", "--gpu", "h100-sxm", "--gpus", "64",
+                                 "--global-batch", "128", "--ep", "3"], "not divisible by --ep 3")
+        self.assert_usage_error(["search", "--model", "llama3-70b", "--gpu", "h300", "--gpus", "64", "--global-batch", "128"],
+                                "h100-sxm")  # an unknown GPU preset: the names
 
     def test_moe_and_context_parallel(self):
         j = self.run_json("comm", "--model", "mixtral-8x7b", "--gpu", "h100-sxm", "--tp", "2", "--ep", "8", "--dp", "8",

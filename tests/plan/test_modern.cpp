@@ -308,6 +308,19 @@ TEST(PlanSearch, BestIsFastestOfThoseThatFit) {
   }
 }
 
+// The layout switches of the base (uneven stages, sequence parallelism) are the enumeration's to set: given, they do not
+// make the search refuse the model.
+TEST(PlanSearch, BaseLayoutSwitchesAreIgnored) {
+  const GpuPreset g = *find_gpu_preset("h100-sxm");
+  Parallel base;
+  base.flash_attention = true;
+  base.uneven_stages = true;
+  base.sequence_parallel = true;
+  auto r = search_layouts(find_model_preset("llama3-70b")->model, base, g.hw, space_for(64, 128, g));
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_FALSE(r->top.empty());
+}
+
 TEST(PlanSearch, NothingFitsAndBadSpaces) {
   const Model m = find_model_preset("llama3-405b")->model;
   GpuPreset g = *find_gpu_preset("a100-80g");
@@ -322,6 +335,13 @@ TEST(PlanSearch, NothingFitsAndBadSpaces) {
   bad = space_for(8, 8, g);
   bad.margin_bytes = bad.memory_bytes;
   EXPECT_FALSE(search_layouts(m, base, g.hw, bad));
+  // A dimension fixed to a value no layout can take is refused with the reason, not reported as nothing fitting.
+  SearchSpace ep3 = space_for(64, 128, g);
+  ep3.ep = {3};
+  auto e = search_layouts(find_model_preset("mixtral-8x7b")->model, base, g.hw, ep3);
+  ASSERT_FALSE(e);
+  EXPECT_EQ(e.error().kind, ErrorKind::kUsage);
+  EXPECT_TRUE(contains(e.error().message, "--experts 8 is not divisible by --ep 3")) << e.error().message;
 }
 
 // The bound is 2 s for 4096 GPUs; this asserts 30 s, so that a loaded 2-core machine cannot flake it,
