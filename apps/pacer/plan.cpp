@@ -39,6 +39,7 @@ struct PlanArgs {
   std::string mlp, norm, position, embeddings, biases, dropout;
   plan::Parallel par;
   std::string recompute = "none";
+  std::string cp_comm = "ring";
   bool distributed_optimizer = false;
   std::string precision = "bf16", grad_precision = "fp32";
   std::string gpu_memory;
@@ -167,7 +168,10 @@ void add_model_options(CLI::App* c, PlanArgs& a) {
   c->add_option("--tp", a.par.tp, "Tensor-parallel size")->capture_default_str();
   c->add_option("--pp", a.par.pp, "Pipeline-parallel size")->capture_default_str();
   c->add_option("--dp", a.par.dp, "Data-parallel size")->capture_default_str();
-  c->add_option("--cp", a.par.cp, "Context-parallel size (ring attention; needs --flash-attention)")->capture_default_str();
+  c->add_option("--cp", a.par.cp, "Context-parallel size (needs --flash-attention)")->capture_default_str();
+  c->add_option("--cp-comm", a.cp_comm,
+                "How context parallelism moves K and V: ring (overlapped with the attention, Megatron-Core) or allgather (before it, exposed: Llama 3)")
+      ->capture_default_str();
   c->add_option("--ep", a.par.ep, "Expert-parallel size (divides --dp and --experts)")->capture_default_str();
   c->add_option("--micro-batch", a.par.micro_batch, "Sequences per micro-batch")->capture_default_str();
   c->add_option("--global-batch", a.par.global_batch, "Sequences per step (default micro-batch x dp)");
@@ -175,6 +179,8 @@ void add_model_options(CLI::App* c, PlanArgs& a) {
   c->add_flag("--uneven-stages", a.par.uneven_stages,
               "Pipeline stages of unequal layer counts (Llama 3: fewer on the first and last); timed by the heaviest");
   c->add_flag("--sequence-parallel", a.par.sequence_parallel, "Sequence parallelism in the tensor-parallel group");
+  c->add_flag("--tp-overlap", a.par.tp_comm_overlap,
+              "Tensor-parallel collectives overlapped with their GEMMs (Transformer Engine userbuffers; needs --sequence-parallel)");
   c->add_flag("--flash-attention", a.par.flash_attention,
               "Fused attention (FlashAttention, cuDNN): no scores in memory, causal half skipped");
   c->add_option("--recompute", a.recompute, "Activation recomputation: none, selective or full")->capture_default_str();
@@ -252,6 +258,9 @@ void resolve_transformer(PlanArgs& a, bool validate = true) {
   else if (a.recompute == "selective") a.par.recompute = Recompute::kSelective;
   else if (a.recompute == "full") a.par.recompute = Recompute::kFull;
   else usage_error(fmt::format("--recompute '{}': expected none, selective or full", a.recompute));
+  if (a.cp_comm == "ring") a.par.cp_comm = plan::CpComm::kRing;
+  else if (a.cp_comm == "allgather") a.par.cp_comm = plan::CpComm::kAllGather;
+  else usage_error(fmt::format("--cp-comm '{}': expected ring or allgather", a.cp_comm));
   if (a.distributed_optimizer) {
     if (a.par.zero_stage > 1) usage_error("--distributed-optimizer is ZeRO stage 1; do not combine it with --zero 2 or 3");
     a.par.zero_stage = 1;
@@ -364,7 +373,9 @@ int comm(PlanArgs& a) {
   t.add_row({"tensor parallel", format_bytes(r.tp_bytes), format_duration(r.tp_time_s),
              a.par.sequence_parallel ? "all-gather + reduce-scatter" : "all-reduce"});
   t.add_row({"pipeline", format_bytes(r.pp_bytes), format_duration(r.pp_time_s), "send/recv to the next stage"});
-  if (a.par.cp > 1) t.add_row({"context parallel", format_bytes(r.cp_bytes), format_duration(r.cp_time_s), "ring of keys and values (before overlap)"});
+  if (a.par.cp > 1) t.add_row({"context parallel", format_bytes(r.cp_bytes), format_duration(r.cp_time_s),
+                                   a.par.cp_comm == plan::CpComm::kRing ? "ring of keys and values (before overlap)"
+                                                                        : "all-gather of keys and values, reduce-scatter of their gradients"});
   if (a.par.ep > 1) t.add_row({"expert parallel", format_bytes(r.ep_bytes), format_duration(r.ep_time_s), "all-to-all dispatch and combine"});
   std::string text = t.render();
   if (a.hw.gemm_tflops > 0 && r.dp_time_s > 0)

@@ -143,6 +143,10 @@ nlohmann::json to_json(const PipelineReport& r, const std::string& file, std::si
 // biases, LayerNorm, learned position embeddings, a tied output layer, dropout); the fields after `ffn` describe
 // the models trained since (Llama, Mixtral, DeepSeek-MoE), and the presets set them (model_presets()).
 enum class Recompute { kNone, kSelective, kFull };
+// How context parallelism moves keys and values: a ring that passes each rank's block on while the attention of
+// the previous block runs (Megatron-Core, the default), or an all-gather of K and V before the attention and a
+// reduce-scatter of their gradients after it (the Llama 3 paper, §3.3.2), exposed on the critical path.
+enum class CpComm { kRing, kAllGather };
 struct Model {
   int layers = 0;
   int hidden = 0;
@@ -168,13 +172,17 @@ struct Model {
 };
 struct Parallel {
   int tp = 1, pp = 1, dp = 1;
-  int cp = 1;                // context parallel: the sequence split over cp ranks (ring attention)
+  int cp = 1;                // context parallel: the sequence split over cp ranks
+  CpComm cp_comm = CpComm::kRing;
   int ep = 1;                // expert parallel: experts split over ep ranks, carved out of dp
   int micro_batch = 1;
   int global_batch = 0;      // 0: micro_batch * dp (one micro-batch per step)
   int interleave = 1;        // virtual pipeline chunks per device
   bool uneven_stages = false;  // pp x interleave need not divide the layers: chunks take ceil(l / (pp v)) at most
   bool sequence_parallel = false;
+  // Tensor-parallel collectives overlapped with the GEMMs they feed or follow (Transformer Engine's userbuffers,
+  // NeMo's ub_tp_comm_overlap; needs sequence parallelism): see docs/plan.md for what still shows.
+  bool tp_comm_overlap = false;
   // A fused attention kernel (FlashAttention, cuDNN): the scores never reach memory, the causal half of them
   // is skipped, and backward recomputes them. Without it, Megatron's unfused core (materialised scores).
   bool flash_attention = false;
@@ -186,7 +194,7 @@ struct Parallel {
 // Checks that every size is positive, that heads divide hidden and kv-heads divide heads, that tp is no larger
 // than the heads and divides them (and the kv-heads, or is a multiple of them), pp*interleave divides layers,
 // dp*micro_batch divides global_batch, ep divides the experts and dp, cp splits the sequence into 2 cp chunks
-// and has a fused attention. The message names the option.
+// and has a fused attention, tp overlap has sequence parallelism. The message names the option.
 Status validate(const Model& m, const Parallel& p);
 // The "config" object of the memory, comm and step records: the model, its parameter count and the layout.
 nlohmann::json to_json(const Model& m, const Parallel& p);
@@ -261,7 +269,7 @@ struct CommReport {
   double dp_bytes = 0;        // per GPU per step (sent), all-reduce or reduce-scatter + all-gather
   double tp_bytes = 0;        // per GPU per step
   double pp_bytes = 0;        // per GPU per step (to the next stage and back)
-  double cp_bytes = 0;        // per GPU per step: keys and values around the context-parallel ring, and their gradients
+  double cp_bytes = 0;        // per GPU per step: keys and values (and their gradients) the context-parallel ranks exchange
   double ep_bytes = 0;        // per GPU per step: the all-to-alls that dispatch tokens to experts and combine them
   double dp_time_s = 0, tp_time_s = 0, pp_time_s = 0, cp_time_s = 0, ep_time_s = 0;  // cp: before overlap
   double dp_hide_flops = 0;   // FLOPs of backward compute needed on one GPU to hide dp_time_s
@@ -281,9 +289,9 @@ struct StepReport {
   int microbatches = 0;          // per pipeline per step
   double gemm_s = 0;             // matrix compute on one GPU (including recomputation)
   double elementwise_s = 0;      // memory-bound kernels (norms, softmax, dropout, GeLU, residuals)
-  double tp_comm_s = 0;
+  double tp_comm_s = 0;          // not hidden behind the GEMMs (all of it without Parallel::tp_comm_overlap)
   double pp_comm_s = 0;
-  double cp_comm_s = 0;          // ring attention traffic not hidden behind the attention blocks
+  double cp_comm_s = 0;          // context-parallel traffic not hidden behind the attention (all of it for all-gather)
   double ep_comm_s = 0;          // expert all-to-alls (not overlapped)
   double bubble_s = 0;
   double dp_comm_s = 0;          // exposed (after overlap)
@@ -394,7 +402,9 @@ struct SearchReport {
   double best_memory_bytes = 0;  // smallest total of all evaluated (what did not fit, by how much)
   std::vector<Candidate> top;
 };
-// `base` gives the fixed settings (precisions, flash attention); its tp/pp/... are ignored.
+// `base` gives the fixed settings (precisions, flash attention, tp overlap, cp communication); its tp/pp/..., uneven
+// stages and sequence parallelism are the enumeration's. A model that validate() refuses, or a space in which no
+// layout passes it, is a usage error with the reason; layouts that pass but do not fit give an empty `top`.
 Expected<SearchReport> search_layouts(const Model& m, const Parallel& base, const Hardware& hw, const SearchSpace& space);
 nlohmann::json to_json(const SearchReport& r, const Model& m, const Hardware& hw, const SearchSpace& space);
 

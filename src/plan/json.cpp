@@ -89,9 +89,9 @@ json to_json(const Model& m, const Parallel& p) {
           {"biases", m.biases}, {"norm", m.rms_norm ? "rmsnorm" : "layernorm"},
           {"position", m.learned_positions ? "learned" : "rope"}, {"embeddings", m.tied_embeddings ? "tied" : "untied"},
           {"dropout", m.dropout}, {"padded_vocab", padded_vocab(m)},
-          {"tp", p.tp}, {"pp", p.pp}, {"dp", p.dp}, {"cp", p.cp}, {"ep", p.ep}, {"micro_batch", p.micro_batch},
+          {"tp", p.tp}, {"pp", p.pp}, {"dp", p.dp}, {"cp", p.cp}, {"cp_comm", p.cp_comm == CpComm::kRing ? "ring" : "allgather"}, {"ep", p.ep}, {"micro_batch", p.micro_batch},
           {"global_batch", p.global_batch > 0 ? p.global_batch : p.micro_batch * p.dp}, {"interleave", p.interleave}, {"uneven_stages", p.uneven_stages},
-          {"sequence_parallel", p.sequence_parallel}, {"flash_attention", p.flash_attention}, {"recompute", name(p.recompute)},
+          {"sequence_parallel", p.sequence_parallel}, {"tp_overlap", p.tp_comm_overlap}, {"flash_attention", p.flash_attention}, {"recompute", name(p.recompute)},
           {"zero_stage", p.zero_stage}};
   if (m.experts > 0) {
     j["experts"] = m.experts;

@@ -39,6 +39,13 @@ std::vector<ModelPreset> make_models() {
                "swiss-ai Apertus-8B config.json: 32 layers, 4096, xIELU MLP 21504, 32 heads, 8 KV heads, vocabulary 131072, untied; pre-training seq 4096", 0});
   v.push_back({"apertus-70b", apertus_block(80, 8192, 64, 8, 43008),
                "swiss-ai Apertus-70B config.json: 80 layers, 8192, xIELU MLP 43008, 64 heads, 8 KV heads, vocabulary 131072, untied; pre-training seq 4096 on 4096 GH200s (the seeds' model)", 0});
+  // Nemotron-4: grouped-query attention, rotary positions, no biases, untied, with LayerNorm and a squared-ReLU
+  // (not gated) MLP.
+  Model nemotron = llama_block(96, 18432, 96, 8, 73728, 256000, 4096);
+  nemotron.gated_mlp = false;
+  nemotron.rms_norm = false;
+  v.push_back({"nemotron4-340b", nemotron,
+               "NVIDIA NeMo-Framework-Launcher conf/training/nemotron/nemotron_340b.yaml: 96 layers, 18432, squared-ReLU MLP 4 x 18432, 96 heads, 8 query groups, LayerNorm, no biases, untied, seq 4096; vocabulary 256000 (NVIDIA dgxc-benchmarking nemotron/README_340b.md); Nemotron-4 340B Technical Report (arXiv:2406.11704)", 340e9});
   Model mixtral = llama_block(32, 4096, 32, 8, 14336, 32000, 4096);
   mixtral.experts = 8;
   mixtral.top_k = 2;

@@ -69,6 +69,8 @@ Expected<SearchReport> search_layouts(const Model& m, const Parallel& base, cons
     Parallel probe = base;
     probe.tp = probe.pp = probe.dp = probe.cp = probe.ep = probe.micro_batch = probe.interleave = 1;
     probe.global_batch = 0;
+    // The layout's own switches, which the enumeration sets per layout, would be refused on one GPU.
+    probe.uneven_stages = probe.sequence_parallel = false;
     if (Status s = validate(m, probe); !s) return s.error();
   }
   const auto tps = or_default(space.tp, powers_of_two(std::min(hw.gpus_per_node, m.heads)));
@@ -102,6 +104,7 @@ Expected<SearchReport> search_layouts(const Model& m, const Parallel& base, cons
 
   SearchReport r;
   r.best_memory_bytes = std::numeric_limits<double>::infinity();
+  std::string first_refusal;  // why the first layout that failed validate() did
   std::vector<Candidate> fitting;
   for (int tp : tps)
     for (int cp : cps)
@@ -110,8 +113,7 @@ Expected<SearchReport> search_layouts(const Model& m, const Parallel& base, cons
         if (model_parallel > space.gpus || space.gpus % model_parallel) continue;
         const int dp = int(space.gpus / model_parallel);
         if (space.global_batch % dp) continue;
-        for (int ep : eps) {
-          if (dp % ep) continue;
+        for (int ep : eps) {  // validate() refuses an ep that does not divide the experts and dp, with the reason
           for (int mb : mbs) {
             if (space.global_batch % (long(mb) * dp)) continue;
             for (int v : vs) {
@@ -133,7 +135,10 @@ Expected<SearchReport> search_layouts(const Model& m, const Parallel& base, cons
                   p.zero_stage = zero;
                   // Megatron-Core's advice and the model's finding alike: with tp > 1 sequence parallelism only saves.
                   p.sequence_parallel = tp > 1;
-                  if (!validate(m, p)) continue;
+                  if (Status valid = validate(m, p); !valid) {
+                    if (first_refusal.empty()) first_refusal = valid.error().message;
+                    continue;
+                  }
                   ++r.evaluated;
                   const MemoryReport mem = estimate_memory(m, p);
                   r.best_memory_bytes = std::min(r.best_memory_bytes, mem.total_bytes);
@@ -153,7 +158,13 @@ Expected<SearchReport> search_layouts(const Model& m, const Parallel& base, cons
           }
         }
       }
-  if (r.evaluated == 0) r.best_memory_bytes = 0;
+  // Not a single layout is valid (a dimension fixed to a value no layout can take): the user's error, with its reason.
+  if (r.evaluated == 0) {
+    if (first_refusal.empty())
+      return usage(fmt::format("no tp x pp x cp layout divides --gpus {} with a data-parallel size that divides --global-batch {}",
+                               space.gpus, space.global_batch));
+    return usage(fmt::format("no layout of {} GPUs is valid: {}", space.gpus, first_refusal));
+  }
   const std::size_t n = std::min(fitting.size(), keep);
   std::partial_sort(fitting.begin(), fitting.begin() + static_cast<long>(n), fitting.end(), faster);
   fitting.resize(n);

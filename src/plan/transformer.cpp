@@ -146,8 +146,9 @@ struct Traffic {
   double dp_dense_bytes = 0;         // gradients one GPU reduces over dp * cp ranks
   double dp_expert_bytes = 0;        // expert gradients, reduced over dp * cp / ep ranks
   double dp_factor = 1;              // 1.5 under ZeRO-3: weights are gathered again for backward
-  double cp_kv_bytes = 0;            // one ring step: this rank's keys and values
+  double cp_kv_bytes = 0;            // this rank's keys and values: one ring step, or its share of an all-gather
   double cp_steps_per_mb = 0;        // ring steps per micro-batch over the stage's layers (forward + backward)
+  double cp_gathers_per_mb = 0;      // all-gathers of K and V and reduce-scatters of their gradients, likewise
   double ep_a2a_bytes = 0;           // one all-to-all: the tokens this GPU sends to experts (before (ep-1)/ep)
   double ep_a2a_per_mb = 0;          // all-to-alls per micro-batch over the stage's layers
 };
@@ -173,10 +174,16 @@ Traffic traffic(const Model& m, const Parallel& p) {
   tr.dp_expert_bytes = p.dp * p.cp / p.ep > 1 ? expert * p.grad_bytes : 0;
   tr.dp_factor = p.zero_stage >= 3 ? 1.5 : 1.0;
   if (p.cp > 1) {
-    // Ring attention: cp - 1 steps pass K and V on in forward; backward passes them again with their
-    // gradients (two per step); a full recomputation repeats the forward ring.
     tr.cp_kv_bytes = 2 * tokens * kv_width_sharded(m, p.tp) / p.tp * p.act_bytes;
-    tr.cp_steps_per_mb = (p.cp - 1) * (1 + 2 + (full ? 1 : 0)) * layers;
+    if (p.cp_comm == CpComm::kRing) {
+      // Ring attention: cp - 1 steps pass K and V on in forward; backward passes them again with their
+      // gradients (two per step); a full recomputation repeats the forward ring.
+      tr.cp_steps_per_mb = (p.cp - 1) * (1 + 2 + (full ? 1 : 0)) * layers;
+    } else {
+      // All-gather: K and V gathered once before the forward attention (and kept for backward), their
+      // gradients reduce-scattered after the backward one; a full recomputation gathers them again.
+      tr.cp_gathers_per_mb = (2 + (full ? 1 : 0)) * layers;
+    }
   }
   if (is_moe(m) && p.ep > 1) {
     // Dispatch and combine in forward, their gradients in backward, again under full recomputation; each
@@ -208,9 +215,53 @@ double cp_step_time(const Traffic& tr, const Parallel& p, const Hardware& hw) {
   return local ? hw.tp_latency_s + tr.cp_kv_bytes / (hw.tp_gbps * 1e9) : hw.dp_latency_s + tr.cp_kv_bytes / (hw.dp_gbps * 1e9);
 }
 
+// One all-gather of every rank's K and V (or reduce-scatter of their gradients) over the cp group.
+double cp_gather_time(const Traffic& tr, const Parallel& p, const Hardware& hw) {
+  if (tr.cp_gathers_per_mb <= 0) return 0;
+  const bool local = in_node(hw, long(p.tp) * p.cp);
+  return allgather_time_s(p.cp * tr.cp_kv_bytes, p.cp, local ? hw.tp_gbps : hw.dp_gbps,
+                          local ? hw.tp_latency_s : hw.dp_latency_s);
+}
+
+// Context-parallel communication of one micro-batch over the stage's layers, before any overlap.
+double cp_time_per_mb(const Traffic& tr, const Parallel& p, const Hardware& hw) {
+  return tr.cp_steps_per_mb * cp_step_time(tr, p, hw) + tr.cp_gathers_per_mb * cp_gather_time(tr, p, hw);
+}
+
 double dp_time(const Traffic& tr, const Parallel& p, const Hardware& hw) {
   return tr.dp_factor * (allreduce_time_s(tr.dp_dense_bytes, p.dp * p.cp, hw.dp_gbps, hw.dp_latency_s) +
                          allreduce_time_s(tr.dp_expert_bytes, p.dp * p.cp / p.ep, hw.dp_gbps, hw.dp_latency_s));
+}
+
+// Tensor-parallel communication of one micro-batch over the stage's layers that the GEMMs do not hide. Without
+// overlap, all of it. With it (sequence parallel), each all-gather or reduce-scatter runs beside one GEMM of the same
+// layer: forward, the gather before QKV and FC1 and the scatter after the projection and FC2; backward, the mirror
+// images on the data-gradient GEMMs, and sequence parallelism's re-gathers of the QKV and FC1 inputs beside their
+// weight-gradient GEMMs (as large as the forward ones); a full recomputation repeats the forward four. The tensor moves
+// in tp pieces, one per rank, each beside its share of the GEMM: the first piece of a gather (the last of a scatter)
+// has no GEMM to hide behind, and a collective longer than its GEMM shows the excess:
+//   exposed = c/t + (t - 1)/t * max(0, c - g).
+double tp_exposed_per_mb(const Model& m, const Parallel& p, const Traffic& tr, const Hardware& hw) {
+  if (tr.tp_collectives_per_mb <= 0) return 0;
+  const double all_reduce = allreduce_time_s(tr.tp_buffer_bytes, p.tp, hw.tp_gbps, hw.tp_latency_s);
+  if (!p.tp_comm_overlap) return tr.tp_collectives_per_mb * all_reduce;
+  const double c = allgather_time_s(tr.tp_buffer_bytes, p.tp, hw.tp_gbps, hw.tp_latency_s);
+  const double t = p.tp, h = m.hidden, rate = hw.gemm_tflops * 1e12;
+  const double tokens = double(p.micro_batch) * local_seq(m, p);
+  // Matrix weights per token of each GEMM on one rank, averaged over dense and MoE layers.
+  const double qkv = h * (h + 2 * kv_width_sharded(m, p.tp)) / t, proj = h * h / t;
+  const double up = (m.gated_mlp ? 2 : 1) * h / t, down = h / t;  // per unit of MLP width
+  const double width = (dense_layers(m) * ffn_of(m) +
+                        moe_layers(m) * expert_ffn_of(m) * (routed_slots(m, true) + m.shared_experts)) / m.layers;
+  auto exposed = [&](double weights) {
+    const double g = 2 * tokens * weights / rate;
+    return c / t + (t - 1) / t * std::max(0.0, c - g);
+  };
+  const double forward = exposed(qkv) + exposed(proj) + exposed(up * width) + exposed(down * width);
+  const bool full = p.recompute == Recompute::kFull;
+  double per_layer = forward + forward + (full ? forward : 0);  // the backward mirror, the recomputed forward
+  if (!full) per_layer += exposed(qkv) + exposed(up * width);    // the re-gathers beside the weight gradients
+  return per_layer * stage_layers(m, p);
 }
 
 double pp_comm_time(const Traffic& tr, const Parallel& p, int microbatches, const Hardware& hw) {
@@ -268,6 +319,8 @@ Status validate(const Model& m, const Parallel& p) {
   if (p.uneven_stages && p.pp == 1) return usage("--uneven-stages needs --pp greater than 1");
   if (p.interleave > 1 && p.pp == 1) return usage("--interleave needs --pp greater than 1");
   if (p.sequence_parallel && p.tp == 1) return usage("--sequence-parallel needs --tp greater than 1");
+  if (p.tp_comm_overlap && p.tp > 1 && !p.sequence_parallel)
+    return usage("--tp-overlap needs --sequence-parallel (it overlaps the all-gathers and reduce-scatters of sequence parallelism)");
   if (p.sequence_parallel && m.seq % (p.tp * p.cp)) return usage(fmt::format("--tp {} x --cp {} does not divide --seq {}", p.tp, p.cp, m.seq));
   if (p.cp > 1 && !p.flash_attention) return usage("--cp needs --flash-attention (ring attention runs a fused kernel per block)");
   if (p.cp > 1 && m.seq % (2 * p.cp))
@@ -366,6 +419,9 @@ std::vector<ActivationTensor> activations(const Model& m, const Parallel& p, boo
     if (m.shared_experts) mlp("moe.shared", expert_ffn_of(m) * m.shared_experts);
   }
   if (m.dropout) v.push_back({"mlp.dropout_mask", sbh / rep});
+  // An all-gather of K and V keeps the other ranks' keys and values for the backward attention.
+  if (p.cp > 1 && p.cp_comm == CpComm::kAllGather)
+    v.push_back({"attn.kv_gathered", 2 * 2 * (double(m.seq) - s) * b * kv / t});
   if (p.flash_attention) {
     // The fused kernel keeps one fp32 log-sum-exp per row of scores for its backward, nothing of size s^2;
     // under selective recomputation the core is re-run in backward and keeps not even that.
@@ -490,8 +546,8 @@ Expected<CommReport> estimate_comm(const Model& m, const Parallel& p, const Hard
   r.dp_bytes = tr.dp_factor * (2.0 * (p.dp * p.cp - 1) / (p.dp * p.cp) * tr.dp_dense_bytes +
                                (tr.dp_expert_bytes > 0 ? 2.0 * (p.dp * p.cp / p.ep - 1) / (p.dp * p.cp / p.ep) * tr.dp_expert_bytes : 0));
   r.dp_time_s = dp_time(tr, p, hw);
-  r.cp_bytes = tr.cp_steps_per_mb * mbs * tr.cp_kv_bytes;
-  r.cp_time_s = tr.cp_steps_per_mb * mbs * cp_step_time(tr, p, hw);
+  r.cp_bytes = mbs * (tr.cp_steps_per_mb + tr.cp_gathers_per_mb * (p.cp - 1)) * tr.cp_kv_bytes;
+  r.cp_time_s = mbs * cp_time_per_mb(tr, p, hw);
   r.ep_bytes = tr.ep_a2a_per_mb * mbs * tr.ep_a2a_bytes * (p.ep - 1) / p.ep;
   r.ep_time_s = mbs * ep_time_per_mb(tr, p, hw);
   const LayerFlops lf = layer_forward_flops(m, p);
@@ -535,15 +591,18 @@ Expected<StepReport> estimate_step(const Model& m, const Parallel& p, const Hard
   const double logits = double(p.micro_batch) * local_seq(m, p) * padded_vocab(m) / p.tp;
   const double head_gemm = 3 * 2 * logits * m.hidden / flop_rate;
   const double head_mem = 2 * 3 * 4 * logits / mem_rate;
-  const double tp_per_mb = tr.tp_collectives_per_mb * allreduce_time_s(tr.tp_buffer_bytes, p.tp, hw.tp_gbps, hw.tp_latency_s);
+  const double tp_per_mb = tp_exposed_per_mb(m, p, tr, hw);
   // Ring attention sends the next block's keys and values while the current block computes: only what the
   // attention blocks of the same pass cannot cover shows (forward: one block per step; backward: two passes).
+  // An all-gather completes before the attention that needs it starts: all of it shows.
   double cp_per_mb = 0;
   if (tr.cp_steps_per_mb > 0) {
     const double step_comm = cp_step_time(tr, p, hw);
     const double block = attention_time / p.cp;  // one of the cp blocks of a pass
     const double per_layer = tr.cp_steps_per_mb / layers;  // steps per layer and micro-batch
     cp_per_mb = layers * per_layer * std::max(0.0, step_comm - block);
+  } else if (tr.cp_gathers_per_mb > 0) {
+    cp_per_mb = cp_time_per_mb(tr, p, hw);
   }
   const double ep_per_mb = ep_time_per_mb(tr, p, hw);
 

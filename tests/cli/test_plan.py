@@ -236,6 +236,14 @@ class PlanTest(unittest.TestCase):
         self.assert_usage_error(["memory", "--model", "mixtral-8x7b", "--ep", "3", "--dp", "3"], "not divisible by --ep 3")
         self.assert_usage_error([*m, "--cp", "2"], "--cp needs --flash-attention")
         self.assert_usage_error([*m, "--mlp", "relu"], "--mlp")
+        # The search refuses the same models, before enumerating anything.
+        s = ["search", "--model", "llama3-70b", "--gpu", "h100-sxm", "--gpus", "64", "--global-batch", "128"]
+        self.assert_usage_error([*s, "--kv-heads", "6"], "--kv-heads 6 does not divide --heads 64")
+        self.assert_usage_error([*s, "--heads", "60"], "--heads 60 does not divide --hidden 8192")
+        self.assert_usage_error(["search", "--model", "mixtral-8x7b", "--gpu", "h100-sxm", "--gpus", "64",
+                                 "--global-batch", "128", "--ep", "3"], "not divisible by --ep 3")
+        self.assert_usage_error(["search", "--model", "llama3-70b", "--gpu", "h300", "--gpus", "64", "--global-batch", "128"],
+                                "h100-sxm")  # an unknown GPU preset: the names
 
     def test_moe_and_context_parallel(self):
         j = self.run_json("comm", "--model", "mixtral-8x7b", "--gpu", "h100-sxm", "--tp", "2", "--ep", "8", "--dp", "8",
@@ -246,6 +254,38 @@ class PlanTest(unittest.TestCase):
         r = pacer("plan", "step", "--model", "llama3-8b", "--gpu", "h200", "--cp", "16", "--flash-attention", "--seq", "131072")
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("context-parallel comm", r.stdout)
+        # The Llama 3 way: K and V all-gathered before the attention, on the critical path, and kept for backward.
+        cp = ["--model", "llama3-405b", "--gpu", "h100-sxm", "--tp", "8", "--pp", "16", "--cp", "16", "--dp", "8",
+              "--interleave", "4", "--uneven-stages", "--sequence-parallel", "--flash-attention", "--seq", "131072",
+              "--global-batch", "128", "--distributed-optimizer"]
+        ring = self.run_json("step", *cp)
+        ag = self.run_json("step", *cp, "--cp-comm", "allgather")
+        self.assertEqual((ring["config"]["cp_comm"], ag["config"]["cp_comm"]), ("ring", "allgather"))
+        self.assertEqual(ring["breakdown_s"]["cp_comm"], 0)
+        self.assertGreater(ag["breakdown_s"]["cp_comm"], 0)
+        self.assertGreater(ag["step_s"], ring["step_s"])
+        no_gpu = [a for a in cp if a not in ("--gpu", "h100-sxm")]
+        mem = {c: self.run_json("memory", *no_gpu, "--cp-comm", c) for c in ("ring", "allgather")}
+        self.assertGreater(mem["allgather"]["per_gpu"]["activation_bytes"], mem["ring"]["per_gpu"]["activation_bytes"])
+        self.assertIn("attn.kv_gathered", [t["name"] for t in mem["allgather"]["layer_activations"]])
+        r = pacer("plan", "comm", *cp, "--cp-comm", "allgather")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("all-gather of keys and values", r.stdout)
+        self.assert_usage_error(["step", *cp, "--cp-comm", "ulysses"], "--cp-comm 'ulysses': expected ring or allgather")
+
+    def test_tensor_parallel_overlap(self):
+        args = ["step", "--model", "llama3-70b", "--gpu", "h100-sxm", "--tp", "4", "--pp", "4", "--cp", "2", "--dp", "2",
+                "--interleave", "5", "--global-batch", "128", "--sequence-parallel", "--flash-attention",
+                "--distributed-optimizer"]
+        exposed = self.run_json(*args)
+        overlapped = self.run_json(*args, "--tp-overlap")
+        self.assertTrue(overlapped["config"]["tp_overlap"])
+        self.assertFalse(exposed["config"]["tp_overlap"])
+        self.assertLess(overlapped["breakdown_s"]["tp_comm"], exposed["breakdown_s"]["tp_comm"])
+        self.assertGreater(overlapped["breakdown_s"]["tp_comm"], 0)
+        self.assertLess(overlapped["step_s"], exposed["step_s"])
+        no_sp = [a for a in args if a != "--sequence-parallel"]
+        self.assert_usage_error([*no_sp, "--tp-overlap"], "--tp-overlap needs --sequence-parallel")
 
     def test_search(self):
         args = ["search", "--model", "llama3-70b", "--gpu", "h200", "--gpus", "4096", "--global-batch", "2048", "--seq", "4096"]

@@ -125,6 +125,62 @@ TEST(PlanModern, ContextParallelSplitsTheSequence) {
   EXPECT_GT(s->dp_comm_s, 0);
 }
 
+// The Llama 3 way: K and V all-gathered before the attention and their gradients reduce-scattered after it, all of it
+// on the critical path, and the other ranks' K and V kept for backward.
+TEST(PlanModern, ContextParallelAllGatherIsExposedAndKept) {
+  const Model m = llama8b();  // seq 8192, 8 KV heads of 128: K and V 1024 wide
+  Parallel ring;
+  ring.flash_attention = true;
+  ring.cp = 4;
+  Parallel ag = ring;
+  ag.cp_comm = CpComm::kAllGather;
+  const Hardware hw = node();
+  const double kv = 2 * 2048 * 1024 * 2.0;  // this rank's K and V of 2048 tokens, bf16
+  auto c = estimate_comm(m, ag, hw);
+  ASSERT_TRUE(c) << c.error().message;
+  // One all-gather and one reduce-scatter a layer, each sending this rank's K and V to the 3 others.
+  EXPECT_NEAR(c->cp_bytes, 32 * 2 * 3 * kv, 1);
+  const double gather = allgather_time_s(4 * kv, 4, hw.tp_gbps, hw.tp_latency_s);  // cp 4 fits in the node
+  EXPECT_NEAR(c->cp_time_s, 32 * 2 * gather, 1e-12);
+  auto s = estimate_step(m, ag, hw);
+  auto sr = estimate_step(m, ring, hw);
+  ASSERT_TRUE(s && sr);
+  EXPECT_NEAR(s->cp_comm_s, 32 * 2 * gather, 1e-12);  // nothing hides it
+  EXPECT_EQ(sr->cp_comm_s, 0);                        // the ring's steps hide behind the attention blocks
+  EXPECT_NEAR(s->step_s - sr->step_s, s->cp_comm_s * (1 + double(ag.pp - 1) / ag.interleave), 1e-9);
+  // The other three ranks' K and V, 6144 tokens, are kept for the backward attention.
+  EXPECT_NEAR(layer_activation_bytes(m, ag) - layer_activation_bytes(m, ring), 2 * 2 * 6144 * 1024.0, 1e-3);
+  // Under full recomputation nothing is kept and the forward gathers again.
+  ag.recompute = ring.recompute = Recompute::kFull;
+  EXPECT_DOUBLE_EQ(layer_activation_bytes(m, ag), layer_activation_bytes(m, ring));
+  EXPECT_NEAR(estimate_comm(m, ag, hw)->cp_time_s, 32 * 3 * gather, 1e-12);
+}
+
+// Transformer Engine's overlap: each all-gather or reduce-scatter beside a GEMM shows one of its tp pieces when the GEMM
+// is the longer, and all of itself when the GEMM takes no time.
+TEST(PlanModern, TensorParallelOverlapShowsOnePieceOfEachCollective) {
+  const Model m = llama8b();
+  Parallel p;
+  p.flash_attention = true;
+  p.tp = 8;
+  p.sequence_parallel = true;
+  Parallel o = p;
+  o.tp_comm_overlap = true;
+  Hardware slow = node();
+  slow.gemm_tflops = 1;  // every GEMM far longer than its collective
+  EXPECT_NEAR(estimate_step(m, o, slow)->tp_comm_s, estimate_step(m, p, slow)->tp_comm_s / 8, 1e-12);
+  Hardware fast = node();
+  fast.gemm_tflops = 1e12;  // GEMMs that take no time hide nothing
+  EXPECT_NEAR(estimate_step(m, o, fast)->tp_comm_s, estimate_step(m, p, fast)->tp_comm_s, 1e-9);
+  // The comm report keeps the traffic before overlap.
+  EXPECT_DOUBLE_EQ(estimate_comm(m, o, node())->tp_time_s, estimate_comm(m, p, node())->tp_time_s);
+  Parallel no_sp = o;
+  no_sp.sequence_parallel = false;
+  Status v = validate(m, no_sp);
+  ASSERT_FALSE(v);
+  EXPECT_TRUE(contains(v.error().message, "--tp-overlap needs --sequence-parallel"));
+}
+
 TEST(PlanModern, BadInputNamesTheReason) {
   auto msg = [](Model m, Parallel p) {
     Status s = validate(m, p);
@@ -252,6 +308,19 @@ TEST(PlanSearch, BestIsFastestOfThoseThatFit) {
   }
 }
 
+// The layout switches of the base (uneven stages, sequence parallelism) are the enumeration's to set: given, they do not
+// make the search refuse the model.
+TEST(PlanSearch, BaseLayoutSwitchesAreIgnored) {
+  const GpuPreset g = *find_gpu_preset("h100-sxm");
+  Parallel base;
+  base.flash_attention = true;
+  base.uneven_stages = true;
+  base.sequence_parallel = true;
+  auto r = search_layouts(find_model_preset("llama3-70b")->model, base, g.hw, space_for(64, 128, g));
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_FALSE(r->top.empty());
+}
+
 TEST(PlanSearch, NothingFitsAndBadSpaces) {
   const Model m = find_model_preset("llama3-405b")->model;
   GpuPreset g = *find_gpu_preset("a100-80g");
@@ -266,6 +335,13 @@ TEST(PlanSearch, NothingFitsAndBadSpaces) {
   bad = space_for(8, 8, g);
   bad.margin_bytes = bad.memory_bytes;
   EXPECT_FALSE(search_layouts(m, base, g.hw, bad));
+  // A dimension fixed to a value no layout can take is refused with the reason, not reported as nothing fitting.
+  SearchSpace ep3 = space_for(64, 128, g);
+  ep3.ep = {3};
+  auto e = search_layouts(find_model_preset("mixtral-8x7b")->model, base, g.hw, ep3);
+  ASSERT_FALSE(e);
+  EXPECT_EQ(e.error().kind, ErrorKind::kUsage);
+  EXPECT_TRUE(contains(e.error().message, "--experts 8 is not divisible by --ep 3")) << e.error().message;
 }
 
 // The bound is 2 s for 4096 GPUs; this asserts 30 s, so that a loaded 2-core machine cannot flake it,

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -34,11 +35,32 @@ Hardware a100() {
 
 constexpr double kTolerancePct = 10;
 
+// The rows the model misses by more than the tolerance, by their `model` cell, and why (docs/plan.md, "Validation").
+// They stay in the table; a row leaves this list when the model gets it within 10%, and no other row may miss.
+const std::map<std::string, std::string>& documented_misses() {
+  static const std::map<std::string, std::string> misses = {
+      {"405B 16384 GPUs 131K",
+       "+13.4%: with the paper's all-gather of K and V the model is still faster; the layout needs 107 GiB a GPU in "
+       "the model, so the authors ran something the paper does not state (recomputation, offloading, other sharding), "
+       "and the metric's count of a causal attention at 131K tokens is not stated either"},
+      {"Nemotron-4 340B 128 GPUs",
+       "-12.6%: one layer per virtual pipeline stage (VP 12) and TP 8 with Transformer Engine's overlap; the model "
+       "neither counts the SMs the overlapped reduce-scatters take from the GEMMs nor per-chunk pipeline overheads"},
+      {"Nemotron-4 340B 2048 GPUs", "-12.6%: as on 128 GPUs"},
+  };
+  return misses;
+}
+
 struct Comparison {
   int line = 0;
   std::string source, ref, model, metric, gpu;
   double published = 0, predicted = 0, error_pct = 0;
   double documented_error_pct = 0;  // what docs/plan.md reports, one decimal
+  // What the prediction was made from (timed rows).
+  Model shape;
+  Parallel layout;
+  Hardware hw;
+  double gpu_memory_bytes = 0;  // of the GPU preset (0: the A100 papers' rows)
 };
 
 // Every row of published.csv against the model on `base` hardware (per-row gradient precision and DDP).
@@ -81,9 +103,14 @@ std::vector<Comparison> compare(const Hardware& base) {
       auto mp = find_model_preset(preset);
       EXPECT_TRUE(mp) << "line " << row.line << ": " << mp.error().message;
       if (!mp) continue;
-      const int seq = m.seq;
+      const Model given = m;
       m = mp->model;
-      if (seq > 0) m.seq = seq;
+      // What the row states of the model wins over the preset.
+      for (auto [field, value] : {std::pair{&Model::layers, given.layers}, {&Model::hidden, given.hidden},
+                                  {&Model::heads, given.heads}, {&Model::seq, given.seq}, {&Model::vocab, given.vocab},
+                                  {&Model::kv_heads, int(number(row, "kv_heads"))},
+                                  {&Model::vocab_multiple, int(number(row, "vocab_multiple"))}})
+        if (value > 0) m.*field = value;
     }
     c.gpu = text(row, "gpu");
     Parallel p;
@@ -100,6 +127,10 @@ std::vector<Comparison> compare(const Hardware& base) {
     if (number(row, "cp") > 0) p.cp = int(number(row, "cp"));
     p.uneven_stages = number(row, "uneven_stages") != 0;
     p.flash_attention = number(row, "flash_attention") != 0;
+    p.tp_comm_overlap = number(row, "tp_overlap") != 0;
+    const std::string cp_comm = text(row, "cp_comm");
+    EXPECT_TRUE(cp_comm.empty() || cp_comm == "ring" || cp_comm == "allgather") << "line " << row.line;
+    p.cp_comm = cp_comm == "allgather" ? CpComm::kAllGather : CpComm::kRing;
     Hardware hw = base;
     if (!c.gpu.empty()) {
       // A GPU preset: its generation's constants, not the A100's calibrated rate.
@@ -107,14 +138,19 @@ std::vector<Comparison> compare(const Hardware& base) {
       EXPECT_TRUE(gp) << "line " << row.line << ": " << gp.error().message;
       if (!gp) continue;
       hw = gp->hw;
+      c.gpu_memory_bytes = gp->memory_bytes;
       p.zero_stage = int(number(row, "zero"));
     }
-    // PyTorch's DDP reduces buckets during backward; Megatron's 2021 "local" DDP reduces after it.
-    hw.overlap_dp = text(row, "ddp") == "torch";
+    // PyTorch's DDP and a distributed optimizer's overlap_grad_sync reduce buckets during backward; Megatron's 2021
+    // "local" DDP reduces after it.
+    hw.overlap_dp = text(row, "ddp") == "torch" || text(row, "ddp") == "overlap";
     if (c.metric == "step_s" || c.metric == "hardware_tflops_per_gpu" || c.metric == "model_tflops_per_gpu") {
       auto s = estimate_step(m, p, hw);
       EXPECT_TRUE(s) << "line " << row.line << ": " << s.error().message;
       if (!s) continue;
+      c.shape = m;
+      c.layout = p;
+      c.hw = hw;
       c.predicted = c.metric == "step_s" ? s->step_s
                     : c.metric == "hardware_tflops_per_gpu" ? s->hardware_tflops_per_gpu
                                                             : s->model_tflops_per_gpu;
@@ -162,16 +198,23 @@ TEST(PlanValidation, PublishedFigures) {
     // documented_error_pct column (the half-unit of its last decimal, plus rounding slack).
     EXPECT_NEAR(c.error_pct, c.documented_error_pct, 0.06) << "line " << c.line << ": " << c.model << " " << c.metric
                                                            << ": update docs/plan.md";
-    // Within the tolerance, unless documented as a miss.
-    if (std::fabs(c.documented_error_pct) <= kTolerancePct) {
-      EXPECT_LE(std::fabs(c.error_pct), kTolerancePct) << "line " << c.line << ": " << c.model << " " << c.metric;
+    // Within the tolerance, or a documented miss; a documented miss that is no longer one leaves the list.
+    if (c.source != "presets") {
+      const bool listed = documented_misses().count(c.model) > 0;
+      if (listed) {
+        EXPECT_GT(std::fabs(c.error_pct), kTolerancePct) << "line " << c.line << ": " << c.model << " is within "
+                                                         << kTolerancePct << "% now: take it off documented_misses()";
+      } else {
+        EXPECT_LE(std::fabs(c.error_pct), kTolerancePct) << "line " << c.line << ": " << c.model << " " << c.metric;
+      }
     }
   }
-  std::printf("step time and throughput: %d figures, mean |error| %.1f%%, max %.1f%%\n", timed_rows,
+  std::printf("step time and throughput (A100 papers): %d figures, mean |error| %.1f%%, max %.1f%%\n", timed_rows,
               sum_abs / timed_rows, max_abs);
-  EXPECT_EQ(rows.size(), 41u);
+  for (const auto& [model, why] : documented_misses()) std::printf("documented miss: %s: %s\n", model.c_str(), why.c_str());
+  EXPECT_EQ(rows.size(), 52u);
   EXPECT_EQ(timed_rows, 18);
-  EXPECT_EQ(std::count_if(rows.begin(), rows.end(), [](const Comparison& c) { return timed(c) && !c.gpu.empty(); }), 3);
+  EXPECT_EQ(std::count_if(rows.begin(), rows.end(), [](const Comparison& c) { return timed(c) && !c.gpu.empty(); }), 13);
 }
 
 // The sustained GEMM rate is the calibrated constant (the network and memory efficiencies are assumed, not
@@ -204,6 +247,50 @@ TEST(PlanValidation, GemmRateRangeWithinTolerance) {
   EXPECT_DOUBLE_EQ(low, kDocumentedLow) << "update docs/plan.md";
   EXPECT_DOUBLE_EQ(high, kDocumentedHigh) << "update docs/plan.md";
   EXPECT_DOUBLE_EQ(a100().gemm_tflops, (low + high) / 2) << "use the middle of the range";
+}
+
+std::string layout_text(const Parallel& p) {
+  const char* rc = p.recompute == Recompute::kNone ? "none" : p.recompute == Recompute::kSelective ? "sel" : "full";
+  return "tp " + std::to_string(p.tp) + " pp " + std::to_string(p.pp) + " cp " + std::to_string(p.cp) + " dp " +
+         std::to_string(p.dp) + " mb " + std::to_string(p.micro_batch) + " v " + std::to_string(p.interleave) + " " + rc +
+         " zero " + std::to_string(p.zero_stage);
+}
+
+// `pacer plan search` for the model, GPU, GPU count, global batch and sequence of each H100 row, against the layout the
+// authors ran (docs/plan.md, "The search against the authors' layouts", prints this table). The search space holds the
+// authors' layout (their interleaving depth is added where the defaults lack it), so when that layout fits the GPU in
+// the model, the best the search finds can be no slower.
+TEST(PlanValidation, SearchAgainstTheAuthorsLayouts) {
+  int searched = 0;
+  std::printf("%-26s %-44s %9s %8s | %-44s %9s %8s %7s\n", "row", "authors' layout", "memory", "step", "search's best",
+              "memory", "step", "gain");
+  for (const auto& c : compare(a100())) {
+    if (!timed(c) || c.gpu.empty()) continue;
+    const Parallel& a = c.layout;
+    SearchSpace space;
+    space.gpus = a.tp * a.pp * a.cp * a.dp;
+    space.global_batch = a.global_batch;
+    space.memory_bytes = c.gpu_memory_bytes;
+    space.margin_bytes = 0.1 * c.gpu_memory_bytes;  // the CLI's default margin
+    space.top = 1;
+    space.interleave = {1, 2, 3, 4, 5, 6, 8, 10};
+    if (std::find(space.interleave.begin(), space.interleave.end(), a.interleave) == space.interleave.end())
+      space.interleave.push_back(a.interleave);
+    auto r = search_layouts(c.shape, a, c.hw, space);
+    ASSERT_TRUE(r) << "line " << c.line << ": " << r.error().message;
+    ASSERT_FALSE(r->top.empty()) << "line " << c.line << ": nothing fits";
+    ++searched;
+    const auto authors = *estimate_step(c.shape, a, c.hw);
+    const double authors_memory = estimate_memory(c.shape, a).total_bytes;
+    const Candidate& best = r->top[0];
+    std::printf("%-26s %-44s %7.1f G %7.3gs | %-44s %7.1f G %7.3gs %+6.1f%%\n", c.model.c_str(), layout_text(a).c_str(),
+                authors_memory / 1073741824.0, authors.step_s, layout_text(best.layout).c_str(),
+                best.memory.total_bytes / 1073741824.0, best.step.step_s, 100 * (authors.step_s / best.step.step_s - 1));
+    if (authors_memory <= space.memory_bytes - space.margin_bytes) {
+      EXPECT_LE(best.step.step_s, authors.step_s * (1 + 1e-12)) << "line " << c.line << ": the search missed the authors' layout";
+    }
+  }
+  EXPECT_EQ(searched, 13);
 }
 
 }  // namespace
