@@ -43,7 +43,11 @@ class _Mismatch(Error):
 
 
 class _Collective(Error):
-    """The ranks of a load could not share what they read: not a bad copy, no fallback."""
+    """The ranks of a load could not share what they read, or agree on a step: not a bad copy, no fallback."""
+
+
+class _Elsewhere(Error):
+    """Another rank cannot use this candidate (yet): this rank tries it again or skips it, as the ranks agreed."""
 
 
 def _torch():
@@ -744,14 +748,13 @@ class _Plan:
         workers = max(1, min(4, os.cpu_count() or 1, len(jobs) + len(self.device)))
         dev = _DeviceCopies(self, workers) if self.device else None
         dev_jobs = list(dev.jobs()) if dev is not None else []
-        exchange = None
-        if shared is not None:
-            exchange = shared.divide(self.reader.step, jobs, dev_jobs)
+        exchange = None if shared is None else shared.divide(self.reader.step, jobs, dev_jobs)
+        # From here to the exchange's all_ok every failure must reach the other ranks, which wait in it.
+        try:
             if exchange is not None:
                 jobs, dev_jobs = exchange.mine(jobs, dev_jobs)
-        self.bytes_read = sum(j[4] for j in jobs) + sum(j[4] for j in dev_jobs)
-        self.bytes_alone = self.bytes_read - (0 if exchange is None else exchange.owned)
-        try:
+            self.bytes_read = sum(j[4] for j in jobs) + sum(j[4] for j in dev_jobs)
+            self.bytes_alone = self.bytes_read - (0 if exchange is None else exchange.owned)
             self._read(jobs, dev, dev_jobs, workers)
         except BaseException:
             if exchange is not None:
@@ -840,31 +843,73 @@ class _SharedLoad:
     be read whole by every rank: N times the bytes from the filesystem, and
     on one node N O_DIRECT readers of the same file. Instead the pieces that
     every rank reads alike are divided between the ranks, each read (and
-    checked) once, and broadcast: device tensors over the job's own group
-    (NCCL), host memory over the checkpointer's gloo group.
+    checked) once, and broadcast (CUDA tensors over the job's NCCL group;
+    over gloo only with _SHARE_OVER_GLOO).
 
-    The ranks go through their candidates together, so that every rank
-    resumes from the same step. Per candidate every rank calls gather_all
-    once (its step and reads, or None when the candidate did not plan) and,
-    when all planned the same step, all_ok once after its reads: a copy that
-    fails on one rank is skipped by all. Ranks that planned different steps,
-    or some a step and some none, go on alone from there, as one rank does.
+    The ranks go through their candidates in rounds, so that every rank
+    resumes from the same step although their lists may differ (a listing
+    that raced a commit, a node-local copy the others lack). Per round every
+    rank calls gather_all once: (step, piece keys) when it planned its
+    candidate, (step, None) when the candidate failed to plan, None when it
+    stops (nothing left, or an error). When all planned one step, all_ok
+    follows once after the reads, then the broadcasts. Otherwise, and when a
+    rank's reads failed, the floor is the lowest step any rank is at: a rank
+    whose candidate failed moves to its next one, a rank above the floor to
+    its first candidate at or below it, and a rank that could use its
+    candidate at the floor tries it again. A rank that stops makes every rank
+    raise: none resumes from a step that another does not.
     """
 
     def __init__(self, comm):
         self.comm = comm
-        self.active = True
+        self.active = True  # still in rounds with the other ranks
         self.used = False  # the last candidate was read in parts and exchanged
+        self.floor = None  # the newest step every rank may still resume from
+        self.stay = False  # try the same candidate again: another rank failed, not this one
+        self.why = None    # why another rank could not use this rank's current step
 
-    def plan_failed(self):
-        """This rank could not plan its candidate (or has none left): the ranks agree to skip it, or part."""
+    def _agree(self, everyone):
+        """Every rank's view of this round; raises when one stopped or the collective failed."""
+        if everyone is None:
+            self.active = False
+            raise _Collective(f"the ranks could not agree on a step to load: {self.comm.broken}")
+        stopped = [r for r, e in enumerate(everyone) if e is None]
+        if stopped:
+            self.active = False
+            raise _Collective(f"rank {stopped[0]} stopped loading (no valid checkpoint left, or an error there; "
+                              "see its output): no rank resumes alone")
+        self.floor = min(e[0] for e in everyone)
+
+    def stop(self):
+        """This rank leaves the rounds (nothing left, or an error): the others hear of it and raise."""
         if self.active:
-            everyone = self.comm.gather_all(None)
-            self.active = everyone is not None and all(e is None for e in everyone)
+            self.active = False
+            self.comm.gather_all(None)
+
+    def plan_failed(self, step):
+        """This rank could not plan its candidate at `step`: it moves to its next one."""
+        self.used = self.stay = False
+        if self.active:
+            self._agree(self.comm.gather_all((step, None)))
+
+    def skip_to(self, candidates, i):
+        """The index of the candidate to try after candidates[i] failed here or elsewhere."""
+        if self.stay:
+            return i
+        step = candidates[i].step
+        i += 1
+        while i < len(candidates) and self.floor is not None and candidates[i].step > self.floor:
+            c = candidates[i]
+            warnings.warn(f"pacer: skipping step {c.step} in {c.dir}: not every rank can load it "
+                          f"(another rank is at step {self.floor})")
+            i += 1
+        if i < len(candidates) and candidates[i].step != step:
+            self.why = None
+        return i
 
     def divide(self, step, jobs, dev_jobs):
-        """An _Exchange when every rank planned this step, else None (this rank reads alone from now on)."""
-        self.used = False
+        """An _Exchange when every rank planned this step; else raises _Elsewhere (try again, or skip)."""
+        self.used = self.stay = False
         if not self.active:
             return None
         host = _SHARE_OVER_GLOO
@@ -872,9 +917,10 @@ class _SharedLoad:
         keys = [("h", j[0], j[2] + j[3], j[4]) for j in jobs if host and j[4] >= _SHARE_FROM] + \
                [("d", j[0], j[2] + j[3], j[4]) for j in dev_jobs if device and j[4] >= _SHARE_FROM]
         everyone = self.comm.gather_all((step, keys))
-        if everyone is None or any(not (isinstance(e, tuple) and e[0] == step) for e in everyone):
-            self.active = False
-            return None
+        self._agree(everyone)
+        if any(e[0] != step or e[1] is None for e in everyone):
+            self.stay = step == self.floor  # another rank's candidate failed, or it is at an older step
+            raise _Elsewhere(self.why or f"another rank cannot load step {step} (it is at step {self.floor})")
         common = set(keys)
         for e in everyone:
             common &= {tuple(k) for k in e[1]}
@@ -916,15 +962,17 @@ class _Exchange:
         return out
 
     def failed(self):
-        """This rank's reads failed: every rank skips the candidate."""
+        """This rank's reads failed: every rank leaves the candidate; this one moves to its next."""
         self.comm.all_ok(False)
 
     def finish(self, step):
-        """Broadcasts every shared piece from its reader; raises _Bad when another rank's reads failed."""
+        """Broadcasts every shared piece from its reader; raises _Elsewhere when another rank's reads failed."""
         if not self.comm.all_ok(True):
-            if self.comm.broken is not None:
-                self.load.active = False
-            raise _Bad(f"another rank could not read its part of step {step}")
+            self.load.stay = True  # this rank's copy read fine: it is tried again unless the others move on
+            self.load.why = f"another rank could not read its part of step {step}"
+            raise _Elsewhere(self.load.why)
+        # The ranks have agreed on this step: whatever happens next, none looks for another.
+        self.load.active = False
         self.comm.broadcast_pieces([(owner, kind, part) for _, owner, kind, part in self.shared])
         self.load.used = bool(self.shared)
 
@@ -1432,12 +1480,14 @@ class Checkpointer:
         tier's copy, then the next older step) is read instead.
 
         Several ranks (torch.distributed): like save(), load() is called by
-        every rank of the group. The pieces that every rank reads alike (DDP's
-        replicated tensors) are read once, each by one rank, and broadcast to
-        the others (CUDA tensors over the job's group, host memory over
-        pacer's gloo group), so N ranks read the bytes once, not N times.
-        `collective=False` loads on this rank alone (a rank that loads when
-        the others do not).
+        every rank of the group, and every rank resumes from the same step:
+        the newest one that every rank can read, whatever copies each lists;
+        when one rank cannot load any (or raises), every rank raises. When
+        the job's group is NCCL, the CUDA tensors that every rank loads alike
+        (DDP's replicated tensors) are read once, each piece by one rank, and
+        broadcast to the others, so N ranks read the bytes once, not N times;
+        host memory is read by each rank itself. `collective=False` loads on
+        this rank alone (a rank that loads when the others do not).
         """
         if into is not None and not isinstance(into, dict):
             raise Error(f"load(into=...) takes a dict, not {type(into).__name__}")
@@ -1448,11 +1498,14 @@ class Checkpointer:
             return self._load(step, into, map_location, shared)
         finally:
             if shared is not None:
-                shared.plan_failed()  # ranks with candidates left are not kept waiting for this one
+                shared.stop()  # an error here: the others are told, not kept waiting
 
     def _load(self, step, into, map_location, shared):
         problems = []
-        for reader in self._impl.candidates(step):
+        candidates = list(self._impl.candidates(step))
+        i = 0
+        while i < len(candidates):
+            reader = candidates[i]
             planned = False  # until then a failure is this rank's alone: the others hear of it
             try:
                 try:
@@ -1484,16 +1537,20 @@ class Checkpointer:
                                   "bytes_received": plan.bytes_received}
                 return Loaded(reader.step, _resolve(state), meta)
             except _Mismatch as e:
-                if shared is not None and not planned:
-                    shared.plan_failed()
-                raise _Mismatch(f"step {reader.step}: {e}") from None
+                raise _Mismatch(f"step {reader.step}: {e}") from None  # no fallback: load()'s stop() tells the others
             except _Collective as e:
                 raise Error(f"step {reader.step}: {e}") from None
             except Error as e:
+                if shared is not None and not shared.active:
+                    # The ranks agreed on this step and the others have it: none may fall back alone.
+                    raise Error(f"step {reader.step}: {e}") from None
                 if shared is not None and not planned:
-                    shared.plan_failed()
+                    shared.plan_failed(reader.step)
+                if shared is not None and shared.stay:
+                    continue  # this rank's copy is fine: tried again with the others
                 warnings.warn(f"pacer: skipping step {reader.step} in {reader.dir}: {e}")
                 problems.append(str(e))
+                i = i + 1 if shared is None else shared.skip_to(candidates, i)
         where = f"step {step}" if step is not None else "any step"
         raise Error(f"no valid checkpoint for {where}" + (": " + "; ".join(problems) if problems else ""))
 

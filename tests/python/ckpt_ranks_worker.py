@@ -9,11 +9,15 @@
                                          is not shared by default); then, sharing over gloo, each rank reads its part
                                          of step 2 and gets the rest by broadcast; then step 2 is damaged and every rank falls back to
                                          step 1; then rank 0 loads alone (collective=False) while rank 1 does not load
+    ckpt_ranks_worker.py ROOT agree      the ranks see different candidates: rank 1 lacks step 2 (both resume from 1);
+                                         rank 0 has a damaged extra copy of step 2 first (both resume from 2); rank 1
+                                         has no checkpoint, or a structure that does not fit (both raise, at once)
 Prints one JSON line: {"rank", "ok", "error", "seconds"}.
 """
 import datetime
 import json
 import os
+import shutil
 import sys
 import time
 
@@ -107,6 +111,84 @@ def shared_loads(root, rank, world):
     print(json.dumps(result), flush=True)
 
 
+class _Candidates:
+    """A Checkpointer's core with this rank's candidates changed, as a node's own view of the steps can differ."""
+
+    def __init__(self, impl, change):
+        self.impl, self.change = impl, change
+
+    def __getattr__(self, name):
+        return getattr(self.impl, name)
+
+    def candidates(self, step=None):
+        return self.change(list(self.impl.candidates(step)))
+
+
+def step_or_error(ck, into):
+    """The step load() resumed from, or its error; and the seconds it took."""
+    t0 = time.monotonic()
+    try:
+        got = ck.load(into=into).step
+    except pacer.Error as e:
+        got = str(e)
+    return got, time.monotonic() - t0
+
+
+def agree(root, rank, world):
+    """Ranks whose candidates differ still resume from one step, or all raise."""
+    def state(step):
+        g = torch.Generator().manual_seed(step)
+        return {"a": torch.randn(3 << 18, generator=g), "small": torch.arange(5.0) + step}
+    ck = pacer.Checkpointer(root, keep_last=0, chunk_bytes=1 << 20, timeout=TIMEOUT)
+    result = {"rank": rank, "ok": True, "error": None}
+    pacer.checkpoint._SHARE_OVER_GLOO = True  # the exchange, as CUDA tensors over NCCL take it
+    impl = ck._impl
+    try:
+        for step in (1, 2):
+            ck.save(step, state(step)).wait()
+        into = {"a": torch.zeros(3 << 18), "small": torch.zeros(5)}
+        # Rank 1 does not list step 2 (its listing raced the commit, or a node-local copy): not two steps.
+        if rank == 1:
+            ck._impl = _Candidates(impl, lambda c: [r for r in c if r.step != 2])
+        result["hidden"] = ck.load(into=into).step
+        assert torch.equal(into["a"], state(result["hidden"])["a"])
+        ck._impl = impl
+        dist.barrier()
+        # Rank 0 lists a second copy of step 2 first, and that copy is damaged: it reads the next copy, not step 1.
+        if rank == 0:
+            copy = os.path.join(os.path.dirname(root), "copy")
+            shutil.copytree(root, copy)
+            for name in os.listdir(os.path.join(copy, "step-000000000002")):
+                if name.endswith(".bin"):
+                    with open(os.path.join(copy, "step-000000000002", name), "r+b") as f:
+                        size = f.seek(0, 2)
+                        for at in range(4096 + 17, size, 1 << 15):
+                            f.seek(at)
+                            b = f.read(1)
+                            f.seek(at)
+                            f.write(bytes([b[0] ^ 1]))
+            other = pacer.checkpoint._Checkpointer(copy, None, 0, 0, 1 << 26, 1 << 20, None, 0)
+            ck._impl = _Candidates(impl, lambda c: [r for r in other.candidates(2)] + c)
+        result["copies"] = ck.load(into=into).step
+        assert torch.equal(into["a"], state(result["copies"])["a"])
+        ck._impl = impl
+        dist.barrier()
+        # Rank 1 finds nothing to load: rank 0 must not resume alone.
+        if rank == 1:
+            ck._impl = _Candidates(impl, lambda c: [])
+        result["nothing"], result["nothing_s"] = step_or_error(ck, into)
+        ck._impl = impl
+        dist.barrier()
+        # Rank 1's structure does not fit the checkpoint: it raises, and so does rank 0, at once.
+        bad = {"a": torch.zeros(3 << 18), "small": torch.zeros(6 if rank == 1 else 5)}
+        result["mismatch"], result["mismatch_s"] = step_or_error(ck, bad)
+        dist.barrier()
+        result["after"] = ck.load(into=into).step  # the ranks still agree: nothing was left behind
+    except (pacer.Error, AssertionError) as e:
+        result.update(ok=False, error=str(e))
+    print(json.dumps(result), flush=True)
+
+
 def main():
     root, mode = sys.argv[1:3]
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
@@ -115,8 +197,8 @@ def main():
         dtensors(root, rank, world)
         dist.destroy_process_group()
         return
-    if mode == "shared":
-        shared_loads(root, rank, world)
+    if mode in ("shared", "agree"):
+        (shared_loads if mode == "shared" else agree)(root, rank, world)
         dist.destroy_process_group()
         return
     torch.manual_seed(0)  # the same replicated state on every rank

@@ -140,6 +140,27 @@ class TwoRanks(unittest.TestCase):
         self.assertFalse(alone["shared"])
         self.assertGreaterEqual(alone["bytes_read"], large)
 
+    def test_ranks_that_list_different_candidates_still_resume_from_one_step(self):
+        out = self.ranks("agree")
+        for code, res, err in out:
+            self.assertEqual(code, 0, err)
+            self.assertTrue(res["ok"], (res, err))
+        # Rank 1 does not list step 2: both resume from step 1, not rank 0 from 2 and rank 1 from 1.
+        self.assertEqual([res["hidden"] for _, res, _ in out], [1, 1], out)
+        self.assertIn("skipping step 2", out[0][2])
+        # Rank 0's first copy of step 2 is damaged: it reads its other copy and both resume from step 2.
+        self.assertEqual([res["copies"] for _, res, _ in out], [2, 2], out)
+        self.assertIn("checksum mismatch", out[0][2])
+        # A rank with nothing to load, or whose structure does not fit: every rank raises, none waits for the timeout.
+        self.assertIn("no valid checkpoint", out[1][1]["nothing"])
+        self.assertIn("rank 1", out[0][1]["nothing"])
+        self.assertIn("'small'", out[1][1]["mismatch"])
+        self.assertIn("rank 1", out[0][1]["mismatch"])
+        for _, res, _ in out:
+            self.assertLess(res["nothing_s"], 10, res)
+            self.assertLess(res["mismatch_s"], 10, res)
+            self.assertEqual(res["after"], 2, res)
+
     def test_data_parallel_resume_is_bit_identical_on_every_rank(self):
         data = os.path.join(self.tmp.name, "tokens")
         rng = np.random.default_rng(0)
