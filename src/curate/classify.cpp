@@ -451,7 +451,7 @@ Expected<ClassifyReport> classify(const Store& store, const Manifest& parent, co
         }
         return {};
       },
-      &rows, r.jobs > 1);
+      &rows, r.jobs);
   if (!st) return st.error();
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (std::size_t k = 0; k < models.size(); ++k) {

@@ -70,10 +70,11 @@ struct RawChunk {
 // Reads `inputs` in order, in chunks: JSON lines in large blocks (no copy
 // per line), shard samples one by one. `rows` (when given) receives each
 // input's row count. Read errors name the file and line (or shard sample).
-// With `prefetch`, a thread reads a JSON-lines file's next block while `fn`
-// runs on this one (for callers that hand the chunk to worker threads).
+// `workers`: the threads `fn` hands each chunk to. With more than one, a
+// thread reads a JSON-lines file's next block while `fn` runs on this one,
+// and blocks grow with the workers (1 MiB each, 4 to 32 MiB).
 Status for_each_raw_chunk(const std::vector<Input>& inputs, const std::function<Status(RawChunk&)>& fn, std::vector<std::uint64_t>* rows = nullptr,
-                          bool prefetch = false);
+                          int workers = 1);
 
 // Turns raw samples into texts (and ids). simdjson parses and validates each
 // line; every line it refuses, every sample whose fields are not the plain

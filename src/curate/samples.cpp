@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <simdjson.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstring>
 #include <filesystem>
@@ -50,18 +51,18 @@ constexpr std::size_t kShardChunk = 1 << 14;
 
 // A JSON-lines file read a large block at a time: its lines are views into
 // the block, with simdjson's padding readable after the data; the partial
-// line a block ends with begins the next. Blocks grow only for a line longer
-// than half of one, so they never exceed twice the longest line plus a block.
+// line a block ends with begins the next. A block grows only for a line
+// longer than half of one: it never exceeds twice the longest line or the
+// block size, whichever is larger.
 class LineBlocks {
  public:
-  static constexpr std::size_t kBlock = 4 << 20;
   struct Block {
     std::unique_ptr<char[]> buf;
     std::size_t cap = 0, end = 0;
     std::size_t tail = 0;  // where the partial line it ends with begins
   };
 
-  LineBlocks(const Input& in, Fd fd) : in_(in), fd_(std::move(fd)) {}
+  LineBlocks(const Input& in, Fd fd, std::size_t block) : in_(in), fd_(std::move(fd)), block_(block) {}
 
   // Reads the next block into `dst`: `prev`'s partial line (prev may be dst),
   // then the file's next bytes. Its complete lines go to c.samples (blank ones
@@ -70,8 +71,8 @@ class LineBlocks {
     c.samples.clear();
     const std::size_t carried = prev ? prev->end - prev->tail : 0;
     if (eof_ && carried == 0) return false;
-    if (dst.cap < carried + kBlock / 2) {
-      const std::size_t cap = 2 * std::max(kBlock, carried);
+    if (dst.cap < carried + block_ / 2) {
+      const std::size_t cap = std::max(block_, 2 * carried);
       std::unique_ptr<char[]> b(new char[cap + kPadding]);
       if (prev == &dst && carried) std::memcpy(b.get(), dst.buf.get() + dst.tail, carried);
       dst.buf = std::move(b);
@@ -109,15 +110,19 @@ class LineBlocks {
  private:
   const Input& in_;
   Fd fd_;
+  std::size_t block_;
   bool eof_ = false;
   std::uint64_t lineno_ = 0;
 };
 
-Status jsonl_chunks(const Input& in, std::size_t index, const std::function<Status(RawChunk&)>& fn, bool prefetch, std::uint64_t& rows) {
+Status jsonl_chunks(const Input& in, std::size_t index, const std::function<Status(RawChunk&)>& fn, int workers, std::uint64_t& rows) {
   auto fd = open_fd(in.path, O_RDONLY);
   if (!fd) return Error{ErrorKind::kIo, fmt::format("{}: cannot open: {}", in.path, fd.error().message)};
   ::posix_fadvise(fd->get(), 0, 0, POSIX_FADV_SEQUENTIAL);
-  LineBlocks lines(in, std::move(*fd));
+  // 1 MiB of lines (some 4,000 samples) per worker and block, 4 to 32 MiB: each worker's share of a
+  // chunk stays long next to starting the threads and waiting for the last of them.
+  const std::size_t block = std::clamp<std::size_t>(static_cast<std::size_t>(workers) << 20, 4 << 20, 32 << 20);
+  LineBlocks lines(in, std::move(*fd), block);
   LineBlocks::Block blocks[2];
   RawChunk chunks[2];
   for (RawChunk& c : chunks) {
@@ -125,7 +130,7 @@ Status jsonl_chunks(const Input& in, std::size_t index, const std::function<Stat
     c.in = &in;
     c.base = fs::path(in.path).filename().string();
   }
-  if (!prefetch) {
+  if (workers <= 1) {
     for (;;) {
       auto more = lines.next(blocks[0], &blocks[0], chunks[0]);
       if (!more) return more.error();
@@ -270,11 +275,11 @@ Status note_malformed(const RawChunk& c, const RawSample& s, const std::string& 
 }
 
 Status for_each_raw_chunk(const std::vector<Input>& inputs, const std::function<Status(RawChunk&)>& fn, std::vector<std::uint64_t>* rows,
-                          bool prefetch) {
+                          int workers) {
   if (rows) rows->assign(inputs.size(), 0);
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     std::uint64_t n = 0;
-    Status st = inputs[i].kind == "shards" ? shard_chunks(inputs[i], i, fn, n) : jsonl_chunks(inputs[i], i, fn, prefetch, n);
+    Status st = inputs[i].kind == "shards" ? shard_chunks(inputs[i], i, fn, n) : jsonl_chunks(inputs[i], i, fn, workers, n);
     if (!st) return st;
     if (rows) (*rows)[i] = n;
   }

@@ -211,7 +211,7 @@ TEST(CurateSamples, BlockReaderLinesAndRows) {
   const std::string big = std::string(9 << 20, 'b');
   const std::string f = dir.file("r.jsonl", "{\"text\": \"one\"}\r\n\n   \t\r\n{\"text\": \"two\"}\n{\"text\": \"" + big + "\"}\n{bad\n{\"text\": \"last\"}");
   auto in = describe_input(f).value();
-  for (bool prefetch : {false, true}) {
+  for (int workers : {1, 3}) {
     std::vector<std::uint64_t> rows, seen;
     std::vector<std::size_t> sizes;
     ASSERT_TRUE(for_each_raw_chunk(
@@ -220,7 +220,7 @@ TEST(CurateSamples, BlockReaderLinesAndRows) {
           for (const auto& s : c.samples) seen.push_back(s.row), sizes.push_back(s.bytes.size());
           return {};
         },
-        &rows, prefetch));
+        &rows, workers));
     EXPECT_EQ(rows, std::vector<std::uint64_t>{7});
     EXPECT_EQ(seen, (std::vector<std::uint64_t>{1, 4, 5, 6, 7}));
     EXPECT_EQ(sizes, (std::vector<std::size_t>{15, 15, big.size() + 12, 4, 16}));
