@@ -21,6 +21,7 @@ packages=(
   chromium  # headless, for the pacer report integration test
   g++-aarch64-linux-gnu qemu-user-static googletest  # the aarch64 (Grace) cross-build test, tests/cross/aarch64.sh
   libfasttext-dev fasttext  # pacer curate's classifiers; the fasttext CLI is the benchmark's peer
+  libsimdjson-dev  # pacer curate's JSON-lines parser (nlohmann stays the reference and the error messages)
 )
 # The report's charting library is installed with npm at build time
 # (report/package-lock.json). A Node.js from NodeSource already ships npm and

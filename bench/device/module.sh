@@ -20,7 +20,7 @@ case "${1:-}" in
     mkdir -p "$out/bin" && strip -o "$out/bin/pacer_unit_tests" "$build/bin/pacer_unit_tests" && strip -o "$out/bin/pacer" "$build/bin/pacer"
     cp -r "$build/generated" "$out/generated"
     # Libraries the device image lacks (Ubuntu 24.04 has fmt 9, xxhash, sqlite, OpenMPI 4).
-    for l in libtomlplusplus.so.3 libcpp-httplib.so.0.11 libsentencepiece.so.0 libfasttext.so.0; do cp -L "/lib/x86_64-linux-gnu/$l" "$out/lib/"; done
+    for l in libtomlplusplus.so.3 libcpp-httplib.so.0.11 libsentencepiece.so.0 libfasttext.so.0 libsimdjson.so.14; do cp -L "/lib/x86_64-linux-gnu/$l" "$out/lib/"; done
     cp /usr/local/cuda/lib64/libcudart_static.a "$out/lib/"
     du -sh "$out"
     ;;

@@ -62,10 +62,6 @@ std::string sample_id(const nlohmann::json& j, const std::string& fallback);
 Status for_each_sample(const std::vector<Input>& inputs, bool strict, Malformed& bad, const std::function<Status(Sample&)>& fn,
                        std::vector<std::uint64_t>* rows = nullptr);
 
-// for_each_sample in chunks of samples, JSON lines parsed on `threads` threads.
-Status for_each_chunk(const std::vector<Input>& inputs, bool strict, int threads, Malformed& bad,
-                      const std::function<Status(std::vector<Sample>&)>& fn, std::vector<std::uint64_t>* rows = nullptr);
-
 // Lower-case ASCII, whitespace runs as one space, trimmed: what exact
 // deduplication compares.
 std::string normalise(const std::string& text);
@@ -212,6 +208,8 @@ class Model {
   struct Impl;
 
  private:
+  // classify scores through Impl: label ids, no strings per sample.
+  friend Expected<ClassifyReport> classify(const Store& store, const Manifest& parent, const ClassifyOptions& o);
   Model() = default;
   std::unique_ptr<Impl> impl_;
   std::string path_, xxh3_;

@@ -7,9 +7,12 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <istream>
+#include <limits>
 #include <sstream>
 #include <thread>
 
@@ -56,19 +59,19 @@ void set_column(Manifest& m, Column c) {
 
 int worker_count(int jobs) { return jobs > 0 ? jobs : static_cast<int>(std::max<std::size_t>(1, hw::allowed_cpus().size())); }
 
-void parallel_blocks(std::size_t n, int threads, std::size_t block, const std::function<void(std::size_t, std::size_t)>& fn) {
+void parallel_blocks(std::size_t n, int threads, std::size_t block, const std::function<void(int, std::size_t, std::size_t)>& fn) {
   std::atomic<std::size_t> next{0};
-  auto work = [&] {
+  auto work = [&](int worker) {
     for (;;) {
       const std::size_t b = next.fetch_add(block);
       if (b >= n) return;
-      fn(b, std::min(n, b + block));
+      fn(worker, b, std::min(n, b + block));
     }
   };
   std::vector<std::thread> pool;
   const int t = std::max(1, std::min<int>(threads, static_cast<int>((n + block - 1) / block)));
-  for (int i = 1; i < t; ++i) pool.emplace_back(work);
-  work();
+  for (int i = 1; i < t; ++i) pool.emplace_back(work, i);
+  work(0);
   for (auto& th : pool) th.join();
 }
 
@@ -175,8 +178,71 @@ Status check_model_file(const std::string& path) {
 
 }  // namespace
 
+namespace {
+
+// fastText reads an example as one line of an istream (Dictionary::getLine).
+// This presents a text as that line without copying it: each '\n' in it is
+// read as a space, then the '\n' that ends the line. fastText's other
+// separators (space, \t, \r, \v, \f, \0) it reads alike, so the tokens are
+// those of fasttext_line(text) + "\n", the line `fasttext predict` reads.
+// One per thread, reused: an istream costs a locale to construct.
+class LineStream : private std::streambuf {
+ public:
+  LineStream() : in_(this) {}
+  std::istream& reset(std::string_view text) {
+    rest_ = text;
+    ended_ = false;
+    setg(nullptr, nullptr, nullptr);
+    in_.clear();
+    return in_;
+  }
+
+ private:
+  int_type underflow() override {
+    if (!rest_.empty()) {
+      char* p = const_cast<char*>(rest_.data());  // the get area is only read
+      if (*p == '\n') {
+        setg(&space_, &space_, &space_ + 1);
+        rest_.remove_prefix(1);
+        return traits_type::to_int_type(' ');
+      }
+      const std::size_t n = std::min(rest_.find('\n'), rest_.size());
+      setg(p, p, p + n);
+      rest_.remove_prefix(n);
+      return traits_type::to_int_type(*p);
+    }
+    if (ended_) return traits_type::eof();
+    ended_ = true;
+    setg(&eol_, &eol_, &eol_ + 1);
+    return traits_type::to_int_type('\n');
+  }
+
+  std::string_view rest_;
+  bool ended_ = false;
+  char space_ = ' ', eol_ = '\n';
+  std::istream in_;
+};
+
+// A label as the user names it: fastText's "__label__" prefix dropped.
+std::string label_name(std::string label) { return label.rfind("__label__", 0) == 0 ? label.substr(9) : label; }
+
+}  // namespace
+
 struct Model::Impl {
   fasttext::FastText ft;
+  std::shared_ptr<const fasttext::Dictionary> dict;
+  std::vector<std::string> labels;  // by fastText's label id, as label_name gives them
+
+  // What FastText::predictLine computes for `text` as one line, before it
+  // turns ids into label strings and log-probabilities into probabilities:
+  // (log-probability, label id), best first; none for a text without tokens.
+  void predict(std::string_view text, int k, fasttext::Predictions& out) const {
+    thread_local LineStream line;
+    thread_local std::vector<std::int32_t> words, line_labels;
+    out.clear();
+    dict->getLine(line.reset(text), words, line_labels);
+    ft.predict(k, words, out, 0.0);
+  }
 };
 
 Model::~Model() = default;
@@ -188,6 +254,8 @@ Expected<std::shared_ptr<Model>> Model::load(const std::string& path) {
   m->path_ = path;
   try {
     m->impl_->ft.loadModel(path);
+    m->impl_->dict = m->impl_->ft.getDictionary();
+    for (std::int32_t i = 0; i < m->impl_->dict->nlabels(); ++i) m->impl_->labels.push_back(label_name(m->impl_->dict->getLabel(i)));
   } catch (const std::exception& e) {
     return Error{ErrorKind::kConfig, fmt::format("{}: fastText cannot load it: {}", path, e.what())};
   }
@@ -198,42 +266,23 @@ Expected<std::shared_ptr<Model>> Model::load(const std::string& path) {
 }
 
 namespace {
-// An istream over a string without copying it again (istringstream copies).
-struct ViewBuf : std::streambuf {
-  ViewBuf(char* p, std::size_t n) { setg(p, p, p + n); }
-};
-
 // fastText reads one example a line: line breaks inside a text become spaces.
 void flatten_lines(std::string& text) {
   for (char& c : text)
     if (c == '\n' || c == '\r' || c == '\v' || c == '\f') c = ' ';
 }
-
-// A label as the user names it: fastText's "__label__" prefix dropped.
-std::string label_name(std::string label) { return label.rfind("__label__", 0) == 0 ? label.substr(9) : label; }
 }  // namespace
 
 std::vector<std::pair<float, std::string>> Model::predict(const std::string& text, int k) const {
-  thread_local std::string line;
-  line.assign(text);
-  flatten_lines(line);
-  line += '\n';
-  ViewBuf buf(line.data(), line.size());
-  std::istream in(&buf);
-  std::vector<std::pair<fasttext::real, std::string>> p;
-  impl_->ft.predictLine(in, p, k, 0.0);
+  fasttext::Predictions p;
+  impl_->predict(text, k, p);
   std::vector<std::pair<float, std::string>> out;
   out.reserve(p.size());
-  for (auto& [prob, label] : p) out.emplace_back(prob, label_name(std::move(label)));
+  for (const auto& [logp, id] : p) out.emplace_back(std::exp(logp), impl_->labels[static_cast<std::size_t>(id)]);
   return out;
 }
 
-std::vector<std::string> Model::labels() const {
-  auto d = impl_->ft.getDictionary();
-  std::vector<std::string> out;
-  for (std::int32_t i = 0; i < d->nlabels(); ++i) out.push_back(label_name(d->getLabel(i)));
-  return out;
-}
+std::vector<std::string> Model::labels() const { return impl_->labels; }
 
 std::string fasttext_line(const std::string& text) {
   std::string out = text;
@@ -261,15 +310,55 @@ Expected<Classifier> parse_classifier(const std::string& spec) {
 
 namespace {
 
-// A classifier's value for one text: P(label), or the top label; null without a prediction.
-json score(const Model& m, const Classifier& c, const std::string& text) {
-  const auto p = m.predict(text, c.label.empty() ? 1 : -1);
-  if (p.empty()) return nullptr;
-  if (c.label.empty()) return p[0].second;
-  for (const auto& [prob, label] : p)
-    if (label == c.label) return static_cast<double>(prob);
-  return 0.0;
-}
+// One classifier's values while scoring, per input and row: P(label) as
+// fastText's float (NaN: null, as nlohmann writes a NaN), or the top label's
+// id (-1: null). Rendered once at the end as the reference score() would
+// write them: json(double(P)) or json(label name), null without a prediction.
+struct Scores {
+  const Model::Impl* model = nullptr;
+  int k = 1;                // fastText's k: 1 for the top label, -1 (all) for P(label)
+  std::int32_t label = -1;  // the label whose probability is the value; -1: the top label
+  std::vector<std::vector<float>> prob;
+  std::vector<std::vector<std::int32_t>> top;
+
+  void grow(std::size_t input, std::size_t rows) {
+    if (label >= 0 && prob[input].size() < rows) prob[input].resize(rows, std::numeric_limits<float>::quiet_NaN());
+    if (label < 0 && top[input].size() < rows) top[input].resize(rows, -1);
+  }
+  void score(std::string_view text, std::size_t input, std::size_t at, fasttext::Predictions& p) {
+    model->predict(text, k, p);
+    if (p.empty()) return;
+    if (label < 0) {
+      top[input][at] = p[0].second;
+      return;
+    }
+    prob[input][at] = 0.0f;
+    for (const auto& [logp, id] : p)
+      if (id == label) {
+        prob[input][at] = std::exp(logp);  // as predictLine: exp of fastText's float
+        break;
+      }
+  }
+  std::string render(std::size_t input, std::size_t rows) const {
+    std::string text;
+    if (label < 0) {
+      std::vector<std::string> names;
+      for (const auto& l : model->labels) names.push_back(json(l).dump(-1, ' ', false, json::error_handler_t::replace));
+      const auto& v = top[input];
+      for (std::size_t r = 0; r < rows; ++r) {
+        text += r < v.size() && v[r] >= 0 ? names[static_cast<std::size_t>(v[r])] : "null";
+        text += '\n';
+      }
+    } else {
+      const auto& v = prob[input];
+      for (std::size_t r = 0; r < rows; ++r) {
+        text += r < v.size() ? json(static_cast<double>(v[r])).dump() : "null";
+        text += '\n';
+      }
+    }
+    return text;
+  }
+};
 
 }  // namespace
 
@@ -310,40 +399,66 @@ Expected<ClassifyReport> classify(const Store& store, const Manifest& parent, co
     }
   }
   const auto t0 = std::chrono::steady_clock::now();
-  std::vector<std::vector<std::vector<json>>> values(models.size(), std::vector<std::vector<json>>(parent.inputs.size()));
+  std::vector<Scores> scores(models.size());
+  for (std::size_t k = 0; k < models.size(); ++k) {
+    Scores& s = scores[k];
+    s.model = models[k]->impl_.get();
+    if (!o.classifiers[k].label.empty()) {
+      const auto& names = s.model->labels;
+      s.label = static_cast<std::int32_t>(std::find(names.begin(), names.end(), o.classifiers[k].label) - names.begin());
+      s.k = -1;
+    }
+    s.prob.resize(parent.inputs.size());
+    s.top.resize(parent.inputs.size());
+  }
   // A filtered parent: only its own samples are scored (the dropped rows stay null).
   auto drops = dropped_rows(store, parent);
   if (!drops) return drops.error();
   std::vector<std::uint64_t> rows;
-  Status st = for_each_chunk(parent.inputs, o.strict, r.jobs, r.malformed,
-                             [&](std::vector<Sample>& chunk) -> Status {
-                               if (!drops->empty())
-                                 chunk.erase(std::remove_if(chunk.begin(), chunk.end(),
-                                                            [&](const Sample& s) { return drops->count({s.input, s.row}) > 0; }),
-                                             chunk.end());
-                               for (auto& per : values)
-                                 for (const auto& s : chunk) {
-                                   auto& col = per[s.input];
-                                   const std::size_t at = row_index(parent.inputs[s.input], s.row);
-                                   if (col.size() <= at) col.resize(at + 1);
-                                 }
-                               parallel_blocks(chunk.size(), r.jobs, 64, [&](std::size_t b, std::size_t e) {
-                                 for (std::size_t i = b; i < e; ++i) {
-                                   const Sample& s = chunk[i];
-                                   const std::size_t at = row_index(parent.inputs[s.input], s.row);
-                                   for (std::size_t k = 0; k < models.size(); ++k) values[k][s.input][at] = score(*models[k], o.classifiers[k], s.text);
-                                 }
-                               });
-                               r.samples += chunk.size();
-                               return {};
-                             },
-                             &rows);
+  // Each worker parses and scores its blocks of a chunk; the malformed are
+  // reported afterwards, in row order, by this thread.
+  enum : char { kScored, kMalformed, kDropped };
+  std::vector<SampleParser> parsers(static_cast<std::size_t>(r.jobs));
+  std::vector<fasttext::Predictions> preds(static_cast<std::size_t>(r.jobs));
+  std::vector<char> state;
+  std::vector<std::string> why;
+  Status st = for_each_raw_chunk(
+      parent.inputs,
+      [&](RawChunk& c) -> Status {
+        const Input& in = parent.inputs[c.input];
+        for (auto& s : scores) s.grow(c.input, row_index(in, c.samples.back().row) + 1);
+        state.assign(c.samples.size(), kScored);
+        why.resize(c.samples.size());
+        parallel_blocks(c.samples.size(), r.jobs, 16, [&](int w, std::size_t b, std::size_t e) {
+          for (std::size_t i = b; i < e; ++i) {
+            const RawSample& s = c.samples[i];
+            std::string_view text;
+            if (!parsers[static_cast<std::size_t>(w)].parse(c, s, text, nullptr, why[i])) {
+              state[i] = kMalformed;
+              continue;
+            }
+            if (!drops->empty() && drops->count({c.input, s.row})) {
+              state[i] = kDropped;
+              continue;
+            }
+            for (auto& sc : scores) sc.score(text, c.input, row_index(in, s.row), preds[static_cast<std::size_t>(w)]);
+          }
+        });
+        for (std::size_t i = 0; i < c.samples.size(); ++i) {
+          if (state[i] == kScored) ++r.samples;
+          else if (state[i] == kMalformed)
+            if (Status bad = note_malformed(c, c.samples[i], why[i], o.strict, r.malformed); !bad) return bad;
+        }
+        return {};
+      },
+      &rows, r.jobs);
   if (!st) return st.error();
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (std::size_t k = 0; k < models.size(); ++k) {
-    for (std::size_t i = 0; i < rows.size(); ++i) values[k][i].resize(rows[i]);
+    std::vector<std::string> texts;
+    for (std::size_t i = 0; i < rows.size(); ++i) texts.push_back(scores[k].render(i, rows[i]));
     json source = {{"kind", "fasttext"}, {"model", params[k]["model"]}, {"model_xxh3", models[k]->xxh3()}, {"label", o.classifiers[k].label}};
-    auto col = write_column(parent.inputs, o.classifiers[k].name, r.version.version, values[k], source);
+    auto col = write_column_text(parent.inputs, o.classifiers[k].name, r.version.version, texts, source);
     if (!col) return col.error();
     set_column(r.version, std::move(*col));
   }

@@ -126,7 +126,7 @@ Expected<DedupReport> dedup(const Store& store, const Manifest& parent, const De
   std::vector<char> exact(all.size(), 0);
   {
     std::vector<XXH128_hash_t> h(all.size());
-    parallel_blocks(all.size(), threads, 256, [&](std::size_t b, std::size_t e) {
+    parallel_blocks(all.size(), threads, 256, [&](int, std::size_t b, std::size_t e) {
       for (std::size_t i = b; i < e; ++i) {
         const std::string n = normalise(all[i].text);
         h[i] = XXH3_128bits(n.data(), n.size());
@@ -154,7 +154,7 @@ Expected<DedupReport> dedup(const Store& store, const Manifest& parent, const De
     for (std::size_t k = 0; k < perms; ++k) a[k] = mix(seed) | 1, c[k] = mix(seed);
     std::vector<std::vector<std::uint64_t>> sh(all.size());
     std::vector<std::uint32_t> sig(all.size() * perms, 0xffffffffu);
-    parallel_blocks(all.size(), threads, 64, [&](std::size_t b, std::size_t e) {
+    parallel_blocks(all.size(), threads, 64, [&](int, std::size_t b, std::size_t e) {
       for (std::size_t i = b; i < e; ++i) {
         if (exact[i]) continue;
         sh[i] = ngram_hashes(all[i].text, o.shingle, true);
@@ -254,7 +254,7 @@ Expected<DecontaminateReport> decontaminate(const Store& store, const Manifest& 
   r.samples = own->samples.size();
   auto flag = null_columns(own->rows), hits = null_columns(own->rows);
   std::vector<std::uint64_t> count(own->samples.size(), 0);
-  parallel_blocks(own->samples.size(), worker_count(0), 64, [&](std::size_t b, std::size_t e) {
+  parallel_blocks(own->samples.size(), worker_count(0), 64, [&](int, std::size_t b, std::size_t e) {
     for (std::size_t i = b; i < e; ++i)
       for (std::uint64_t g : ngram_hashes(own->samples[i].text, o.n, false)) count[i] += grams.count(g);
   });

@@ -2,14 +2,18 @@
 #include <fmt/format.h>
 #include <xxhash.h>
 
+#include <fcntl.h>
+#include <simdjson.h>
+
+#include <algorithm>
 #include <cctype>
-#include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
+#include <future>
 #include <memory>
 
 #include "curate_internal.hpp"
+#include "pacer/core/posix_io.hpp"
 #include "pacer/curate.hpp"
 #include "pacer/data.hpp"
 
@@ -31,109 +35,160 @@ void note(Malformed& bad, const std::string& where) {
   if (bad.first.size() < kMaxReported) bad.first.push_back(where);
 }
 
-struct FileCloser {
-  void operator()(std::FILE* f) const { std::fclose(f); }
-};
-
-// One JSON line into s.row, s.id and s.text; the reason it is malformed, or empty.
-std::string parse_line(std::string_view v, const std::string& base, std::uint64_t lineno, Sample& s) {
-  json j = json::parse(v.begin(), v.end(), nullptr, false);
-  if (j.is_discarded()) return "not valid JSON";
-  if (!j.is_object()) return "not a JSON object";
-  auto text = sample_text(j);
-  if (!text) return text.error().message;
-  s.row = lineno;
-  s.id = sample_id(j, fmt::format("{}:{}", base, lineno));
-  s.text = std::move(*text);
-  return {};
-}
-
 bool is_blank(std::string_view v) {
   for (char c : v)
     if (!std::isspace(static_cast<unsigned char>(c))) return false;
   return true;
 }
 
-Status jsonl_samples(const Input& in, std::size_t index, bool strict, Malformed& bad, const std::function<Status(Sample&)>& fn,
-                     std::uint64_t& rows) {
-  std::unique_ptr<std::FILE, FileCloser> f(std::fopen(in.path.c_str(), "rb"));
-  if (!f) return Error{ErrorKind::kIo, fmt::format("{}: cannot open: {}", in.path, std::strerror(errno))};
-  const std::string base = fs::path(in.path).filename().string();
-  char* line = nullptr;
-  std::size_t cap = 0;
-  std::unique_ptr<char, decltype(&std::free)> hold(nullptr, &std::free);
-  std::uint64_t lineno = 0;
-  Sample s;
-  s.input = index;
-  for (;;) {
-    errno = 0;
-    const ssize_t n = ::getline(&line, &cap, f.get());
-    hold.release();
-    hold.reset(line);
-    if (n < 0) {
-      if (std::ferror(f.get())) return Error{ErrorKind::kIo, fmt::format("{}:{}: read failed: {}", in.path, lineno + 1, std::strerror(errno))};
-      break;
+// simdjson reads up to this many bytes past a document's end.
+constexpr std::size_t kPadding = simdjson::SIMDJSON_PADDING;
+// Lines longer than this go to the reference parser: simdjson's tape takes
+// several times a document's size, and a parser keeps its largest allocation.
+constexpr std::size_t kFastMaxBytes = 1 << 20;
+// Shard samples per chunk (JSON lines come a block at a time).
+constexpr std::size_t kShardChunk = 1 << 14;
+
+// A JSON-lines file read a large block at a time: its lines are views into
+// the block, with simdjson's padding readable after the data; the partial
+// line a block ends with begins the next. A block grows only for a line
+// longer than half of one: it never exceeds twice the longest line or the
+// block size, whichever is larger.
+class LineBlocks {
+ public:
+  struct Block {
+    std::unique_ptr<char[]> buf;
+    std::size_t cap = 0, end = 0;
+    std::size_t tail = 0;  // where the partial line it ends with begins
+  };
+
+  LineBlocks(const Input& in, Fd fd, std::size_t block) : in_(in), fd_(std::move(fd)), block_(block) {}
+
+  // Reads the next block into `dst`: `prev`'s partial line (prev may be dst),
+  // then the file's next bytes. Its complete lines go to c.samples (blank ones
+  // are counted, not handed out). False once the file is read.
+  Expected<bool> next(Block& dst, const Block* prev, RawChunk& c) {
+    c.samples.clear();
+    const std::size_t carried = prev ? prev->end - prev->tail : 0;
+    if (eof_ && carried == 0) return false;
+    if (dst.cap < carried + block_ / 2) {
+      const std::size_t cap = std::max(block_, 2 * carried);
+      std::unique_ptr<char[]> b(new char[cap + kPadding]);
+      if (prev == &dst && carried) std::memcpy(b.get(), dst.buf.get() + dst.tail, carried);
+      dst.buf = std::move(b);
+      dst.cap = cap;
+      if (prev == &dst) dst.tail = 0;
     }
-    ++lineno;
-    std::string_view v(line, static_cast<std::size_t>(n));
-    while (!v.empty() && (v.back() == '\n' || v.back() == '\r')) v.remove_suffix(1);
-    if (is_blank(v)) continue;
-    if (const std::string why = parse_line(v, base, lineno, s); !why.empty()) {
-      const std::string where = fmt::format("{}:{}: {}", in.path, lineno, why);
-      if (strict) return Error{ErrorKind::kConfig, where + " (--strict)"};
-      note(bad, where);
-      continue;
+    if (prev == &dst) std::memmove(dst.buf.get(), dst.buf.get() + dst.tail, carried);
+    else if (carried) std::memcpy(dst.buf.get(), prev->buf.get() + prev->tail, carried);
+    dst.end = carried;
+    if (!eof_) {
+      auto n = read_full(fd_.get(), dst.buf.get() + carried, dst.cap - carried, in_.path);
+      if (!n) return Error{ErrorKind::kIo, fmt::format("{}:{}: read failed: {}", in_.path, lineno_ + 1, n.error().message)};
+      dst.end += *n;
+      eof_ = dst.end < dst.cap;
     }
-    if (Status st = fn(s); !st) return st;
+    std::memset(dst.buf.get() + dst.end, 0, kPadding);
+    const char* p = dst.buf.get();
+    std::size_t at = 0;
+    while (at < dst.end) {
+      const void* nl = std::memchr(p + at, '\n', dst.end - at);
+      if (!nl && !eof_) break;  // a partial line: the next block completes it
+      const std::size_t stop = nl ? static_cast<std::size_t>(static_cast<const char*>(nl) - p) : dst.end;
+      ++lineno_;
+      std::string_view v(p + at, stop - at);
+      while (!v.empty() && v.back() == '\r') v.remove_suffix(1);
+      if (!is_blank(v)) c.samples.push_back({RawSample::Kind::kJsonLine, lineno_, v, {}});
+      at = nl ? stop + 1 : dst.end;
+    }
+    dst.tail = at;
+    return true;
   }
-  rows = lineno;
+
+  std::uint64_t lines() const { return lineno_; }
+
+ private:
+  const Input& in_;
+  Fd fd_;
+  std::size_t block_;
+  bool eof_ = false;
+  std::uint64_t lineno_ = 0;
+};
+
+Status jsonl_chunks(const Input& in, std::size_t index, const std::function<Status(RawChunk&)>& fn, int workers, std::uint64_t& rows) {
+  auto fd = open_fd(in.path, O_RDONLY);
+  if (!fd) return Error{ErrorKind::kIo, fmt::format("{}: cannot open: {}", in.path, fd.error().message)};
+  ::posix_fadvise(fd->get(), 0, 0, POSIX_FADV_SEQUENTIAL);
+  // 1 MiB of lines (some 4,000 samples) per worker and block, 4 to 32 MiB: each worker's share of a
+  // chunk stays long next to starting the threads and waiting for the last of them.
+  const std::size_t block = std::clamp<std::size_t>(static_cast<std::size_t>(workers) << 20, 4 << 20, 32 << 20);
+  LineBlocks lines(in, std::move(*fd), block);
+  LineBlocks::Block blocks[2];
+  RawChunk chunks[2];
+  for (RawChunk& c : chunks) {
+    c.input = index;
+    c.in = &in;
+    c.base = fs::path(in.path).filename().string();
+  }
+  if (workers <= 1) {
+    for (;;) {
+      auto more = lines.next(blocks[0], &blocks[0], chunks[0]);
+      if (!more) return more.error();
+      if (!*more) break;
+      if (!chunks[0].samples.empty())
+        if (Status st = fn(chunks[0]); !st) return st;
+    }
+  } else {
+    // The next block is read while the workers score this one: a serial read
+    // between chunks would idle every worker for its duration.
+    int cur = 0;
+    auto more = lines.next(blocks[0], nullptr, chunks[0]);
+    for (;;) {
+      if (!more) return more.error();
+      if (!*more) break;
+      auto ahead = std::async(std::launch::async, [&, cur] { return lines.next(blocks[1 - cur], &blocks[cur], chunks[1 - cur]); });
+      Status st = chunks[cur].samples.empty() ? Status{} : fn(chunks[cur]);
+      more = ahead.get();
+      if (!st) return st;
+      cur = 1 - cur;
+    }
+  }
+  rows = lines.lines();
   return {};
 }
 
-Status shard_samples(const Input& in, std::size_t index, bool strict, Malformed& bad, const std::function<Status(Sample&)>& fn,
-                     std::uint64_t& rows) {
+Status shard_chunks(const Input& in, std::size_t index, const std::function<Status(RawChunk&)>& fn, std::uint64_t& rows) {
   auto ds = data::Dataset::open(in.path);
   if (!ds) return ds.error();
   rows = (*ds)->size();
-  Sample s;
-  s.input = index;
-  for (std::uint64_t i = 0; i < (*ds)->size(); ++i) {
-    auto smp = (*ds)->read(i);
-    if (!smp) return smp.error();
-    auto fail = [&](const std::string& why) -> Status {
-      const std::string where = fmt::format("{}: sample {} ({}): {}", in.path, i, smp->key, why);
-      if (strict) return Error{ErrorKind::kConfig, where + " (--strict)"};
-      note(bad, where);
-      return {};
-    };
-    const std::string* js = nullptr;
-    const std::string* txt = nullptr;
-    for (const auto& [ext, bytes] : smp->fields) {
-      if (ext == "json") js = &bytes;
-      if (ext == "txt" || ext == "text") txt = &bytes;
+  RawChunk c;
+  c.input = index;
+  c.in = &in;
+  std::vector<data::Dataset::Sample> held;
+  for (std::uint64_t first = 0; first < rows; first += kShardChunk) {
+    const std::uint64_t last = std::min<std::uint64_t>(rows, first + kShardChunk);
+    held.clear();
+    for (std::uint64_t i = first; i < last; ++i) {
+      auto smp = (*ds)->read(i);
+      if (!smp) return smp.error();
+      held.push_back(std::move(*smp));
     }
-    s.row = i;
-    if (js) {
-      json j = json::parse(*js, nullptr, false);
-      if (j.is_discarded() || !j.is_object()) {
-        if (Status st = fail("its json field is not a JSON object"); !st) return st;
-        continue;
+    c.samples.clear();
+    for (std::uint64_t i = first; i < last; ++i) {
+      const auto& smp = held[i - first];
+      RawSample r{RawSample::Kind::kShardNoText, i, {}, smp.key};
+      // The last json field, else the last txt or text field, as the sample's.
+      const std::string* js = nullptr;
+      const std::string* txt = nullptr;
+      for (const auto& [ext, bytes] : smp.fields) {
+        if (ext == "json") js = &bytes;
+        if (ext == "txt" || ext == "text") txt = &bytes;
       }
-      auto text = sample_text(j);
-      if (!text) {
-        if (Status st = fail(text.error().message); !st) return st;
-        continue;
-      }
-      s.id = sample_id(j, smp->key);
-      s.text = std::move(*text);
-    } else if (txt) {
-      s.id = smp->key;
-      s.text = *txt;
-    } else {
-      if (Status st = fail("no json or txt field"); !st) return st;
-      continue;
+      if (js) r = {RawSample::Kind::kShardJson, i, *js, smp.key};
+      else if (txt) r = {RawSample::Kind::kShardText, i, *txt, smp.key};
+      c.samples.push_back(r);
     }
-    if (Status st = fn(s); !st) return st;
+    if (Status st = fn(c); !st) return st;
   }
   return {};
 }
@@ -211,92 +266,158 @@ Expected<Input> describe_input(const std::string& path) {
   return in;
 }
 
-Status for_each_sample(const std::vector<Input>& inputs, bool strict, Malformed& bad, const std::function<Status(Sample&)>& fn,
-                       std::vector<std::uint64_t>* rows) {
+Status note_malformed(const RawChunk& c, const RawSample& s, const std::string& why, bool strict, Malformed& bad) {
+  const std::string where = s.kind == RawSample::Kind::kJsonLine ? fmt::format("{}:{}: {}", c.in->path, s.row, why)
+                                                                 : fmt::format("{}: sample {} ({}): {}", c.in->path, s.row, s.key, why);
+  if (strict) return Error{ErrorKind::kConfig, where + " (--strict)"};
+  note(bad, where);
+  return {};
+}
+
+Status for_each_raw_chunk(const std::vector<Input>& inputs, const std::function<Status(RawChunk&)>& fn, std::vector<std::uint64_t>* rows,
+                          int workers) {
   if (rows) rows->assign(inputs.size(), 0);
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     std::uint64_t n = 0;
-    Status st = inputs[i].kind == "shards" ? shard_samples(inputs[i], i, strict, bad, fn, n) : jsonl_samples(inputs[i], i, strict, bad, fn, n);
+    Status st = inputs[i].kind == "shards" ? shard_chunks(inputs[i], i, fn, n) : jsonl_chunks(inputs[i], i, fn, workers, n);
     if (!st) return st;
     if (rows) (*rows)[i] = n;
   }
   return {};
 }
 
-Status for_each_chunk(const std::vector<Input>& inputs, bool strict, int threads, Malformed& bad,
-                      const std::function<Status(std::vector<Sample>&)>& fn, std::vector<std::uint64_t>* rows) {
-  constexpr std::size_t kChunk = 1 << 14;
-  if (rows) rows->assign(inputs.size(), 0);
-  std::vector<Sample> out;
-  for (std::size_t i = 0; i < inputs.size(); ++i) {
-    const Input& in = inputs[i];
-    if (in.kind == "shards") {
-      // Shard samples are read (and their JSON parsed) one by one.
-      std::uint64_t n = 0;
-      Status st = shard_samples(in, i, strict, bad,
-                                [&](Sample& s) -> Status {
-                                  out.push_back(std::move(s));
-                                  if (out.size() < kChunk) return {};
-                                  Status r = fn(out);
-                                  out.clear();
-                                  return r;
-                                },
-                                n);
-      if (!st) return st;
-      if (!out.empty())
-        if (Status r = fn(out); !r) return r;
-      out.clear();
-      if (rows) (*rows)[i] = n;
-      continue;
+struct SampleParser::Impl {
+  simdjson::dom::parser parser;
+  std::string padded;  // a shard's json field with simdjson's padding
+  std::string text;    // a chat sample's joined messages, or the reference's text
+};
+
+SampleParser::SampleParser() : impl_(std::make_unique<Impl>()) {}
+SampleParser::~SampleParser() = default;
+
+bool SampleParser::parse_reference(const RawChunk& c, const RawSample& s, std::string_view& text, std::string* id, std::string& why) {
+  if (s.kind == RawSample::Kind::kShardNoText) {
+    why = "no json or txt field";
+    return false;
+  }
+  if (s.kind == RawSample::Kind::kShardText) {
+    text = s.bytes;
+    if (id) id->assign(s.key);
+    return true;
+  }
+  const bool line = s.kind == RawSample::Kind::kJsonLine;
+  json j = json::parse(s.bytes.begin(), s.bytes.end(), nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    why = !line ? "its json field is not a JSON object" : j.is_discarded() ? "not valid JSON" : "not a JSON object";
+    return false;
+  }
+  auto t = sample_text(j);
+  if (!t) {
+    why = t.error().message;
+    return false;
+  }
+  impl_->text = std::move(*t);
+  text = impl_->text;
+  if (id) *id = sample_id(j, line ? fmt::format("{}:{}", c.base, s.row) : std::string(s.key));
+  return true;
+}
+
+namespace {
+
+// The plain cases through simdjson: an object whose last "text" is a string,
+// or without "text", whose last "messages" is an array of objects each with
+// string "role" and "content" (the last of each). Anything else, and any
+// document simdjson refuses (it accepts a subset of what nlohmann does:
+// tests/curate compares them), returns false for the reference to decide.
+// nlohmann keeps the last of duplicate keys, hence the scans to the end.
+bool fast_sample(simdjson::dom::element doc, std::string& joined, std::string_view& text, std::string* id, bool& id_fallback) {
+  simdjson::dom::object obj;
+  if (doc.get(obj)) return false;
+  simdjson::dom::element t, m, i;
+  bool has_t = false, has_m = false, has_i = false;
+  for (auto field : obj) {
+    if (field.key == "text") t = field.value, has_t = true;
+    else if (field.key == "messages") m = field.value, has_m = true;
+    else if (field.key == "id") i = field.value, has_i = true;
+  }
+  if (has_t) {
+    if (t.get(text)) return false;
+  } else {
+    simdjson::dom::array msgs;
+    if (!has_m || m.get(msgs)) return false;
+    joined.clear();
+    std::size_t k = 0;
+    for (auto msg : msgs) {
+      simdjson::dom::object o;
+      if (msg.get(o)) return false;
+      std::string_view role, content;
+      bool has_role = false, has_content = false;
+      for (auto field : o) {
+        if (field.key == "role") has_role = !field.value.get(role);
+        else if (field.key == "content") has_content = !field.value.get(content);
+      }
+      if (!has_role || !has_content) return false;
+      if (k++) joined += '\n';
+      joined += role;
+      joined += ": ";
+      joined += content;
     }
-    std::ifstream f(in.path, std::ios::binary);
-    if (!f) return Error{ErrorKind::kIo, fmt::format("{}: cannot open: {}", in.path, std::strerror(errno))};
-    const std::string base = fs::path(in.path).filename().string();
-    std::vector<std::string> lines;
-    std::vector<std::string> why;
-    std::uint64_t lineno = 0, first = 1;
-    auto flush = [&]() -> Status {
-      out.assign(lines.size(), Sample{});
-      why.assign(lines.size(), std::string());
-      parallel_blocks(lines.size(), threads, 256, [&](std::size_t b, std::size_t e) {
-        for (std::size_t k = b; k < e; ++k) {
-          std::string_view v = lines[k];
-          while (!v.empty() && (v.back() == '\r' || v.back() == '\n')) v.remove_suffix(1);
-          if (is_blank(v)) {
-            why[k] = "\n";  // blank: no sample, no complaint
+    text = joined;
+  }
+  id_fallback = true;
+  if (id && has_i) {
+    std::string_view sv;
+    std::int64_t si = 0;
+    std::uint64_t ui = 0;
+    if (!i.get(sv)) id->assign(sv), id_fallback = false;
+    else if (!i.get(si)) id->assign(fmt::format_int(si).str()), id_fallback = false;
+    else if (!i.get(ui)) id->assign(fmt::format_int(ui).str()), id_fallback = false;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool SampleParser::parse(const RawChunk& c, const RawSample& s, std::string_view& text, std::string* id, std::string& why) {
+  if (s.kind == RawSample::Kind::kShardText || s.kind == RawSample::Kind::kShardNoText || s.bytes.size() > kFastMaxBytes)
+    return parse_reference(c, s, text, id, why);
+  const char* p = s.bytes.data();
+  if (s.kind == RawSample::Kind::kShardJson) {
+    // JSON lines come with padding from their block; a shard field does not.
+    impl_->padded.assign(s.bytes);
+    impl_->padded.append(kPadding, '\0');
+    p = impl_->padded.data();
+  }
+  simdjson::dom::element doc;
+  bool fallback = false;
+  if (impl_->parser.parse(p, s.bytes.size(), false).get(doc) || !fast_sample(doc, impl_->text, text, id, fallback))
+    return parse_reference(c, s, text, id, why);
+  if (id && fallback) *id = s.kind == RawSample::Kind::kJsonLine ? fmt::format("{}:{}", c.base, s.row) : std::string(s.key);
+  return true;
+}
+
+Status for_each_sample(const std::vector<Input>& inputs, bool strict, Malformed& bad, const std::function<Status(Sample&)>& fn,
+                       std::vector<std::uint64_t>* rows) {
+  SampleParser parser;
+  Sample smp;
+  std::string why;
+  return for_each_raw_chunk(
+      inputs,
+      [&](RawChunk& c) -> Status {
+        smp.input = c.input;
+        for (const RawSample& s : c.samples) {
+          std::string_view text;
+          if (!parser.parse(c, s, text, &smp.id, why)) {
+            if (Status st = note_malformed(c, s, why, strict, bad); !st) return st;
             continue;
           }
-          out[k].input = i;
-          why[k] = parse_line(v, base, first + k, out[k]);
+          smp.row = s.row;
+          smp.text.assign(text);
+          if (Status st = fn(smp); !st) return st;
         }
-      });
-      std::vector<Sample> kept;
-      kept.reserve(out.size());
-      for (std::size_t k = 0; k < out.size(); ++k) {
-        if (why[k].empty()) {
-          kept.push_back(std::move(out[k]));
-        } else if (why[k] != "\n") {
-          const std::string where = fmt::format("{}:{}: {}", in.path, first + k, why[k]);
-          if (strict) return Error{ErrorKind::kConfig, where + " (--strict)"};
-          note(bad, where);
-        }
-      }
-      first += lines.size();
-      lines.clear();
-      return kept.empty() ? Status{} : fn(kept);
-    };
-    std::string line;
-    while (std::getline(f, line)) {
-      ++lineno;
-      lines.push_back(std::move(line));
-      if (lines.size() >= kChunk)
-        if (Status st = flush(); !st) return st;
-    }
-    if (f.bad()) return Error{ErrorKind::kIo, fmt::format("{}:{}: read failed", in.path, lineno + 1)};
-    if (Status st = flush(); !st) return st;
-    if (rows) (*rows)[i] = lineno;
-  }
-  return {};
+        return {};
+      },
+      rows);
 }
 
 std::string normalise(const std::string& text) {

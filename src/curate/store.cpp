@@ -12,6 +12,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "curate_internal.hpp"
 #include "pacer/core/atomic_file.hpp"
 #include "pacer/core/time.hpp"
 #include "pacer/curate.hpp"
@@ -350,8 +351,8 @@ std::string column_path(const Input& in, const std::string& name, const std::str
   return (fs::path(in.path).parent_path() / "scores" / (name + "-" + version + "-" + in.xxh3 + ".jsonl")).string();
 }
 
-Expected<Column> write_column(const std::vector<Input>& inputs, const std::string& name, const std::string& version,
-                              const std::vector<std::vector<json>>& values, json source) {
+Expected<Column> write_column_text(const std::vector<Input>& inputs, const std::string& name, const std::string& version,
+                                   const std::vector<std::string>& texts, json source) {
   Column c;
   c.name = name;
   c.version = version;
@@ -359,16 +360,22 @@ Expected<Column> write_column(const std::vector<Input>& inputs, const std::strin
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     const std::string path = column_path(inputs[i], name, version);
     if (Status st = make_dirs(fs::path(path).parent_path().string()); !st) return st.error();
-    std::string text;
-    for (const auto& v : values[i]) {
-      text += v.dump(-1, ' ', false, json::error_handler_t::replace);
-      text += '\n';
-    }
-    if (Status st = write_file_atomic(path, text); !st) return st.error();
+    if (Status st = write_file_atomic(path, texts[i]); !st) return st.error();
     c.files.push_back(path);
-    c.xxh3.push_back(fmt::format("{:016x}", XXH3_64bits(text.data(), text.size())));
+    c.xxh3.push_back(fmt::format("{:016x}", XXH3_64bits(texts[i].data(), texts[i].size())));
   }
   return c;
+}
+
+Expected<Column> write_column(const std::vector<Input>& inputs, const std::string& name, const std::string& version,
+                              const std::vector<std::vector<json>>& values, json source) {
+  std::vector<std::string> texts(inputs.size());
+  for (std::size_t i = 0; i < inputs.size(); ++i)
+    for (const auto& v : values[i]) {
+      texts[i] += v.dump(-1, ' ', false, json::error_handler_t::replace);
+      texts[i] += '\n';
+    }
+  return write_column_text(inputs, name, version, texts, std::move(source));
 }
 
 Expected<std::vector<std::vector<json>>> read_column(const Column& c) {

@@ -1,15 +1,20 @@
-// pacer curate: version ids and the store, lineage and diffs, sample text and ids, filter expressions
-// (parsing untrusted text, evaluation, unknown scores), dedup (exact and near), decontamination, and
-// fastText training, evaluation and classification with bad models.
+// pacer curate: version ids and the store, lineage and diffs, sample text and ids (the simdjson path
+// against the nlohmann reference, the block reader), filter expressions (parsing untrusted text,
+// evaluation, unknown scores), dedup (exact and near), decontamination, and fastText training,
+// evaluation and classification (against libfasttext's own predictLine) with bad models.
+#include <fasttext/fasttext.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include <fmt/format.h>
 
+#include "curate/curate_internal.hpp"
 #include "pacer/core/atomic_file.hpp"
 #include "pacer/curate.hpp"
+#include "pacer/data.hpp"
 #include "test_util.hpp"
 
 namespace pacer::curate {
@@ -78,6 +83,157 @@ TEST(CurateSamples, TextAndIds) {
   EXPECT_EQ(sample_id(json::parse(R"({"text": "a"})"), "f:1"), "f:1");
   EXPECT_EQ(normalise("  Hello \n\t World  "), "hello world");
   EXPECT_EQ(words("Don't stop, 42!"), (std::vector<std::string>{"don", "t", "stop", "42"}));
+}
+
+// Lines that tell the simdjson path from nlohmann's: escapes, surrogates, a BOM, duplicate keys, chat
+// samples well and badly formed, ids of every JSON type, numbers outside double and int64, bytes that
+// are not UTF-8, control characters, deep nesting and trailing content.
+std::vector<std::string> tricky_lines() {
+  std::vector<std::string> v = {
+      R"({"text": "plain"})",
+      R"({"id": "p1", "text": "tab\there, line\nbreak, quote \" slash \/ backslash \\ and \u00e9\u4e2d"})",
+      R"({"text": "pair \ud834\udd1e, nul \u0000 inside"})",
+      R"({"text": "lone \ud800 high"})",
+      R"({"text": "lone \udc00 low"})",
+      R"({"text": "bad \x escape"})",
+      "\xEF\xBB\xBF{\"text\": \"after a byte order mark\"}",
+      R"({"text": "first", "text": "second wins"})",
+      R"({"text": "kept", "text": 3})",
+      R"({"text": 3, "text": "string last"})",
+      R"({"te\u0078t": "escaped key"})",
+      R"({"messages": [{"role": "user", "content": "hi\nthere"}, {"role": "assistant", "content": "hello"}]})",
+      R"({"messages": []})",
+      R"({"messages": [{"role": "user"}]})",
+      R"({"messages": [{"role": "user", "content": 7}]})",
+      R"({"messages": [{"role": "a", "role": "b", "content": "c", "content": "d"}]})",
+      R"({"messages": [{"role": "a", "content": "c", "content": null}]})",
+      R"({"messages": ["not an object"]})",
+      R"({"messages": {"role": "user"}})",
+      R"({"messages": [{"role": "user", "content": "x"}], "text": "text first"})",
+      R"({"text": "no messages", "messages": 5})",
+      R"({"id": 42, "text": "a"})",
+      R"({"id": -7, "text": "a"})",
+      R"({"id": -0, "text": "a"})",
+      R"({"id": 18446744073709551615, "text": "a"})",
+      R"({"id": 18446744073709551616, "text": "a"})",
+      R"({"id": -9223372036854775808, "text": "a"})",
+      R"({"id": -9223372036854775809, "text": "a"})",
+      R"({"id": 1.0, "text": "a"})",
+      R"({"id": 1e2, "text": "a"})",
+      R"({"id": true, "text": "a"})",
+      R"({"id": null, "text": "a"})",
+      R"({"id": {"x": 1}, "text": "a"})",
+      R"({"id": "a", "id": 5, "text": "a"})",
+      R"({"n": 1e400, "text": "a"})",
+      R"({"n": 1.5e-400, "text": "a"})",
+      R"({"n": 01, "text": "a"})",
+      R"({"n": tru, "text": "a"})",
+      R"({"n": [1, 2, {"deep": [null, false]}], "text": "nested"})",
+      "{\"text\": \"not utf-8 \xff\"}",
+      "{\"text\": \"overlong \xc0\xaf\"}",
+      "{\"text\": \"raw control \x01\"}",
+      "{\"text\": \"raw tab \t inside\"}",
+      R"({"text": "a"} trailing)",
+      R"({"text": "a"}{"text": "b"})",
+      R"({"text": "a",})",
+      R"({"text": "a")",
+      " \t{\"text\": \"spaces around\"} \t",
+      R"([1, 2])",
+      R"("a string")",
+      R"(3)",
+      R"(null)",
+      R"({})",
+      R"({"other": "no text"})",
+      "{\"text\": \"" + std::string(1 << 20, 'w') + "\"}",  // over the fast path's limit
+  };
+  std::string deep;
+  for (int i = 0; i < 3000; ++i) deep += "[";
+  v.push_back(R"({"text": "deep", "n": )" + deep + std::string(3000, ']') + "}");
+  return v;
+}
+
+// Both parsers on one sample of `kind`: the same verdict, text, id and reason.
+void expect_same(SampleParser& p, RawSample::Kind kind, const std::string& line) {
+  std::string padded = line + std::string(64, '\0');  // the padding the block reader leaves
+  RawChunk c;
+  Input in{"/data/set.jsonl", "jsonl", 0, ""};
+  c.in = &in;
+  c.base = "set.jsonl";
+  RawSample s{kind, 9, std::string_view(padded.data(), line.size()), "k9"};
+  std::string_view ft, rt;
+  std::string fid, rid, fwhy, rwhy;
+  const bool fast = p.parse(c, s, ft, &fid, fwhy);
+  const std::string ftext(ft);
+  const bool ref = p.parse_reference(c, s, rt, &rid, rwhy);
+  const std::string shown = line.substr(0, 200);
+  ASSERT_EQ(fast, ref) << shown << " | fast: " << fwhy << " | reference: " << rwhy;
+  if (ref) {
+    EXPECT_EQ(ftext, std::string(rt)) << shown;
+    EXPECT_EQ(fid, rid) << shown;
+  } else {
+    EXPECT_EQ(fwhy, rwhy) << shown;
+  }
+}
+
+TEST(CurateSamples, FastParserMatchesReference) {
+  SampleParser p;
+  for (const auto& line : tricky_lines()) {
+    expect_same(p, RawSample::Kind::kJsonLine, line);
+    expect_same(p, RawSample::Kind::kShardJson, line);
+  }
+  // Mutants of well-formed lines: bytes replaced, dropped or duplicated.
+  const std::vector<std::string> seeds = {
+      R"({"id": "s1", "text": "caf\u00e9 \"quoted\"\nnext", "meta": {"n": [1, -2.5e3, true, null]}})",
+      R"({"id": 12, "messages": [{"role": "user", "content": "q\u0041"}, {"role": "assistant", "content": "a\\b"}]})"};
+  const std::string alphabet = "{}[]\":,\\ \nutrf0-.e\x80\xff";
+  std::uint64_t x = 0x9e3779b97f4a7c15ull;
+  auto rnd = [&](std::uint64_t n) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    return x % n;
+  };
+  for (int i = 0; i < 3000; ++i) {
+    std::string m = seeds[i % seeds.size()];
+    for (int k = 0, edits = 1 + static_cast<int>(rnd(3)); k < edits; ++k) {
+      const std::size_t at = rnd(m.size());
+      switch (rnd(3)) {
+        case 0: m[at] = alphabet[rnd(alphabet.size())]; break;
+        case 1: m.erase(at, 1); break;
+        default: m.insert(at, 1, m[at]); break;
+      }
+    }
+    expect_same(p, RawSample::Kind::kJsonLine, m);
+  }
+}
+
+TEST(CurateSamples, BlockReaderLinesAndRows) {
+  TempDir dir("curate_blocks");
+  // CRLF, blank and whitespace-only lines, a line longer than two read blocks, no final newline.
+  const std::string big = std::string(9 << 20, 'b');
+  const std::string f = dir.file("r.jsonl", "{\"text\": \"one\"}\r\n\n   \t\r\n{\"text\": \"two\"}\n{\"text\": \"" + big + "\"}\n{bad\n{\"text\": \"last\"}");
+  auto in = describe_input(f).value();
+  for (int workers : {1, 3}) {
+    std::vector<std::uint64_t> rows, seen;
+    std::vector<std::size_t> sizes;
+    ASSERT_TRUE(for_each_raw_chunk(
+        {in},
+        [&](RawChunk& c) -> Status {
+          for (const auto& s : c.samples) seen.push_back(s.row), sizes.push_back(s.bytes.size());
+          return {};
+        },
+        &rows, workers));
+    EXPECT_EQ(rows, std::vector<std::uint64_t>{7});
+    EXPECT_EQ(seen, (std::vector<std::uint64_t>{1, 4, 5, 6, 7}));
+    EXPECT_EQ(sizes, (std::vector<std::size_t>{15, 15, big.size() + 12, 4, 16}));
+  }
+  Malformed bad;
+  std::vector<std::string> texts;
+  ASSERT_TRUE(for_each_sample({in}, false, bad, [&](Sample& s) -> Status {
+    texts.push_back(s.text.size() > 10 ? "big" : s.text);
+    return {};
+  }));
+  EXPECT_EQ(texts, (std::vector<std::string>{"one", "two", "big", "last"}));
+  ASSERT_EQ(bad.count, 1u);
+  EXPECT_EQ(bad.first[0], f + ":6: not valid JSON");
 }
 
 TEST(CurateStore, RawVersionsAndMalformedLines) {
@@ -317,6 +473,105 @@ TEST(CurateModel, TrainEvalClassifyAndBadModels) {
   EXPECT_TRUE(contains(nl.error().message, "no label 'nolabel'"));
   EXPECT_FALSE(parse_classifier("and=" + o.out));
   EXPECT_FALSE(parse_classifier("nomodel"));
+}
+
+// What classify writes, against fastText's own predictLine on the line `fasttext predict` would read
+// (fasttext_line(text) + "\n"), through libfasttext directly: tricky texts, JSON lines and shards (json
+// and txt fields), on several threads, both kinds of column; and Model::predict, which train's
+// evaluation uses.
+TEST(CurateModel, ClassifyMatchesFastTextPredictLine) {
+  TempDir dir("curate_vs_ft");
+  const std::string ann = annotation_set(dir, 8);
+  auto store = Store::open(dir.path() + "/store").value();
+  TrainOptions o;
+  o.out = dir.path() + "/m.bin";
+  o.dim = 16;
+  o.bucket = 10000;
+  ASSERT_TRUE(train(store, ann, o));
+  std::vector<std::string> texts = {"how do i hurt someone\nwith a weapon", "bread\r\nwith\vflour\fand\tyeast", "", "   ", "\n\n",
+                                    "caf\xc3\xa9 \xe4\xb8\xad garden", "weapon", std::string("nul\0inside", 10), "tomatoes  in   spring "};
+  for (int i = 0; i < 300; ++i) texts.push_back(fmt::format("{} {} sample {}", kSafe[i % 5], kUnsafe[(i * 7) % 5], i));
+  std::string lines, good, txt;
+  std::vector<std::string> want_texts;
+  std::uint64_t broken = 0;
+  for (std::size_t i = 0; i < texts.size(); ++i) {
+    if (i % 50 == 3) {
+      lines += "{\"text\": broken\n";
+      ++broken;
+    }
+    std::string line;
+    if (i % 3 == 1) {
+      line = json{{"messages", {{{"role", "user"}, {"content", texts[i]}}, {{"role", "assistant"}, {"content", "ok"}}}}}.dump();
+      want_texts.push_back("user: " + texts[i] + "\nassistant: ok");
+    } else {
+      line = json{{"id", i}, {"text", texts[i]}}.dump();
+      want_texts.push_back(texts[i]);
+    }
+    lines += line + "\n";
+    good += line + "\n";
+    if (texts[i].find('\n') == std::string::npos && texts[i].find_first_not_of(' ') != std::string::npos) txt += texts[i] + "\n";
+  }
+  const std::string jl = dir.file("set.jsonl", lines);
+  // pack_shards refuses a JSON-lines file with a bad line: the shards hold the well-formed ones.
+  data::PackOptions pj;
+  pj.src = dir.file("good.jsonl", good);
+  pj.out = dir.path() + "/shards_json";
+  pj.target_bytes = 4000;
+  ASSERT_TRUE(data::pack_shards(pj));
+  data::PackOptions pt = pj;
+  pt.src = dir.file("plain.txt", txt);
+  pt.out = dir.path() + "/shards_txt";
+  ASSERT_TRUE(data::pack_shards(pt));
+
+  fasttext::FastText ft;
+  ft.loadModel(o.out);
+  auto reference = [&](const std::string& text, const std::string& label) -> json {
+    std::istringstream in(fasttext_line(text) + "\n");
+    std::vector<std::pair<fasttext::real, std::string>> p;
+    ft.predictLine(in, p, label.empty() ? 1 : -1, 0.0);
+    if (p.empty()) return nullptr;
+    if (label.empty()) return p[0].second.substr(9);
+    for (const auto& [prob, l] : p)
+      if (l == "__label__" + label) return static_cast<double>(prob);
+    return 0.0;
+  };
+  auto model = Model::load(o.out).value();
+
+  for (const std::string& source : {jl, pj.out, pt.out}) {
+    auto raw = store.add_raw({source}).value();
+    ClassifyOptions co;
+    co.classifiers = {parse_classifier("unsafe=" + o.out + ":unsafe").value(), parse_classifier("label=" + o.out).value()};
+    co.jobs = 3;
+    auto c = classify(store, raw, co).value();
+    auto vs = load_samples(store, raw, true, false).value();
+    ASSERT_GT(vs.samples.size(), 100u) << source;
+    EXPECT_EQ(c.samples, vs.samples.size());
+    EXPECT_EQ(c.malformed.count, vs.malformed.count);
+    EXPECT_EQ(c.malformed.first, vs.malformed.first);
+    for (std::size_t k = 0; k < 2; ++k) {
+      const auto col = read_column(c.version.columns[k]).value();
+      ASSERT_EQ(col.size(), 1u);
+      ASSERT_EQ(col[0].size(), vs.rows[0]);
+      for (const auto& s : vs.samples)
+        EXPECT_EQ(col[0][row_index(raw.inputs[0], s.row)], reference(s.text, co.classifiers[k].label)) << source << " row " << s.row;
+    }
+    for (const auto& s : vs.samples) {
+      const auto p = model->predict(s.text, -1);
+      const json top = p.empty() ? json(nullptr) : json(p[0].second);
+      EXPECT_EQ(top, reference(s.text, ""));
+      json unsafe = p.empty() ? json(nullptr) : json(0.0);
+      for (const auto& [prob, label] : p)
+        if (label == "unsafe") unsafe = static_cast<double>(prob);
+      EXPECT_EQ(unsafe, reference(s.text, "unsafe"));
+    }
+    if (source == jl) {
+      std::vector<std::string> got;
+      for (const auto& s : vs.samples) got.push_back(s.text);
+      EXPECT_EQ(got, want_texts);
+      EXPECT_EQ(c.malformed.count, broken);
+      EXPECT_EQ(vs.rows[0], texts.size() + broken);
+    }
+  }
 }
 
 }  // namespace
