@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # pacer shard tokenize next to SentencePiece's own encoders on the same text and model:
-# spm_encode (the library's command-line tool, one thread) and python3-sentencepiece's
+# spm_encode (the library's command-line tool, one thread), N spm_encode processes at once on
+# N slices of the text (the library's many-core throughput on this host) and python3-sentencepiece's
 # encode, against pacer on 1 thread and on every CPU. Rounds alternate the contenders.
 #   bash bench/tokenize_vs_spm.sh [BUILD_DIR]      (default build; ROUNDS=5, MB=8; NAME=result file name,
 #                                                   PACER_PYTHON=a python with sentencepiece, OUTDIR=results folder,
-#                                                   TEXT_DIR=a folder of text files to use instead of /usr/share/doc)
+#                                                   TEXT_DIR=a folder of text files to use instead of Debian's,
+#                                                   as bench/debian_text.py writes them)
 # Without python sentencepiece (the GPU machine has none) its contender is left out.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -13,28 +15,20 @@ pacer=$build/bin/pacer
 [ -x "$pacer" ] || { echo "no $pacer: build first" >&2; exit 2; }
 command -v spm_train >/dev/null || { echo "needs spm_train/spm_encode (Debian: sentencepiece)" >&2; exit 2; }
 py=${PACER_PYTHON:-/usr/bin/python3}  # a python with sentencepiece
+[ -x "$py" ] || py=python3
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/pacer-tokbench-XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
-export ROUNDS=${ROUNDS:-5} MB=${MB:-8} PACER="$pacer" TMPD="$tmp" OUTDIR="${OUTDIR:-$here/results}" TEXT_DIR=${TEXT_DIR:-}
+export ROUNDS=${ROUNDS:-5} MB=${MB:-8} PACER="$pacer" TMPD="$tmp" OUTDIR="${OUTDIR:-$here/results}" TEXT_DIR=${TEXT_DIR:-} HERE="$here"
 
-# Real text Debian ships: every package's copyright file, whole files in name order, cut at MB MiB
-# (at a line end); the model is trained on the first 2 MiB of the same text.
+# Real text Debian ships (bench/debian_text.py: copyright files, licenses, then changelogs), whole
+# files in order, cut at MB MiB (at a line end); the model is trained on its first 2 MiB.
 $py - <<'PY'
-import glob, os
-limit, out = int(os.environ["MB"]) << 20, bytearray()
-paths = sorted(glob.glob(os.environ["TEXT_DIR"] + "/*")) if os.environ["TEXT_DIR"] else \
-    sorted(glob.glob("/usr/share/doc/*/copyright")) + sorted(glob.glob("/usr/share/common-licenses/*"))
-for p in paths:
-    try:
-        out += open(p, "rb").read()
-    except OSError:
-        continue
-    if len(out) >= limit:
-        break
-out = out[:limit]
-out = out[: out.rfind(b"\n") + 1]
-open(os.environ["TMPD"] + "/text.txt", "wb").write(bytes(out))
-open(os.environ["TMPD"] + "/train.txt", "wb").write(bytes(out[: 2 << 20]))
+import os, sys
+sys.path.insert(0, os.environ["HERE"])
+import debian_text
+out = debian_text.text(int(os.environ["MB"]) << 20, os.environ["TEXT_DIR"])
+open(os.environ["TMPD"] + "/text.txt", "wb").write(out)
+open(os.environ["TMPD"] + "/train.txt", "wb").write(out[: 2 << 20])
 PY
 spm_train --input="$tmp/train.txt" --model_prefix="$tmp/tok" --vocab_size=8000 --model_type=bpe \
   --byte_fallback=true --minloglevel=2 >/dev/null 2>&1
@@ -56,6 +50,13 @@ sp = spm.SentencePieceProcessor(model_file=model) if spm else None
 def load():
     return os.getloadavg()[0]
 
+def smt_siblings():
+    """CPUs sharing CPU 0's core (e.g. "0,8": two hardware threads per core), as the kernel lists them."""
+    try:
+        return open("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list").read().strip()
+    except OSError:
+        return None
+
 
 def run(cmd):
     t = time.perf_counter()
@@ -70,6 +71,32 @@ def run(cmd):
 def spm_encode():
     return run(["spm_encode", f"--model={model}", "--output_format=id", f"--input={text}", f"--output={tmp}/ids.txt"])
 
+# The text cut into `cpus` slices of about equal bytes at line ends, for as many spm_encode processes at once.
+with open(text, "rb") as f:
+    data = f.read()
+slices, start = [], 0
+for k in range(1, cpus + 1):
+    end = len(data) if k == cpus else data.find(b"\n", len(data) * k // cpus) + 1 or len(data)
+    slices.append(f"{tmp}/slice{k}.txt")
+    with open(slices[-1], "wb") as f:
+        f.write(data[start:end])
+    start = max(start, end)
+del data
+
+def spm_encode_many():
+    """Wall time from the first start to the last exit; CPU time of all of them."""
+    t = time.perf_counter()
+    procs = [subprocess.Popen(["spm_encode", f"--model={model}", "--output_format=id", f"--input={s}", f"--output={s}.ids"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for s in slices]
+    cpu_s = 0.0
+    for p in procs:
+        _, status, ru = os.wait4(p.pid, 0)
+        if os.waitstatus_to_exitcode(status):
+            raise SystemExit(f"spm_encode exited {os.waitstatus_to_exitcode(status)}")
+        cpu_s += ru.ru_utime + ru.ru_stime
+    run.cpu = cpu_s
+    return time.perf_counter() - t
+
 def py_encode():
     t, c = time.perf_counter(), time.process_time()
     for l in lines:
@@ -80,7 +107,8 @@ def py_encode():
 def pacer_tok(threads):
     return lambda: run([pacer, "shard", "tokenize", text, f"{tmp}/out", "--model", model, "--threads", str(threads)])
 
-contenders = {"spm_encode (1 thread)": spm_encode, "python sentencepiece encode (1 thread)": py_encode,
+many = f"spm_encode x {cpus} processes (a slice each, at once)"
+contenders = {"spm_encode (1 thread)": spm_encode, many: spm_encode_many, "python sentencepiece encode (1 thread)": py_encode,
               "pacer tokenize --threads 1": pacer_tok(1), f"pacer tokenize --threads {cpus}": pacer_tok(cpus)}
 if sp is None:
     del contenders["python sentencepiece encode (1 thread)"]
@@ -111,9 +139,10 @@ def vs_py(key):
     return res["pacer tokenize --threads 1"][key] / res[py_name][key] if py_name in res else None
 out = {
     "schema": "pacer.bench.tokenize_vs_spm/1", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    "machine": {"host": platform.node(), "cpus": cpus, "cpu": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")},
+    "machine": {"host": platform.node(), "cpus": cpus, "cpu": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?"),
+                "cpu0_thread_siblings": smt_siblings()},
     "load_before": uptime_before, "load_after": uptime_after,
-    "text": {"source": (os.environ["TEXT_DIR"] + "/*" if os.environ["TEXT_DIR"] else "/usr/share/doc/*/copyright then /usr/share/common-licenses/*") + ", name order", "bytes": size, "lines": len(lines),
+    "text": {"source": (os.environ["TEXT_DIR"] + "/*" if os.environ["TEXT_DIR"] else "/usr/share/doc/*/copyright, /usr/share/common-licenses/*, /usr/share/doc/*/changelog*.gz") + ", name order", "bytes": size, "lines": len(lines),
              "documents": m["documents"], "tokens": m["tokens"]},
     "model": {"type": "bpe", "vocab_size": 8000, "trained_on_bytes": 2 << 20, "sentencepiece": spm.__version__ if spm else None},
     "rounds": rounds, "results": res,
@@ -125,13 +154,20 @@ out = {
                # Per CPU-second, which a loaded machine disturbs less than wall-clock rates: the work per core.
                "pacer_1_thread_per_cpu_second_vs_spm_encode": res["pacer tokenize --threads 1"]["MB_per_cpu_second"] / res["spm_encode (1 thread)"]["MB_per_cpu_second"],
                f"pacer_{cpus}_threads_per_cpu_second_vs_spm_encode": res[f"pacer tokenize --threads {cpus}"]["MB_per_cpu_second"] / res["spm_encode (1 thread)"]["MB_per_cpu_second"],
-               "pacer_1_thread_per_cpu_second_vs_python_encode": vs_py("MB_per_cpu_second")},
+               "pacer_1_thread_per_cpu_second_vs_python_encode": vs_py("MB_per_cpu_second"),
+               # What the host allows: the library's own tool on every CPU at once, against one alone; and pacer
+               # against it, the many-core peer (a host whose CPUs share cores or slow down when all are busy
+               # shows it in both).
+               f"spm_encode_{cpus}_processes_vs_1": res[many]["median_MBps"] / ref,
+               f"spm_encode_{cpus}_processes_per_core_vs_1": res[many]["median_MBps"] / ref / cpus,
+               f"pacer_{cpus}_threads_vs_spm_encode_{cpus}_processes": alln / res[many]["median_MBps"],
+               f"spm_encode_{cpus}_processes_per_cpu_second_vs_1": res[many]["MB_per_cpu_second"] / res["spm_encode (1 thread)"]["MB_per_cpu_second"]},
 }
 day = time.strftime("%Y-%m-%d", time.gmtime())
 base = f"{os.environ['OUTDIR']}/" + (os.environ.get("NAME") or f"tokenize_vs_spm-{day}")
 json.dump(out, open(base + ".json", "w"), indent=2)
 md = [f"# pacer shard tokenize vs SentencePiece, {out['date']}", "",
-      f"{out['machine']['cpu']}, {cpus} CPU(s). Text: {size/1e6:.1f} MB of Debian copyright files, {len(lines)} lines "
+      f"{out['machine']['cpu']}, {cpus} CPU(s) (CPU 0's core: CPUs {out['machine']['cpu0_thread_siblings']}). Text: {size/1e6:.1f} MB of Debian copyright files (then changelogs past ~26 MB), {len(lines)} lines "
       f"(= documents), BPE model of 8000 pieces. {rounds} rounds, contenders alternated; MB/s of input text.", "",
       f"Load before: `{uptime_before}`  ", f"Load after: `{uptime_after}`", "",
       "| contender | median MB/s | min | max | MB per CPU-second |", "|---|---|---|---|---|"]

@@ -291,9 +291,11 @@ struct PackPlan {
 };
 
 // Plans the packing pack_documents performs (same rows, same order) from
-// document lengths alone; O(pieces log rows-per-window).
+// document lengths alone; O(pieces log rows-per-window). Windows are
+// independent: with `threads` > 1, runs of them are planned on that many
+// threads (when there are enough), with the same result.
 Expected<PackPlan> plan_packing(const TokenDataset& ds, const std::vector<std::uint64_t>& order, std::uint64_t seq_len,
-                                std::uint64_t window);
+                                std::uint64_t window, int threads = 1);
 
 // Packs the documents of `order` (document ids, e.g. a shuffled epoch) into
 // sequences of seq_len tokens: within each window of `window` documents,
@@ -341,6 +343,10 @@ class Permutation {
  public:
   Permutation(std::uint64_t n, std::uint64_t seed, std::uint64_t epoch);
   std::uint64_t operator()(std::uint64_t i) const;
+  // out[k] = (*this)(lo + k) for k in [0, hi - lo): the same values,
+  // several indices walked at once (a walk is a chain of dependent
+  // multiplies; interleaved, the CPU overlaps them).
+  void fill(std::uint64_t lo, std::uint64_t hi, std::uint64_t* out) const;
   std::uint64_t size() const { return n_; }
 
  private:
@@ -406,6 +412,7 @@ class BatchBuffer {
   unsigned char* data() { return mem_.data(); }
   const unsigned char* data() const { return mem_.data(); }
   std::size_t size() const { return size_; }
+  std::size_t capacity() const { return mem_.size(); }
   bool pinned() const { return pinned_; }
   void clear() { size_ = 0; }
   // Drops everything from byte n on (n <= size()).

@@ -570,6 +570,45 @@ std::uint64_t Permutation::operator()(std::uint64_t i) const {
   return x;
 }
 
+void Permutation::fill(std::uint64_t lo, std::uint64_t hi, std::uint64_t* out) const {
+  const std::uint64_t mask = (1ULL << half_bits_) - 1;
+  constexpr int kLanes = 8;
+  std::uint64_t x[kLanes], slot[kLanes];  // each lane's value being walked, and where it goes
+  int live = 0;
+  std::uint64_t next = lo;
+  auto start = [&](int j) {
+    if (next >= hi) return false;
+    x[j] = next;
+    slot[j] = next - lo;
+    ++next;
+    return true;
+  };
+  for (; live < kLanes && start(live); ++live) {
+  }
+  while (live > 0) {
+    // One network pass on every live lane, the lanes' rounds interleaved.
+    for (std::uint64_t key : keys_)
+      for (int j = 0; j < live; ++j) {
+        const std::uint64_t l = x[j] >> half_bits_, r = x[j] & mask;
+        x[j] = (r << half_bits_) | (l ^ (mix(r ^ key) & mask));
+      }
+    for (int j = 0; j < live;) {
+      if (x[j] >= n_) {
+        ++j;  // cycle-walking: another pass
+        continue;
+      }
+      out[slot[j]] = x[j];
+      if (!start(j)) {
+        --live;  // the last lane takes this one's place
+        x[j] = x[live];
+        slot[j] = slot[live];
+      } else {
+        ++j;
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------
 
 std::uint64_t Partition::batches() const {

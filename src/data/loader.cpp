@@ -58,9 +58,17 @@ namespace {
 
 // Buffers come back here when the last Batch holding one lets go, so the
 // steady state reuses memory whose pages are already mapped (and pinned).
-class BufferPool : public std::enable_shared_from_this<BufferPool> {
+// One pool per pin setting for the whole process, as PyTorch's caching host
+// allocator keeps pinned blocks: a new loader takes the buffers a closed one
+// left, where fresh ones cost it a page fault per 4 KiB on first touch (tens
+// of microseconds each on the 2-core VM) and, pinned, a registration each.
+// Never destroyed: pinned buffers must not be unpinned after CUDA's teardown.
+class BufferPool {
  public:
-  explicit BufferPool(bool pin) : pin_(pin) {}
+  static BufferPool& shared(bool pin) {
+    static BufferPool* pools[2] = {new BufferPool(false), new BufferPool(true)};
+    return *pools[pin ? 1 : 0];
+  }
   std::shared_ptr<BatchBuffer> acquire() {
     BatchBuffer* b = nullptr;
     {
@@ -68,28 +76,31 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
       if (!free_.empty()) {
         b = free_.back().release();
         free_.pop_back();
+        idle_bytes_ -= b->capacity();
       }
     }
     if (!b) b = new BatchBuffer(pin_);
     b->clear();
-    std::weak_ptr<BufferPool> pool = weak_from_this();
-    return std::shared_ptr<BatchBuffer>(b, [pool](BatchBuffer* p) {
-      if (auto live = pool.lock()) live->give_back(p);
-      else delete p;
-    });
+    return std::shared_ptr<BatchBuffer>(b, [this](BatchBuffer* p) { give_back(p); });
   }
 
  private:
+  explicit BufferPool(bool pin) : pin_(pin) {}
   void give_back(BatchBuffer* b) {
     std::lock_guard g(mu_);
-    // Enough for the prefetch window and a few batches in the caller's hands;
-    // beyond that memory is returned to the system.
-    if (free_.size() < 16) free_.emplace_back(b);
-    else delete b;
+    // Enough for a loader's prefetch window and a few batches in the
+    // caller's hands; beyond that memory is returned to the system.
+    if (free_.size() < 16 && idle_bytes_ + b->capacity() <= (256u << 20)) {
+      idle_bytes_ += b->capacity();
+      free_.emplace_back(b);
+    } else {
+      delete b;
+    }
   }
   bool pin_;
   std::mutex mu_;
   std::vector<std::unique_ptr<BatchBuffer>> free_;
+  std::size_t idle_bytes_ = 0;
 };
 
 }  // namespace
@@ -212,7 +223,8 @@ class TokenSource : public Loader::Source {
   // Planning a shuffled epoch of 68,000 documents took ~0.026 CPU s of the
   // epoch's ~0.14, on the consumer's thread with the readers idle
   // (bench/results/tokens_speed-2026-12-01.md).
-  void prepare(std::uint64_t seed, std::uint64_t epoch) override { (void)plan(seed, epoch); }
+  // One thread: the other readers are still reading the epoch's last batches.
+  void prepare(std::uint64_t seed, std::uint64_t epoch) override { (void)plan(seed, epoch, 1); }
 
   Status fill(std::uint64_t seed, std::uint64_t epoch, std::uint64_t lo, std::uint64_t hi, Batch& b, std::uint64_t& bytes,
               std::uint64_t&) override {
@@ -335,18 +347,36 @@ class TokenSource : public Loader::Source {
     PackPlan packing;                 // packed
   };
 
-  std::shared_ptr<const Plan> plan(std::uint64_t seed, std::uint64_t epoch) {
+  // A plan asked for when a batch needs it is made on as many threads as the
+  // loader has readers, which wait for it meanwhile: a new loader's first
+  // plan (~0.026 CPU s for 68,000 documents) held every reader back
+  // (bench/results/tokens_speed-2026-12-01.md).
+  std::shared_ptr<const Plan> plan(std::uint64_t seed, std::uint64_t epoch, int threads = 0) {
     std::lock_guard g(mu_);
     const auto key = std::make_pair(seed, epoch);
     if (auto it = plans_.find(key); it != plans_.end()) return it->second;
+    if (threads <= 0) threads = o_.threads;
     auto p = std::make_shared<Plan>();
     const std::uint64_t n = ds_->documents();
     std::vector<std::uint64_t> order(n);
     const Permutation perm(n, seed, epoch);
-    for (std::uint64_t i = 0; i < n; ++i) order[i] = o_.shuffle ? perm(i) : i;
+    auto fill = [&](std::uint64_t lo, std::uint64_t hi) {
+      if (o_.shuffle) perm.fill(lo, hi, order.data() + lo);
+      else
+        for (std::uint64_t i = lo; i < hi; ++i) order[i] = i;
+    };
+    const std::uint64_t parts = std::min<std::uint64_t>(static_cast<std::uint64_t>(std::max(1, threads)), n / 16384);
+    if (parts <= 1) {
+      fill(0, n);
+    } else {
+      std::vector<std::thread> pool;
+      for (std::uint64_t t = 1; t < parts; ++t) pool.emplace_back(fill, n * t / parts, n * (t + 1) / parts);
+      fill(0, n / parts);
+      for (auto& t : pool) t.join();
+    }
     if (o_.pack) {
       // Validated at open (seq_len > 0, documents in range), so planning cannot fail.
-      p->packing = std::move(*plan_packing(*ds_, order, o_.seq_len, o_.pack_window));
+      p->packing = std::move(*plan_packing(*ds_, order, o_.seq_len, o_.pack_window, threads));
     } else {
       if (o_.bucket_window) bucket(order, seed, epoch);
       p->docs = std::move(order);
@@ -404,7 +434,7 @@ struct Slot {
 
 struct Loader::Impl {
   std::unique_ptr<Source> src;
-  std::shared_ptr<BufferPool> pool;
+  BufferPool* pool = nullptr;
   LoaderOptions opt;
 
   mutable std::mutex mu;
@@ -579,7 +609,7 @@ Expected<std::unique_ptr<Loader>> Loader::start(std::unique_ptr<Source> src, Loa
   if (o.prefetch_batches < 1) o.prefetch_batches = 1;
   auto impl = std::make_unique<Loader::Impl>();
   impl->src = std::move(src);
-  impl->pool = std::make_shared<BufferPool>(o.pin_memory);
+  impl->pool = &BufferPool::shared(o.pin_memory);
   impl->opt = o;
   // Looping over epochs without a single batch would schedule forever.
   if (o.loop && impl->partition(0, 0).batches() == 0)

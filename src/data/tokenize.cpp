@@ -108,14 +108,17 @@ class SentencePieceTokenizer final : public Tokenizer {
 
   Status encode(const std::vector<std::string_view>& docs, std::vector<std::int64_t>& ids,
                 std::vector<std::uint64_t>& lengths) const override {
-    std::vector<int> piece_ids;
+    // Encode(text, &ids) builds and frees a SentencePieceText per document;
+    // one reused for the whole batch keeps its pieces' allocations (Encode
+    // clears it), so a thread allocates little per document.
+    sentencepiece::ImmutableSentencePieceText spt;
     for (const auto& d : docs) {
-      piece_ids.clear();
       // Encode is const and keeps no state, so threads share one processor.
-      const auto st = sp_.Encode(d, &piece_ids);
+      const auto st = sp_.Encode(d, spt.mutable_proto());
       if (!st.ok()) return Error{ErrorKind::kRuntime, fmt::format("{}: {}", path_, st.ToString())};
-      ids.insert(ids.end(), piece_ids.begin(), piece_ids.end());
-      lengths.push_back(piece_ids.size());
+      const std::size_t n = spt.pieces_size();
+      for (std::size_t i = 0; i < n; ++i) ids.push_back(spt.pieces(static_cast<int>(i)).id());
+      lengths.push_back(n);
     }
     return {};
   }
@@ -439,23 +442,40 @@ Expected<json> external_identity(const std::string& kind, const std::string& nam
 }
 
 namespace {
-// Chunks small enough that every thread gets many: a chunk is encoded on one
-// thread at a few MB/s, so with chunk_bytes (256 KiB) chunks the last wave
-// of a 12 MB input on 16 threads kept most of them idle for ~0.1 s, a fifth
-// of the run (bench/results/tokenize_vs_spm-h200-2026-12-01.json: 11.3x on
-// 16 CPUs at 0.93x the per-CPU-second rate). The output does not depend on
-// where chunks are cut: documents are lines, written in order.
-std::size_t chunk_size(const TokenizeOptions& o, const std::vector<Fd>& fds, int threads) {
-  std::uint64_t total = 0;
-  for (const auto& fd : fds) {
-    struct stat st {};
-    if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) return o.chunk_bytes;  // a pipe: size unknown
-    total += static_cast<std::uint64_t>(st.st_size);
+// How much text the next chunk takes: guided self-scheduling. A chunk is
+// encoded on one thread at a few MB/s, so the last chunks decide how long
+// the other threads wait at the end: with 256 KiB chunks the last wave of a
+// 12 MB input on 16 threads kept most of them idle for ~0.1 s, a fifth of
+// the run (bench/results/tokenize_vs_spm-h200-2026-12-01.json). A chunk is
+// a quarter of a thread's fair share of what is left, at most chunk_bytes
+// and at least 16 KiB: large while much is left, small at the end. The
+// output does not depend on where chunks are cut: documents are lines,
+// written in order.
+class ChunkSizer {
+ public:
+  ChunkSizer(const TokenizeOptions& o, const std::vector<Fd>& fds, int threads)
+      : max_(o.chunk_bytes), threads_(static_cast<std::uint64_t>(std::max(1, threads))) {
+    for (const auto& fd : fds) {
+      struct stat st {};
+      if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
+        known_ = false;  // a pipe: size unknown
+        return;
+      }
+      left_ += static_cast<std::uint64_t>(st.st_size);
+    }
   }
-  constexpr std::uint64_t kChunksPerThread = 32, kMin = 16u << 10;
-  const std::uint64_t fair = total / (kChunksPerThread * static_cast<std::uint64_t>(std::max(1, threads)));
-  return static_cast<std::size_t>(std::min<std::uint64_t>(o.chunk_bytes, std::max(kMin, fair)));
-}
+  std::size_t next() const {
+    if (!known_) return max_;
+    constexpr std::uint64_t kShare = 4, kMin = 16u << 10;
+    return static_cast<std::size_t>(std::min<std::uint64_t>(max_, std::max(kMin, left_ / (kShare * threads_))));
+  }
+  void consumed(std::size_t n) { left_ -= std::min<std::uint64_t>(left_, n); }
+
+ private:
+  std::size_t max_;
+  std::uint64_t threads_, left_ = 0;
+  bool known_ = true;
+};
 }  // namespace
 
 Expected<TokenizeReport> tokenize(const TokenizeOptions& o, const Tokenizer& tok) {
@@ -501,7 +521,7 @@ Expected<TokenizeReport> tokenize(const TokenizeOptions& o, const Tokenizer& tok
   XxhState bin_hash = new_xxh3();
   std::vector<std::int32_t> lengths;
   std::vector<std::int64_t> pointers;
-  std::uint64_t bin_bytes = 0;
+  std::uint64_t bin_bytes = 0, queued = 0;
   auto sink = [&](std::size_t input, const Encoded& e) -> Status {
     TokenizeInputReport& ir = r.inputs[input];
     for (auto n : e.lengths) {
@@ -515,40 +535,49 @@ Expected<TokenizeReport> tokenize(const TokenizeOptions& o, const Tokenizer& tok
     ir.bad_utf8 += e.bad_utf8;
     if (!ir.first_bad_utf8_line) ir.first_bad_utf8_line = e.first_bad_utf8_line;
     XXH3_64bits_update(bin_hash.get(), e.bytes.data(), e.bytes.size());
-    return bin->write(e.bytes.data(), e.bytes.size());
+    if (Status st = bin->write(e.bytes.data(), e.bytes.size()); !st) return st;
+    // The disk writes while the threads encode: the fsync at the end found
+    // tens of MB still dirty, on one thread with every other idle.
+    if (bin_bytes - queued >= (4u << 20)) {
+      bin->start_writeback();
+      queued = bin_bytes;
+    }
+    return {};
   };
 
   const Context cx{o, tok, r.eod, r.vocab_size, itemsize};
   {
     Pipeline pipe(cx, r.threads, 4 * static_cast<std::size_t>(r.threads) + 2);
-    std::string buf(chunk_size(o, fds, r.threads), '\0');
+    ChunkSizer sizer(o, fds, r.threads);
+    std::string buf;
     for (std::size_t i = 0; i < o.inputs.size(); ++i) {
       const std::string& path = o.inputs[i];
       const bool whole_file = o.document_per_file && !is_jsonl(path);  // JSON lines hold a document per line regardless
       XxhState h = new_xxh3();
-      std::string pending;
+      std::string pending;  // a line not yet ended, or (whole_file) the file so far
       std::uint64_t line = 1;
-      std::size_t scanned = 0;  // bytes of `pending` known to hold no newline
       for (bool eof = false; !eof;) {
+        buf.resize(sizer.next());
         auto n = read_full(fds[i].get(), buf.data(), buf.size(), path);
         if (!n) return n.error();
         eof = *n < buf.size();
+        sizer.consumed(*n);
         XXH3_64bits_update(h.get(), buf.data(), *n);
         r.inputs[i].bytes += *n;
-        pending.append(buf.data(), *n);
-        if (whole_file) continue;
+        const std::string_view got(buf.data(), *n);
         // A chunk ends after its last newline; the rest waits for more bytes.
-        std::size_t cut = eof ? pending.size() : std::string::npos;
-        if (!eof) {
-          const auto last = std::string_view(pending).substr(scanned).rfind('\n');
-          if (last != std::string_view::npos) cut = scanned + last + 1;
-          else scanned = pending.size();
+        const std::size_t last = whole_file ? std::string_view::npos : got.rfind('\n');
+        if (last == std::string_view::npos && !(eof && !whole_file)) {
+          pending.append(got);
+          continue;
         }
-        if (cut == std::string::npos || cut == 0) continue;
-        Chunk c{i, line, pending.substr(0, cut), false};
+        const std::size_t cut = eof ? got.size() : last + 1;
+        // One copy of the bytes into the chunk: the carried line, then this read's whole lines.
+        Chunk c{i, line, std::move(pending), false};
+        c.text.append(got.substr(0, cut));
+        pending.assign(got.substr(cut));
+        if (c.text.empty()) continue;
         line += static_cast<std::uint64_t>(std::count(c.text.begin(), c.text.end(), '\n'));
-        pending.erase(0, cut);
-        scanned = 0;
         if (Status st = pipe.push(std::move(c), sink); !st) return st.error();
       }
       if (whole_file)
@@ -584,10 +613,19 @@ Expected<TokenizeReport> tokenize(const TokenizeOptions& o, const Tokenizer& tok
   r.bin_xxh3 = XXH3_64bits_digest(bin_hash.get());
   r.idx_bytes = idx.size();
   r.idx_xxh3 = XXH3_64bits(idx.data(), idx.size());
-  // The manifest last: one that names these checksums describes files that exist.
-  if (Status st = bin->commit(); !st) return st.error();
-  if (Status st = write_file_atomic(idx_path, idx); !st) return st.error();
-  if (Status st = write_file_atomic(r.manifest, manifest_json(r).dump(2) + "\n"); !st) return st.error();
+  auto idx_file = AtomicFileWriter::create(idx_path);
+  if (!idx_file) return idx_file.error();
+  if (Status st = idx_file->write(idx.data(), idx.size()); !st) return st.error();
+  const std::string manifest = manifest_json(r).dump(2) + "\n";
+  auto manifest_file = AtomicFileWriter::create(r.manifest);
+  if (!manifest_file) return manifest_file.error();
+  if (Status st = manifest_file->write(manifest.data(), manifest.size()); !st) return st.error();
+  // The manifest in place last, once the files it names are durable: one
+  // that names these checksums describes files that exist. Committed
+  // together, the three cost two directory fsyncs rather than three, and the
+  // manifest's data is synced with theirs
+  // (bench/results/tokenize_fsyncs-2026-12-04.md).
+  if (Status st = commit_in_order({{&*bin, &*idx_file}, {&*manifest_file}}); !st) return st.error();
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }

@@ -150,6 +150,50 @@ TEST_F(AtomicFileTest, FailedRenameLeavesTargetUntouchedAndNoTemporary) {
   EXPECT_EQ(dir_.entries(), (std::set<std::string>{"target"}));
 }
 
+TEST_F(AtomicFileTest, CommitInOrderPlacesEveryGroupAndLeavesNoTemporaries) {
+  ASSERT_TRUE(write_file_atomic(path("data.bin"), "old data").ok());
+  auto data = AtomicFileWriter::create(path("data.bin")).value();
+  auto index = AtomicFileWriter::create(path("data.idx")).value();
+  auto manifest = AtomicFileWriter::create(path("data.json")).value();
+  std::string big(3u << 20, 'x');
+  for (std::size_t i = 0; i < big.size(); i += 4096) big[i] = static_cast<char>('a' + i / 4096 % 26);
+  ASSERT_TRUE(data.write(big.data(), big.size() / 2).ok());
+  data.start_writeback();  // a hint mid-file: the rest is still written and kept
+  ASSERT_TRUE(data.write(big.data() + big.size() / 2, big.size() - big.size() / 2).ok());
+  ASSERT_TRUE(index.write("idx", 3).ok());
+  ASSERT_TRUE(manifest.write("{}", 2).ok());
+  // Nothing replaced before the commit.
+  EXPECT_EQ(slurp(path("data.bin")), "old data");
+  EXPECT_FALSE(fs::exists(path("data.json")));
+  ASSERT_TRUE(commit_in_order({{&data, &index}, {&manifest}}).ok());
+  EXPECT_EQ(slurp(path("data.bin")), big);
+  EXPECT_EQ(slurp(path("data.idx")), "idx");
+  EXPECT_EQ(slurp(path("data.json")), "{}");
+  EXPECT_EQ(dir_.entries(), (std::set<std::string>{"data.bin", "data.idx", "data.json"}));
+  // A committed writer is not committed twice.
+  const Status again = commit_in_order({{&manifest}});
+  ASSERT_FALSE(again.ok());
+  EXPECT_TRUE(contains(again.error().message, "data.json"));
+}
+
+TEST_F(AtomicFileTest, CommitInOrderStopsAtAFailedRenameAndLaterGroupsStayOld) {
+  // A non-empty directory cannot be renamed over: the first group fails, so
+  // the manifest of the second must not appear and no temporary is left.
+  const std::string target = path("target");
+  fs::create_directory(target);
+  ASSERT_TRUE(write_file_atomic(target + "/inside.txt", "keep me").ok());
+  auto blocked = AtomicFileWriter::create(target).value();
+  auto manifest = AtomicFileWriter::create(path("manifest.json")).value();
+  ASSERT_TRUE(blocked.write("x", 1).ok());
+  ASSERT_TRUE(manifest.write("{}", 2).ok());
+  const Status st = commit_in_order({{&blocked}, {&manifest}});
+  ASSERT_FALSE(st.ok());
+  EXPECT_TRUE(contains(st.error().message, target));
+  EXPECT_FALSE(fs::exists(path("manifest.json")));
+  EXPECT_EQ(slurp(target + "/inside.txt"), "keep me");
+  EXPECT_EQ(dir_.entries(), (std::set<std::string>{"target"}));
+}
+
 TEST_F(AtomicFileTest, ReadFileReturnsWholeContent) {
   std::string big(1 << 20, 'x');
   big[12345] = '\n';

@@ -935,6 +935,18 @@ TEST(PermutationTest, IsABijection) {
   }
 }
 
+TEST(PermutationTest, FillGivesTheSameValuesAsOneAtATime) {
+  for (std::uint64_t n : {1ULL, 2ULL, 3ULL, 7ULL, 100ULL, 4097ULL, 100003ULL}) {
+    const Permutation p(n, 11, 4);
+    // Whole range and a slice whose ends are not lane-aligned.
+    for (auto [lo, hi] : {std::pair<std::uint64_t, std::uint64_t>{0, n}, {n / 3, n - n / 5}}) {
+      std::vector<std::uint64_t> out(hi - lo, ~0ULL);
+      p.fill(lo, hi, out.data());
+      for (std::uint64_t i = lo; i < hi; ++i) ASSERT_EQ(out[i - lo], p(i)) << "n=" << n << " i=" << i;
+    }
+  }
+}
+
 TEST(PermutationTest, DeterministicPerSeedAndEpoch) {
   for (std::uint64_t n : {1ULL, 2ULL, 3ULL, 7ULL, 100ULL, 1000ULL, 4097ULL, 100003ULL}) {
     const Permutation a(n, 7, 2), b(n, 7, 2);

@@ -332,6 +332,46 @@ TEST(TokenLoader, PrefetchHintsChangeNothing) {
   }
 }
 
+// Enough documents for a loader's plan to be made on several threads (the
+// order and the packing windows split between them): the batches are those
+// of a plan made on one, token for token.
+TEST(TokenLoader, PlanOnSeveralThreadsIsThePlanOnOne) {
+  Corpus c(40000, 6);
+  std::vector<std::vector<std::vector<std::int64_t>>> got;
+  for (int threads : {1, 3}) {
+    auto o = token_opts(64, 0, 1, true);
+    o.threads = threads;
+    auto l = Loader::open(c.ds, o).value();
+    Rows r = drain(*l);
+    std::multiset<std::int64_t> seen;
+    for (const auto& b : r.batches) seen.insert(b.begin(), b.end());
+    EXPECT_EQ(seen, corpus_tokens(*c.ds)) << threads << " threads";
+    got.push_back(std::move(r.batches));
+  }
+  EXPECT_EQ(got[0], got[1]);
+}
+
+// Batch buffers outlive the loader that filled them: the next loader reads
+// into memory that is already mapped (a first touch per 4 KiB page costs
+// tens of microseconds on a VM).
+TEST(TokenLoader, ANewLoaderReusesTheBuffersOfAClosedOne) {
+  Corpus c(97);
+  std::set<const unsigned char*> used;
+  {
+    auto l = Loader::open(c.ds, token_opts(3, 0, 1, true)).value();
+    for (;;) {
+      auto b = l->next().value();
+      if (!b) break;
+      used.insert(b->buffer->data());
+    }
+  }
+  auto l = Loader::open(c.ds, token_opts(3, 0, 1, true)).value();
+  auto b = l->next().value();
+  ASSERT_TRUE(b);
+  EXPECT_TRUE(used.count(b->buffer->data())) << "a new buffer, though " << used.size() << " were given back";
+  EXPECT_EQ(drain(*l).batches.size() + 1, l->batches_per_epoch());
+}
+
 // A loader that went on to another epoch plans the next one on an idle
 // reader once the current one is scheduled: the epoch read after it is the
 // one a fresh loader reads there, with one reader or two, whether or not the

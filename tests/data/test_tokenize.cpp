@@ -125,6 +125,14 @@ TEST_F(TokenizeSpm, TextAndJsonLinesRoundTripInOrderWhateverTheThreads) {
   ASSERT_EQ(ds->documents(), r5.documents);
   EXPECT_EQ(ds->tokens(), r5.tokens);
   for (std::size_t d = 0; d < lines.size(); ++d) ASSERT_EQ(doc_text(*ds, d), lines[d]) << "document " << d;
+  // The ids themselves are the library's own for each line (Encode(text, &ids), as spm_encode calls it).
+  for (std::size_t d = 0; d < lines.size(); d += 7) {
+    std::vector<int> want;
+    ASSERT_TRUE(sp_.Encode(lines[d], &want).ok());
+    want.push_back(sp_.eos_id());
+    const auto got = ds->read(d).value();
+    ASSERT_EQ(std::vector<std::int64_t>(want.begin(), want.end()), got) << "document " << d;
+  }
   for (std::size_t d = 0; d < bsd.size(); ++d) ASSERT_EQ(doc_text(*ds, lines.size() + d), bsd[d]);
 
   // The manifest: the model's and every file's checksum, as their bytes say.

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <algorithm>
 #include <map>
 
 #include "pacer/data.hpp"
@@ -235,6 +236,78 @@ TEST(SequencePacking, EveryTokenOnceWithinBoundsAndDeterministic) {
   for (std::size_t i = 0; i < packed.size(); ++i) EXPECT_EQ(again[i].tokens, packed[i].tokens);
   EXPECT_FALSE(pack_documents(*ds, {999}, seq_len, 8, -1));
   EXPECT_FALSE(pack_documents(*ds, order, 0, 8, -1));
+}
+
+// Best-fit decreasing as the docs state it, written the plain way (a list of
+// rows, each searched for the tightest fit): the plan must match it exactly,
+// on one thread or several.
+PackPlan reference_plan(const TokenDataset& ds, const std::vector<std::uint64_t>& order, std::uint64_t seq_len, std::uint64_t window) {
+  PackPlan plan;
+  plan.seq_len = seq_len;
+  for (std::size_t w = 0; w < order.size(); w += window) {
+    std::vector<PackPiece> pieces;
+    for (std::size_t k = w; k < std::min<std::size_t>(order.size(), w + window); ++k) {
+      const std::uint64_t n = ds.document_tokens(order[k]);
+      for (std::uint64_t off = 0; off < n; off += seq_len) pieces.push_back({order[k], off, std::min(seq_len, n - off)});
+    }
+    std::stable_sort(pieces.begin(), pieces.end(), [](const PackPiece& a, const PackPiece& b) { return a.length > b.length; });
+    std::vector<std::vector<PackPiece>> rows;
+    std::vector<std::uint64_t> room;
+    for (const auto& p : pieces) {
+      std::size_t best = rows.size();
+      for (std::size_t r = 0; r < rows.size(); ++r)
+        if (room[r] >= p.length && (best == rows.size() || room[r] < room[best])) best = r;
+      if (best == rows.size()) {
+        rows.emplace_back();
+        room.push_back(seq_len);
+      }
+      rows[best].push_back(p);
+      room[best] -= p.length;
+      plan.stats.tokens += p.length;
+    }
+    for (std::size_t r = 0; r < rows.size(); ++r) {
+      plan.pieces.insert(plan.pieces.end(), rows[r].begin(), rows[r].end());
+      plan.first_piece.push_back(plan.pieces.size());
+      plan.stats.padding += room[r];
+    }
+  }
+  plan.stats.sequences = plan.rows();
+  return plan;
+}
+
+TEST(SequencePacking, PlanIsBestFitDecreasingOnAnyNumberOfThreads) {
+  test::TempDir dir("pacer-plan-");
+  std::vector<std::vector<std::int64_t>> docs;
+  std::uint64_t x = 12345;
+  for (int d = 0; d < 3000; ++d) {
+    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    const std::uint64_t len = 1 + (x >> 33) % 90 + ((x >> 20) % 13 == 0 ? 150 : 0);  // some longer than seq_len
+    docs.emplace_back(len, d % 1000 + 1);
+  }
+  const std::string prefix = dir.path() + "/docs";
+  ASSERT_TRUE(write_token_dataset(prefix, "uint16", docs));
+  auto ds = TokenDataset::open(prefix).value();
+  const Permutation perm(docs.size(), 5, 1);
+  std::vector<std::uint64_t> order(docs.size());
+  perm.fill(0, order.size(), order.data());
+  const std::uint64_t seq_len = 128, window = 40;  // 75 windows: enough for 4 threads
+  const PackPlan want = reference_plan(*ds, order, seq_len, window);
+  for (int threads : {1, 2, 4}) {
+    const PackPlan got = plan_packing(*ds, order, seq_len, window, threads).value();
+    ASSERT_EQ(got.first_piece, want.first_piece) << threads << " threads";
+    ASSERT_EQ(got.pieces.size(), want.pieces.size());
+    for (std::size_t k = 0; k < want.pieces.size(); ++k) {
+      ASSERT_EQ(got.pieces[k].document, want.pieces[k].document) << threads << " threads, piece " << k;
+      ASSERT_EQ(got.pieces[k].offset, want.pieces[k].offset);
+      ASSERT_EQ(got.pieces[k].length, want.pieces[k].length);
+    }
+    EXPECT_EQ(got.stats.tokens, want.stats.tokens);
+    EXPECT_EQ(got.stats.padding, want.stats.padding);
+    EXPECT_EQ(got.stats.sequences, want.stats.sequences);
+  }
+  // A document out of range is an error from whichever thread finds it.
+  order[order.size() - 3] = docs.size();
+  EXPECT_FALSE(plan_packing(*ds, order, seq_len, window, 4));
 }
 
 }  // namespace

@@ -1,8 +1,10 @@
 // Crash-safe file replacement: a reader sees the old file or the new one, never a part.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "pacer/core/error.hpp"
 
@@ -36,17 +38,34 @@ class AtomicFileWriter {
   ~AtomicFileWriter();
 
   Status write(const void* data, std::size_t size);
+  // Starts writing what was written so far to disk, without waiting
+  // (sync_file_range), so that commit's fsync waits for less: a writer of
+  // many megabytes calls it every few. A hint: errors surface at commit.
+  void start_writeback();
   // fsync, rename over the path, fsync of the directory (kCache: the rename only).
   Status commit(Durability durability = Durability::kDurable);
   const std::string& path() const { return path_; }
 
  private:
+  friend Status commit_in_order(const std::vector<std::vector<AtomicFileWriter*>>& groups);
   AtomicFileWriter() = default;
   void discard();
+  Status rename_into_place();
   int fd_ = -1;
+  std::uint64_t written_ = 0, writeback_from_ = 0;
   std::string path_;
   std::string tmp_;
 };
+
+// Commits several writers durably, group after group: first the data of
+// every file of every group (their writeback started together, then each
+// fsynced, so that the disk writes them at once), then each group's renames
+// followed by one fsync of each of its directories, not one per file. A group is in place only once the groups before it are
+// durable, so a manifest in the last group never outlives, in a crash, the
+// files it describes. A failure before the renames leaves every old file in
+// place; a rename that fails leaves the files renamed before it in place
+// and every later one as it was.
+Status commit_in_order(const std::vector<std::vector<AtomicFileWriter*>>& groups);
 
 // Reads a whole file; the error names the path.
 Expected<std::string> read_file(const std::string& path);

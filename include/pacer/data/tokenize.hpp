@@ -67,8 +67,9 @@ struct TokenizeOptions {
   std::optional<std::int64_t> eod_id;
   BadUtf8 bad_utf8 = BadUtf8::kReplace;
   // Text per chunk handed to a thread (cut after the last whole line; a
-  // longer line makes a longer chunk): at most this, and less for inputs
-  // too small to give every thread 32 chunks of it (down to 16 KiB).
+  // longer line makes a longer chunk): at most this, and, for inputs of
+  // known size, a quarter of each thread's share of what is left, down to
+  // 16 KiB, so that the last chunks are small and no thread waits long.
   std::size_t chunk_bytes = 256u << 10;
 };
 
@@ -103,8 +104,9 @@ struct TokenizeReport {
 // Reads the inputs in chunks of whole lines, encodes the chunks on
 // `threads` threads and writes them in input order: the output does not
 // depend on the thread count. PREFIX.bin and PREFIX.idx are written under
-// temporary names and renamed when complete, then the manifest (schema
-// pacer.tokens/1, docs/data.md); a failure leaves the old files in place.
+// temporary names and renamed when complete and synced, then the manifest
+// (schema pacer.tokens/1, docs/data.md); all three are durable when it
+// returns, and a failure leaves the old files in place.
 // Errors: a malformed JSON line, invalid UTF-8 under kFail, or an id outside
 // the vocabulary name file:line (kConfig); no documents at all is kConfig.
 Expected<TokenizeReport> tokenize(const TokenizeOptions& options, const Tokenizer& tokenizer);
