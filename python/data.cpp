@@ -255,6 +255,7 @@ class PyLoader {
     const auto s = impl_->stats();
     return py::dict("wait_s"_a = s.wait_s, "last_wait_s"_a = s.last_wait_s, "batches"_a = s.batches,
                     "samples"_a = s.samples, "bytes"_a = s.bytes, "skipped"_a = s.skipped, "queue_depth"_a = s.queue_depth,
+                    "consumer_reads"_a = s.consumer_reads,
                     "elapsed_s"_a = s.elapsed_s, "tokens"_a = s.tokens, "padding"_a = s.padding,
                     "truncated"_a = s.truncated, "padding_fraction"_a = s.padding_fraction());
   }

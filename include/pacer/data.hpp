@@ -382,7 +382,7 @@ struct LoaderOptions {
   int world_size = 1;
   bool shuffle = true;
   bool drop_last = false;
-  int threads = 2;                        // reader threads
+  int threads = 2;                        // reader threads (0: next() reads each batch)
   std::uint64_t prefetch_batches = 4;     // batches read ahead
   std::uint64_t max_bytes = 512ull << 20; // bound on bytes held in prefetched batches
   bool skip_bad = false;                  // skip unreadable samples (counted) instead of failing
@@ -501,6 +501,7 @@ struct LoaderStats {
   double last_wait_s = 0;   // for the last batch
   double elapsed_s = 0;     // since the first next()
   std::uint64_t queue_depth = 0;  // batches ready when the last one was taken
+  std::uint64_t consumer_reads = 0;  // batches next() read itself rather than wait for a reader
   double padding_fraction() const { return tokens + padding ? double(padding) / double(tokens + padding) : 0; }
 };
 

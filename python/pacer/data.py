@@ -233,7 +233,8 @@ class Loader:
             world_size: the ranks sharing each epoch; each reads its own part of every global batch (None: as rank).
             shuffle: a seeded permutation per epoch (False: in order).
             drop_last: drop the last, partial global batch (False: split it as evenly as possible).
-            threads: reader threads.
+            threads: reader threads (0: none, each batch is read in the loop's own thread). A loop that
+                would wait for them reads a batch itself meanwhile.
             prefetch: batches read ahead of the consumer.
             skip_bad: skip samples that cannot be read (counted in stats()["skipped"]) instead of raising.
             decode: tar shards: True decodes fields with extension "npy" into numpy arrays; an image mode
@@ -482,7 +483,7 @@ class Loader:
             pass
 
     def stats(self):
-        """wait_s, last_wait_s, batches, samples, bytes, skipped, queue_depth, elapsed_s; token loaders also
+        """wait_s, last_wait_s, batches, samples, bytes, skipped, queue_depth, consumer_reads, elapsed_s; token loaders also
         count tokens, padding, truncated and padding_fraction (pad tokens / all tokens delivered)."""
         return self._impl.stats()
 

@@ -528,11 +528,28 @@ TEST(LoaderOpen, BadOptionsAreErrors) {
 
   // Odd thread and prefetch counts are clamped, not fatal.
   auto o = opts(2, 0, 1);
-  o.threads = 0;
+  o.threads = -3;
   o.prefetch_batches = 0;
   auto l = open_loader(d.ds, o);
   ASSERT_TRUE(l);
   EXPECT_TRUE(exactly_once(flatten(take(*l, d)), d.keys));
+}
+
+TEST(LoaderTest, WithoutReaderThreadsNextReadsEveryBatch) {
+  Data d(counts_for(45));
+  auto o = opts(4, 0, 1);
+  o.threads = 0;
+  o.prefetch_batches = 3;
+  auto l = open_loader(d.ds, o);
+  ASSERT_TRUE(l);
+  auto got = take(*l, d);
+  EXPECT_TRUE(exactly_once(flatten(got), d.keys));
+  EXPECT_EQ(l->stats().consumer_reads, l->stats().batches);
+  EXPECT_EQ(l->stats().batches, got.size());
+  // The order is the one reader threads give.
+  auto r = open_loader(d.ds, opts(4, 0, 1));
+  ASSERT_TRUE(r);
+  EXPECT_EQ(flatten(take(*r, d)), flatten(got));
 }
 
 // ---------------------------------------------------------------------------

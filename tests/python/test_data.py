@@ -486,7 +486,7 @@ class LoaderTest(DataTestCase):
     def test_stats(self):
         loader = self.loader(batch_size=10, seed=0, threads=3, prefetch=2)
         s = loader.stats()
-        self.assertEqual(set(s), {"wait_s", "last_wait_s", "batches", "samples", "bytes", "skipped", "queue_depth", "elapsed_s",
+        self.assertEqual(set(s), {"wait_s", "last_wait_s", "batches", "samples", "bytes", "skipped", "queue_depth", "consumer_reads", "elapsed_s",
                                   "tokens", "padding", "truncated", "padding_fraction"})
         self.assertEqual((s["batches"], s["samples"], s["bytes"]), (0, 0, 0))
         batches = list(loader)
@@ -500,6 +500,7 @@ class LoaderTest(DataTestCase):
         self.assertGreater(s["elapsed_s"], 0)
         self.assertIsInstance(s["queue_depth"], int)
         self.assertLessEqual(s["queue_depth"], 2)
+        self.assertLessEqual(s["consumer_reads"], s["batches"])
 
     def test_next_releases_the_gil(self):
         # Another Python thread runs while next() waits for the reader threads:
