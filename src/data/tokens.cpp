@@ -76,11 +76,12 @@ void widen_as(const unsigned char* p, std::size_t n, std::int64_t* out) {
 
 #if defined(__x86_64__)
 // The loader widens every token it delivers, from wherever a shuffled
-// document lies. GCC's own vectorization of widen_as (SSE2, or AVX2 under a
-// target attribute) took twice the time of these loops over a shuffled
-// 268 MB int32 .bin, one thread or two (bench/results/widen-2026-12-04.md):
-// two independent 256-bit loads and stores per step keep more misses in
-// flight. Chosen at run time, so one binary runs on any x86-64.
+// document lies. GCC's own vectorization of the plain loop (SSE2 at -O2)
+// took 1.18-1.19x the time of copy_tokens with these loops over a shuffled
+// 268 MB int32 .bin, one thread or two (bench/widen_tokens.cpp,
+// bench/results/widen_tokens-2026-12-04.md): two independent 256-bit loads
+// and stores per step keep more misses in flight. Chosen at run time, so
+// one binary runs on any x86-64.
 template <int kCode>
 [[gnu::target("avx2")]] void widen_avx2(const unsigned char* p, std::size_t n, std::int64_t* out) {
   constexpr std::size_t kSize = kCode == 4 ? 4 : 2;

@@ -1,6 +1,7 @@
 // Megatron-Core indexed datasets: reading files laid out by hand, the writer, and bad input.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -132,6 +133,40 @@ TEST(TokenDataset, BadInputNamesTheFile) {
   ASSERT_FALSE(short_bin);
   EXPECT_TRUE(contains(short_bin.error().message, p + ".bin")) << short_bin.error().message;
   EXPECT_TRUE(contains(short_bin.error().message, "truncated")) << short_bin.error().message;
+}
+
+// Every dtype widens to the same ids at every length and offset: the
+// vectorized loops (8 ids a step where the CPU has AVX2) and their scalar
+// tails, with each type's extremes.
+TEST(TokenDataset, WidensEveryDtypeAtEveryLengthAndOffset) {
+  TempDir dir("pacer-tokens-");
+  const std::map<std::string, std::vector<std::int64_t>> extremes = {
+      {"uint8", {0, 1, 127, 128, 255}},           {"int8", {-128, -1, 0, 1, 127}},
+      {"int16", {-32768, -1, 0, 1, 32767}},       {"uint16", {0, 1, 32767, 32768, 65535}},
+      {"int32", {INT32_MIN, -1, 0, 1, INT32_MAX}}, {"int64", {INT64_MIN, -1, 0, 1, INT64_MAX}}};
+  for (const auto& [dtype, values] : extremes) {
+    std::vector<std::vector<std::int64_t>> docs;
+    std::uint64_t k = 0;
+    for (std::size_t len = 0; len <= 41; ++len) {
+      std::vector<std::int64_t> d(len);
+      for (auto& v : d) v = values[(k++ * 7 + len) % values.size()];
+      docs.push_back(d);
+    }
+    const std::string prefix = dir.path() + "/w-" + dtype;
+    ASSERT_TRUE(write_token_dataset(prefix, dtype, docs)) << dtype;
+    auto ds = TokenDataset::open(prefix).value();
+    for (std::size_t d = 0; d < docs.size(); ++d) {
+      ASSERT_EQ(ds->read(d).value(), docs[d]) << dtype << " document " << d;
+      for (std::size_t off = 0; off < docs[d].size(); off += 3) {
+        const std::size_t n = docs[d].size() - off;
+        std::vector<std::int64_t> out(n + 1, 42);
+        ASSERT_TRUE(ds->copy_tokens(d, off, n, out.data())) << dtype;
+        EXPECT_TRUE(std::equal(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(n), docs[d].begin() + static_cast<std::ptrdiff_t>(off)))
+            << dtype << " document " << d << " offset " << off;
+        EXPECT_EQ(out[n], 42) << dtype << ": written past the end";
+      }
+    }
+  }
 }
 
 // Tokens are read with pread, not through a mapping: a .bin truncated while
