@@ -46,6 +46,7 @@ struct PlanArgs {
   // hardware: rates as text ("700TFLOPs", or a bare number in the unit the option's name says)
   plan::Hardware hw;
   std::string gemm, attention, peak, hbm, tp_link, dp_link;
+  std::string attention_kernel = "cudnn";
   int gpus_per_node = 0;
   double tp_latency_us = 5, dp_latency_us = 10;
   std::string vet;
@@ -199,6 +200,10 @@ void add_hardware_options(CLI::App* c, PlanArgs& a) {
   c->add_option("--gemm-tflops", a.gemm, "Measured GEMM throughput of one GPU: 700TFLOPs (a bare number is TFLOP/s)");
   c->add_option("--attention-tflops", a.attention,
                 "Measured rate of the fused attention kernel on the blocks it runs (default: --gemm-tflops)");
+  c->add_option("--attention-kernel", a.attention_kernel,
+                "Which fused attention the --gpu preset's rate is for: cudnn, or flash2 (FlashAttention-2, what "
+                "Transformer Engine runs with NVTE_FUSED_ATTN=0)")
+      ->capture_default_str();
   c->add_option("--peak-tflops", a.peak, "Datasheet dense peak of one GPU, for MFU: 989TFLOPs");
   c->add_option("--hbm-gbps", a.hbm, "Device memory bandwidth: 4.8TB/s (a bare number is GB/s)");
   c->add_option("--tp-gbps", a.tp_link, "Tensor-parallel link bus bandwidth per GPU: 325GB/s");
@@ -296,6 +301,16 @@ plan::HardwareSources resolve_hardware(PlanArgs& a) {
   const auto preset = gpu_preset(a);
   const bool overlap = a.hw.overlap_dp;
   if (preset) a.hw = preset->hw;
+  const bool flash2 = a.attention_kernel == "flash2";
+  if (!flash2 && a.attention_kernel != "cudnn")
+    usage_error(fmt::format("--attention-kernel '{}': expected cudnn or flash2", a.attention_kernel));
+  if (flash2 && !a.par.flash_attention) usage_error("--attention-kernel flash2 is a fused kernel: give --flash-attention");
+  if (flash2 && a.attention.empty()) {
+    if (!preset || !(preset->flash2_attention_tflops > 0))
+      usage_error(fmt::format("--attention-kernel flash2: no measured FlashAttention-2 rate for {}; give --attention-tflops",
+                              preset ? "--gpu " + preset->name : "a GPU without --gpu"));
+    a.hw.attention_tflops = preset->flash2_attention_tflops;
+  }
   if (!a.par.flash_attention) a.hw.attention_tflops = 0;  // the preset's fused-kernel rate has nothing to time
   a.hw.overlap_dp = overlap;
   a.hw.tp_latency_s = a.tp_latency_us * 1e-6;
@@ -317,6 +332,7 @@ plan::HardwareSources resolve_hardware(PlanArgs& a) {
   };
   fill(a.hw.gemm_tflops, a.gemm, "--gemm-tflops", true, "gemm_tflops", "gpu.gemm_bf16");
   fill(a.hw.attention_tflops, a.attention, "--attention-tflops", true, "attention_tflops", nullptr);
+  if (flash2 && a.attention.empty()) sources["attention_tflops"] += " (FlashAttention-2)";
   fill(a.hw.peak_tflops, a.peak, "--peak-tflops", true, "peak_tflops", nullptr);
   fill(a.hw.hbm_gbps, a.hbm, "--hbm-gbps", false, "hbm_gbps", "gpu.hbm_bandwidth");
   fill(a.hw.tp_gbps, a.tp_link, "--tp-gbps", false, "tp_gbps", "gpu.nccl_busbw");

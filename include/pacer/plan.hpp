@@ -369,6 +369,9 @@ struct GpuPreset {
   Hardware hw;                 // gemm_tflops: the one constant of the GPU's generation (docs/plan.md)
   double memory_bytes = 0;     // device memory
   std::string source;
+  // FlashAttention-2's rate on the blocks it runs, for runs that use it instead of cuDNN's fused kernel
+  // (hw.attention_tflops): Transformer Engine picks it when NVTE_FUSED_ATTN=0. 0: not measured on this GPU.
+  double flash2_attention_tflops = 0;
 };
 const std::vector<ModelPreset>& model_presets();
 const std::vector<GpuPreset>& gpu_presets();

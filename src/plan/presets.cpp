@@ -75,7 +75,12 @@ std::vector<ModelPreset> make_models() {
 // Fused attention, Hopper: cuDNN's kernel at head size 128 ran forward and backward in 1.68 times the GEMM-rate
 // time at 661.9 TFLOP/s on the H200 (bench/results/attention_roofline-h200-2026-11-29.json): 395 TFLOP/s.
 // Ampere keeps the validation's (no fused kernel in those runs); Blackwell scales Hopper's share of the peak.
+// FlashAttention-2, Hopper: the same measurement of torch's FLASH_ATTENTION backend (FlashAttention-2, the kernel
+// Transformer Engine runs with NVTE_FUSED_ATTN=0), 2.89 times the GEMM-rate time: 229 TFLOP/s. It was written for
+// Ampere and uses none of Hopper's asynchronous tensor-core instructions, hence the gap to cuDNN. Measured on Hopper
+// only: no figure for the other generations.
 constexpr double kHopperGemm = 700.8, kHopperPeak = 989.4, kHopperAttention = 661.9 / 1.677;
+constexpr double kHopperFlash2Attention = 661.9 / 2.889;
 constexpr double kHopperHbmShare = 4266.6 / 4800;
 
 Hardware gpu(double peak, double gemm, double hbm, double tp, double dp, int per_node, double attention = 0) {
@@ -89,11 +94,11 @@ std::vector<GpuPreset> make_gpus() {
       {"a100-80g", gpu(312, 226.0, 0.8 * 2039, 230, 0.9 * 25, 8), 80 * GiB,
        "NVIDIA A100 datasheet: 312 TFLOP/s dense BF16, 80GB HBM2e at 2039 GB/s, NVLink 3 600 GB/s; DGX A100: one 200 Gb/s HDR adapter per GPU"},
       {"h100-sxm", gpu(kHopperPeak, kHopperGemm, kHopperHbmShare * 3350, 325, 0.9 * 50, 8, kHopperAttention), 80 * GiB,
-       "NVIDIA H100 SXM datasheet: 989 TFLOP/s dense BF16 (1979 sparse), 80GB HBM3 at 3.35 TB/s, NVLink 4 900 GB/s; DGX H100: one 400 Gb/s NDR adapter per GPU"},
+       "NVIDIA H100 SXM datasheet: 989 TFLOP/s dense BF16 (1979 sparse), 80GB HBM3 at 3.35 TB/s, NVLink 4 900 GB/s; DGX H100: one 400 Gb/s NDR adapter per GPU", kHopperFlash2Attention},
       {"h200", gpu(kHopperPeak, kHopperGemm, kHopperHbmShare * 4800, 325, 0.9 * 50, 8, kHopperAttention), 141e9,
-       "NVIDIA H200 datasheet: 989 TFLOP/s dense BF16, 141GB HBM3e at 4.8 TB/s, NVLink 4 900 GB/s; HGX H200: one 400 Gb/s adapter per GPU"},
+       "NVIDIA H200 datasheet: 989 TFLOP/s dense BF16, 141GB HBM3e at 4.8 TB/s, NVLink 4 900 GB/s; HGX H200: one 400 Gb/s adapter per GPU", kHopperFlash2Attention},
       {"gh200", gpu(kHopperPeak, kHopperGemm, kHopperHbmShare * 4000, 325, 0.9 * 25, 4, kHopperAttention), 96e9,
-       "NVIDIA GH200 datasheet (96GB HBM3 at 4 TB/s, the Hopper GPU's 989 TFLOP/s); CSCS Alps: 4 GH200 per node over NVLink, one 200 Gb/s Slingshot-11 NIC per GH200"},
+       "NVIDIA GH200 datasheet (96GB HBM3 at 4 TB/s, the Hopper GPU's 989 TFLOP/s); CSCS Alps: 4 GH200 per node over NVLink, one 200 Gb/s Slingshot-11 NIC per GH200", kHopperFlash2Attention},
       {"b200", gpu(2250, kHopperGemm / kHopperPeak * 2250, kHopperHbmShare * 8000, 325.0 * 2, 0.9 * 50, 8, kHopperAttention / kHopperPeak * 2250), 180e9,
        "NVIDIA HGX B200: 2250 TFLOP/s dense BF16 (4500 sparse), 180GB HBM3e at 8 TB/s, NVLink 5 1.8 TB/s; one 400 Gb/s adapter per GPU"},
   };

@@ -287,6 +287,27 @@ class PlanTest(unittest.TestCase):
         no_sp = [a for a in args if a != "--sequence-parallel"]
         self.assert_usage_error([*no_sp, "--tp-overlap"], "--tp-overlap needs --sequence-parallel")
 
+    def test_attention_kernel(self):
+        # NeMo's GPT-3 175B and Nemotron-4 340B recipes set NVTE_FUSED_ATTN=0: Transformer Engine then runs
+        # FlashAttention-2, slower on Hopper than cuDNN's kernel, and only the attention core pays for it.
+        args = ["step", "--model", "nemotron4-340b", "--gpu", "h100-sxm", "--tp", "8", "--pp", "8", "--dp", "2",
+                "--interleave", "12", "--global-batch", "32", "--sequence-parallel", "--flash-attention"]
+        cudnn = self.run_json(*args)
+        flash2 = self.run_json(*args, "--attention-kernel", "flash2")
+        self.assertLess(flash2["hardware"]["attention_tflops"], cudnn["hardware"]["attention_tflops"])
+        self.assertIn("FlashAttention-2", flash2["hardware_sources"]["attention_tflops"])
+        self.assertGreater(flash2["breakdown_s"]["gemm"], cudnn["breakdown_s"]["gemm"])
+        self.assertEqual(flash2["breakdown_s"]["elementwise"], cudnn["breakdown_s"]["elementwise"])
+        self.assertEqual(flash2["model_flops"], cudnn["model_flops"])
+        # A measured rate on the command line wins over the preset's.
+        given = self.run_json(*args, "--attention-kernel", "flash2", "--attention-tflops", "300")
+        self.assertEqual(given["hardware"]["attention_tflops"], 300)
+        self.assert_usage_error([*args, "--attention-kernel", "xformers"], "expected cudnn or flash2")
+        no_fused = [a for a in args if a != "--flash-attention"]
+        self.assert_usage_error([*no_fused, "--attention-kernel", "flash2"], "--flash-attention")
+        # Measured on Hopper only: elsewhere the rate must be given.
+        self.assert_usage_error([*args[:4], "a100-80g", *args[5:], "--attention-kernel", "flash2"], "--attention-tflops")
+
     def test_search(self):
         args = ["search", "--model", "llama3-70b", "--gpu", "h200", "--gpus", "4096", "--global-batch", "2048", "--seq", "4096"]
         j = self.run_json(*args, "--top", "3")
