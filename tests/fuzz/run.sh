@@ -25,7 +25,7 @@ base=/tmp
 export TMPDIR="$(mktemp -d "$base/pacer-fuzz-run-XXXXXX")"
 trap 'rm -rf "$TMPDIR"' EXIT
 if [ ! -x "$bin" ]; then
-  echo "fuzz: $bin is missing: build the main tree with `make build SANITIZE=ON` first (it builds build/sanitize)" >&2
+  echo "fuzz: $bin is missing: build the main tree with 'make build SANITIZE=ON' first (it builds build/sanitize)" >&2
   exit 1
 fi
 
