@@ -1,13 +1,13 @@
 # A second build tree, build/sanitize, that `make test-slow` builds and tests too (docs/fuzzing.md):
 # the library, the unit tests and the Python module under ASan + UBSan, and, with clang's
-# libFuzzer, the fuzz targets of tests/fuzz. One tree serves both, so CI pays for one extra
-# build of the library: with clang everything in it also carries libFuzzer's coverage
+# libFuzzer, the fuzz targets of tests/fuzz. One tree serves both, so test-slow pays for one
+# extra build of the library: with clang everything in it also carries libFuzzer's coverage
 # instrumentation, which the unit and Python tests simply do not use.
 # Off by default: the tree is a second build of everything, which with the main one and the tests took
 # CI past 30 minutes on two cores (2,606 s on 2026-12-04). `make test-slow` turns both on.
 option(PACER_SANITIZED_TESTS "Build the unit tests and the Python module with ASan + UBSan in build/sanitize and run them" OFF)
 option(PACER_FUZZ "Build the fuzz targets with clang in build/sanitize and run them (skipped without clang)" OFF)
-set(PACER_FUZZ_SECONDS 10 CACHE STRING "Seconds `make test` fuzzes each target")
+set(PACER_FUZZ_SECONDS 10 CACHE STRING "Seconds `make test-slow` fuzzes each target")
 set(PACER_UNIT_SHARDS 4 CACHE STRING "ctest tests the sanitized unit tests are split into")
 
 # The sanitized tree itself, or a build that is sanitized as a whole, adds no other.

@@ -524,19 +524,15 @@ struct Loader::Impl {
   void reader_loop() {
     std::unique_lock lock(mu);
     for (;;) {
-      std::shared_ptr<Slot> s;
-      auto none_untaken = [&] { return std::none_of(window.begin(), window.end(), [](const auto& w) { return !w->taken; }); };
       cv.wait(lock, [&] {
-        if (stopping || (prepare && none_untaken())) return true;
+        if (stopping || (prepare && !first_untaken())) return true;
         // Bounded memory: wait while ready batches hold max_bytes, unless the
         // consumer is waiting for the very first one.
         if (ready_bytes >= opt.max_bytes && !(window.size() && !window.front()->ready && !window.front()->taken)) return false;
-        for (auto& w : window)
-          if (!w->taken) return true;
-        return false;
+        return first_untaken() != nullptr;
       });
       if (stopping) return;
-      if (prepare && none_untaken()) {
+      if (prepare && !first_untaken()) {
         const auto [seed, e] = *prepare;
         prepare.reset();
         lock.unlock();
@@ -544,11 +540,7 @@ struct Loader::Impl {
         lock.lock();
         continue;
       }
-      for (auto& w : window)
-        if (!w->taken) {
-          s = w;
-          break;
-        }
+      std::shared_ptr<Slot> s = first_untaken();
       if (!s) continue;
       s->taken = true;
       const std::uint64_t gen = generation;
@@ -563,6 +555,13 @@ struct Loader::Impl {
       // (on a VM, several microseconds each; 22,000 for 8,192 token batches).
       if (consumer_wants && front_ready(consumer_wants)) ready_cv.notify_one();
     }
+  }
+
+  // Called with mu held: the first scheduled slot no reader has, if any.
+  std::shared_ptr<Slot> first_untaken() const {
+    for (const auto& w : window)
+      if (!w->taken) return w;
+    return nullptr;
   }
 
   // Called with mu held.
@@ -690,12 +689,7 @@ Expected<std::optional<Batch>> Loader::next() {
   while (!s->ready && !im.stopping) {
     std::shared_ptr<Slot> t;
     if (!s->taken) t = s;  // as the readers may, whatever max_bytes holds
-    else if (im.ready_bytes < im.opt.max_bytes)
-      for (auto& w : im.window)
-        if (!w->taken) {
-          t = w;
-          break;
-        }
+    else if (im.ready_bytes < im.opt.max_bytes) t = im.first_untaken();
     if (!t) break;
     t->taken = true;
     lock.unlock();
