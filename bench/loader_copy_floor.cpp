@@ -11,8 +11,15 @@
 // without a prefetch of the next sample, into one reused buffer or rotating
 // batch buffers; a fresh mapping per epoch (page tables filled again) with
 // and without MADV_POPULATE_READ / MADV_HUGEPAGE; pread per sample; and
-// pread of 128 KiB in file order, which is what `cat` does.
+// pread of 128 KiB in file order, which is what `cat` does. Built where
+// liburing's header is (apt-get install liburing-dev; link with -luring), it
+// also reads the shuffled spans through io_uring, a batch's reads per submit:
+// what a loader that reads instead of mapping could reach.
 #include <fcntl.h>
+#if __has_include(<liburing.h>)
+#include <liburing.h>
+#define FLOOR_HAVE_URING 1
+#endif
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -129,5 +136,36 @@ int main(int argc, char** argv) {
       for (std::size_t o = 0; o < sizes[s]; o += 131072)
         if (pread(fds[s], one, 131072, static_cast<off_t>(o)) < 0) std::abort();
   });
+#ifdef FLOOR_HAVE_URING
+  io_uring ring;
+  if (const int e = io_uring_queue_init(256, &ring, 0); e < 0) {
+    std::printf("io_uring: not available here (%s)\n", std::strerror(-e));
+    return 0;
+  }
+  // `per_submit` reads are queued, then one system call submits them and
+  // waits for all: the kernel copies each span into its batch slot.
+  auto uring_all = [&](std::size_t per_submit, bool registered) {
+    for (std::size_t k = 0; k < shuffled.size(); k += per_submit) {
+      const std::size_t m = std::min(per_submit, shuffled.size() - k);
+      for (std::size_t j = 0; j < m; ++j) {
+        const auto [s, o] = shuffled[k + j];
+        io_uring_sqe* sqe = io_uring_get_sqe(&ring);
+        io_uring_prep_read(sqe, registered ? s : fds[s], batches[((k + j) / 64) % 8] + ((k + j) % 64) * kSpan, kSpan, o);
+        if (registered) sqe->flags |= IOSQE_FIXED_FILE;
+      }
+      if (io_uring_submit_and_wait(&ring, static_cast<unsigned>(m)) < 0) std::abort();
+      for (std::size_t j = 0; j < m; ++j) {
+        io_uring_cqe* cqe = nullptr;
+        if (io_uring_wait_cqe(&ring, &cqe) != 0 || cqe->res != static_cast<int>(kSpan)) std::abort();
+        io_uring_cqe_seen(&ring, cqe);
+      }
+    }
+  };
+  run("io_uring, 64 reads per submit, shuffled, batch buffers", [&] { uring_all(64, false); });
+  run("io_uring, 16 reads per submit, shuffled, batch buffers", [&] { uring_all(16, false); });
+  if (io_uring_register_files(&ring, fds.data(), static_cast<unsigned>(fds.size())) == 0)
+    run("io_uring, 64 per submit, registered files", [&] { uring_all(64, true); });
+  io_uring_queue_exit(&ring);
+#endif
   return 0;
 }
