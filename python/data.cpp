@@ -184,6 +184,8 @@ data::LoaderOptions loader_options(const py::dict& kw) {
   data::LoaderOptions o;
   for (auto [k, v] : kw) {
     const std::string key = py::cast<std::string>(k);
+    // pybind11's own message ("Unable to cast Python instance") names neither the option nor the value.
+    try {
     if (key == "batch_size") o.batch_size = py::cast<std::uint64_t>(v);
     else if (key == "seed") o.seed = py::cast<std::uint64_t>(v);
     else if (key == "rank") o.rank = py::cast<int>(v);
@@ -201,6 +203,12 @@ data::LoaderOptions loader_options(const py::dict& kw) {
     else if (key == "bucket_window") o.bucket_window = py::cast<std::uint64_t>(v);
     else if (key == "pad_id") o.pad_id = py::cast<std::int64_t>(v);
     else throw Exception(Error{ErrorKind::kUsage, fmt::format("unknown loader option '{}'", key)});
+    } catch (const py::cast_error&) {
+      throw Exception(Error{ErrorKind::kUsage, fmt::format("loader option {}={}: {}", key, py::str(py::repr(v)).cast<std::string>(),
+                                                           key == "shuffle" || key == "drop_last" || key == "skip_bad" || key == "pin_memory" || key == "pack"
+                                                               ? "not a bool"
+                                                               : key == "pad_id" ? "not a 64-bit integer" : "not a non-negative integer in range")});
+    }
   }
   return o;
 }

@@ -137,7 +137,13 @@ class TokenDataset:
         return self._impl.has_loss_mask
 
     def document(self, d):
-        """(first, end): document d is sequences first..end-1."""
+        """(first, end): document d is sequences first..end-1 (negative d counts from the end)."""
+        d = operator.index(d)
+        n = self.documents
+        if d < 0:
+            d += n
+        if not 0 <= d < n:
+            raise IndexError(f"document {d} of a {n}-document dataset")
         return self._impl.document(d)
 
     def __getitem__(self, i):

@@ -31,6 +31,7 @@ std::string random_suffix() {
 }  // namespace
 
 Expected<AtomicFileWriter> AtomicFileWriter::create(const std::string& path) {
+  if (Status st = check_path(path); !st) return st.error();
   namespace fs = std::filesystem;
   const fs::path target(path);
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");

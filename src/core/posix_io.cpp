@@ -33,7 +33,15 @@ Error io_error(std::string_view what, const std::string& path, int err) {
   return Error{ErrorKind::kIo, fmt::format("{}: {}: {}", path, what, std::strerror(err))};
 }
 
+Status check_path(const std::string& path) {
+  if (path.find('\0') == std::string::npos) return {};
+  std::string shown;
+  for (const char c : path) shown += c ? std::string(1, c) : std::string("\\0");
+  return Error{ErrorKind::kUsage, fmt::format("'{}': a path cannot contain a NUL byte", shown)};
+}
+
 Expected<Fd> open_fd(const std::string& path, int flags, mode_t mode) {
+  if (Status st = check_path(path); !st) return st.error();
   const int fd = retry_eintr([&] { return ::open(path.c_str(), flags | O_CLOEXEC, mode); });
   if (fd < 0) return io_error("cannot open", path, errno);
   return Fd(fd);

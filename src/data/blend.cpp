@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <mutex>
 
@@ -71,6 +72,15 @@ std::vector<double> BlendSchedule::weights() const {
 
 namespace {
 
+// How a blend's state names a dataset: by absolute, normalized paths, so a
+// state matches the same files however they were spelled ("a-{0..2}.tar",
+// "./a-0.tar", ...): a pickled loader reopens its datasets by absolute path.
+std::string absolute_path(const std::string& p) {
+  std::error_code ec;
+  const std::filesystem::path a = std::filesystem::absolute(p, ec);
+  return (ec ? std::filesystem::path(p) : a).lexically_normal().string();
+}
+
 // Which dataset and which of its items each blend position reads. Positions
 // count from epoch 0 (epoch * samples_per_epoch + position); the weights in
 // force since position `base`, when dataset i had given consumed0[i] items,
@@ -79,7 +89,8 @@ class BlendSource : public Loader::Source {
  public:
   struct Child {
     std::unique_ptr<Loader::Source> src;
-    std::string name;
+    std::string name;    // in the state: absolute paths (absolute_path)
+    std::string legacy;  // as the user spelled it, which states before 2026-12-05 recorded
     std::uint64_t seed = 0;
     bool fixed = true;                      // every epoch has `items` positions
     std::uint64_t items = 0;                // positions in epoch 0
@@ -137,6 +148,7 @@ class BlendSource : public Loader::Source {
     if (!s.contains("blend") || !s.at("blend").is_object())
       return Error{ErrorKind::kConfig, "state has no \"blend\" key: it is not the state of a blend's loader"};
     const json& b = s.at("blend");
+    if (Status st = check_state_counts(b, {"items", "consumed", "scheduled"}, "blend"); !st) return st;
     if (seed != seed_)
       return Error{ErrorKind::kConfig, fmt::format("state is for a blend with seed {}, this blend's seed is {}", seed, seed_)};
     const auto names = b.at("datasets").get<std::vector<std::string>>();
@@ -153,7 +165,7 @@ class BlendSource : public Loader::Source {
     u128 total = 0;
     for (std::size_t i = 0; i < kids_.size(); ++i) {
       total += consumed[i];
-      if (names[i] != kids_[i].name)
+      if (names[i] != kids_[i].name && names[i] != kids_[i].legacy)
         return Error{ErrorKind::kConfig, fmt::format("state's blend dataset {} is {}, this blend's is {}", i, names[i], kids_[i].name)};
       if (items[i] != kids_[i].src->items())
         return Error{ErrorKind::kConfig,
@@ -349,7 +361,8 @@ Expected<std::unique_ptr<Loader>> Loader::open(const Blend& blend, LoaderOptions
     Expected<std::unique_ptr<Loader::Source>> src = Error{ErrorKind::kUsage, "no dataset"};
     if (tokens) {
       if (!blend.token_datasets[i]) return Error{ErrorKind::kUsage, fmt::format("blend dataset {} is missing", i)};
-      c.name = blend.token_datasets[i]->prefix();
+      c.legacy = blend.token_datasets[i]->prefix();
+      c.name = absolute_path(c.legacy);
       src = make_token_source(blend.token_datasets[i], o);
       c.fixed = !o.pack;
       if (i > 0 && (blend.token_datasets[i]->loss_mask() != nullptr) != (blend.token_datasets[0]->loss_mask() != nullptr))
@@ -358,7 +371,10 @@ Expected<std::unique_ptr<Loader>> Loader::open(const Blend& blend, LoaderOptions
                                                     blend.token_datasets[0]->loss_mask() ? "has one" : "has none")};
     } else {
       if (!blend.datasets[i]) return Error{ErrorKind::kUsage, fmt::format("blend dataset {} is missing", i)};
-      c.name = blend.datasets[i]->name();
+      c.legacy = blend.datasets[i]->name();
+      const auto& shards = blend.datasets[i]->shards();
+      c.name = shards.size() == 1 ? absolute_path(shards.front())
+                                  : fmt::format("{} .. {} ({} shards)", absolute_path(shards.front()), absolute_path(shards.back()), shards.size());
       src = make_sample_source(blend.datasets[i], o);
     }
     if (!src) return src.error();
@@ -366,7 +382,7 @@ Expected<std::unique_ptr<Loader>> Loader::open(const Blend& blend, LoaderOptions
     if (c.src->items() == 0) return Error{ErrorKind::kUsage, fmt::format("blend dataset {} is empty", c.name)};
     c.items = c.src->epoch_size(c.seed, 0);
     if (c.items == 0) return Error{ErrorKind::kUsage, fmt::format("blend dataset {} has no items to read in its first epoch", c.name)};
-    total += c.src->items();
+    total += c.items;  // packed token datasets: rows, not documents
     names.push_back(c.name);
     kids.push_back(std::move(c));
   }

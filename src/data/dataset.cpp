@@ -147,12 +147,25 @@ Expected<std::vector<std::string>> expand_shard_spec(const std::string& spec) {
     std::vector<std::string> out;
     const fs::path dir = fs::path(spec).parent_path();
     try {
-      for (const auto& s : j["shards"]) out.push_back((dir / s.at("path").get<std::string>()).string());
+      for (const auto& s : j["shards"]) {
+        const auto path = s.at("path").get<std::string>();
+        if (Status st = check_path(path); !st) return Error{ErrorKind::kConfig, fmt::format("{}: shard {}: {}", spec, out.size(), st.error().message)};
+        out.push_back((dir / path).string());
+      }
     } catch (const json::exception& e) {
       return Error{ErrorKind::kConfig, fmt::format("{}: shard {}: {}", spec, out.size(), e.what())};
     }
     return out;
   }
+  // Groups are expanded recursively, each level copying the rest of the
+  // spec: deep nesting would cost quadratic memory and then the stack.
+  constexpr int kMaxSpecDepth = 32;
+  int depth = 0;
+  for (const char c : spec)
+    if (c == '{' && ++depth > kMaxSpecDepth)
+      return Error{ErrorKind::kUsage, fmt::format("'{}...': braces nest deeper than {} levels", spec.substr(0, 64), kMaxSpecDepth)};
+    else if (c == '}' && depth > 0)
+      --depth;
   auto names = count_names(spec);
   if (!names) return names.error();
   if (*names > kMaxSpecNames)
@@ -187,6 +200,13 @@ struct Dataset::Impl {
   struct Shard {
     std::mutex mu;
     std::shared_ptr<const std::vector<SampleEntry>> entries;
+    // The size and mtime of the file the entries describe, compared each
+    // time the shard is opened for reading: entries kept from the scan at
+    // open (no usable index), or loaded before an LRU close, are read again
+    // (rebuilt, or refused) for a shard replaced since, never applied at the
+    // old offsets to the new file.
+    std::uint64_t entries_bytes = 0;
+    std::int64_t entries_mtime_ns = 0;
     std::shared_ptr<const pacer::Fd> file;
     // The same file mapped (see read_span), or null where mapping failed.
     std::shared_ptr<const MappedFile> map;
@@ -228,6 +248,8 @@ Expected<std::shared_ptr<Dataset>> Dataset::open(const std::string& spec) {
 }
 
 Expected<std::shared_ptr<Dataset>> Dataset::open(const std::vector<std::string>& shards) {
+  for (const auto& s : shards)
+    if (Status st = check_path(s); !st) return st.error();
   std::shared_ptr<Dataset> ds(new Dataset());
   ds->impl_ = std::make_unique<Impl>();
   ds->impl_->max_in_memory = gzip_cache_limit();
@@ -262,7 +284,11 @@ Expected<std::shared_ptr<Dataset>> Dataset::open(const std::vector<std::string>&
     ds->counts_.push_back(idx->samples);
     ds->total_ += idx->samples;
     auto shard = std::make_unique<Impl::Shard>();
-    if (!idx->entries.empty()) shard->entries = std::make_shared<const std::vector<SampleEntry>>(std::move(idx->entries));
+    if (!idx->entries.empty()) {
+      shard->entries = std::make_shared<const std::vector<SampleEntry>>(std::move(idx->entries));
+      shard->entries_bytes = idx->shard_bytes;
+      shard->entries_mtime_ns = idx->shard_mtime_ns;
+    }
     ds->impl_->shards.push_back(std::move(shard));
   }
   return ds;
@@ -315,6 +341,7 @@ Expected<Dataset::Located> Dataset::locate(std::uint64_t i) const {
       // A mapping that fails (address space, a file system without mmap)
       // leaves the shard to pread.
       if (auto m = MappedFile::map(d->fd.get(), shards_[s])) sh.map = std::make_shared<const MappedFile>(std::move(*m));
+      if (sh.entries && (d->file_bytes != sh.entries_bytes || d->mtime_ns != sh.entries_mtime_ns)) sh.entries.reset();
       sh.file = std::make_shared<const pacer::Fd>(std::move(d->fd));
       gained = sh.in_memory;
     }
@@ -328,6 +355,8 @@ Expected<Dataset::Located> Dataset::locate(std::uint64_t i) const {
         return Error{ErrorKind::kConfig, fmt::format("{}: changed since the dataset was opened ({} samples then, {} now; open it again)", shards_[s],
                                                      counts_[s], idx->entries.size())};
       sh.entries = std::make_shared<const std::vector<SampleEntry>>(std::move(idx->entries));
+      sh.entries_bytes = idx->shard_bytes;
+      sh.entries_mtime_ns = idx->shard_mtime_ns;
     }
     loc.entries = sh.entries;
     loc.file_ref = sh.file;

@@ -8,9 +8,11 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <memory>
 
 #include "pacer/core/posix_io.hpp"
+#include "pacer/core/units.hpp"
 #include "tar_internal.hpp"
 
 namespace pacer::data {
@@ -32,14 +34,19 @@ struct Inflater {
 }  // namespace
 
 namespace {
-// A positive byte count from the environment, else `fallback`.
+// A positive size from the environment ("8GiB", "1k", "4096"), else
+// `fallback`; a value that is not one is said once on stderr, not ignored
+// silently (a cap the user thinks is set would not be).
 std::uint64_t bytes_from_env(const char* name, std::uint64_t fallback) {
-  if (const char* v = std::getenv(name); v && *v) {
-    char* end = nullptr;
-    errno = 0;
-    const unsigned long long n = std::strtoull(v, &end, 10);
-    if (errno == 0 && end && *end == '\0' && n > 0) return n;
-  }
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  auto n = parse_size(v);
+  if (n && *n > 0) return *n;
+  static std::once_flag said[2];
+  std::call_once(said[std::string_view(name) == "PACER_GZIP_MAX_BYTES" ? 0 : 1], [&] {
+    fmt::print(stderr, "pacer: warning: {}='{}' is not a positive size ({}); using {} bytes\n", name, v,
+               n ? "zero" : n.error().message, fallback);
+  });
   return fallback;
 }
 }  // namespace

@@ -615,6 +615,27 @@ Status check_loader_options(const LoaderOptions& o, std::uint64_t items, const c
     return Error{ErrorKind::kUsage, fmt::format("rank {} is not in a world of {}", o.rank, o.world_size)};
   if (items < static_cast<std::uint64_t>(o.world_size))
     return Error{ErrorKind::kUsage, fmt::format("{}: the dataset has {} {}, fewer than the {} ranks that share it", name, items, what, o.world_size)};
+  // Positions are counted in u64: a global batch (or a bucket window of
+  // them) that does not fit would wrap, and a window of 0 never advances.
+  constexpr std::uint64_t kMax = std::numeric_limits<std::uint64_t>::max();
+  const auto world = static_cast<std::uint64_t>(o.world_size);
+  if (o.batch_size > kMax / world)
+    return Error{ErrorKind::kUsage, fmt::format("batch_size {} x world_size {} does not fit 64 bits", o.batch_size, o.world_size)};
+  if (o.bucket_window && o.bucket_window > kMax / (o.batch_size * world))
+    return Error{ErrorKind::kUsage, fmt::format("bucket_window {} global batches of {} does not fit 64 bits", o.bucket_window, o.batch_size * world)};
+  return {};
+}
+
+Status check_state_counts(const json& s, std::initializer_list<const char*> keys, std::string_view where) {
+  auto count = [](const json& v) { return v.is_number_unsigned() || (v.is_number_integer() && v.get<std::int64_t>() >= 0); };
+  for (const char* k : keys) {
+    if (!s.contains(k)) continue;
+    const json& v = s.at(k);
+    const bool ok = v.is_array() ? std::all_of(v.begin(), v.end(), count) : count(v);
+    if (!ok)
+      return Error{ErrorKind::kConfig, fmt::format("{}{}{}: {} is not {}", where, where.empty() ? "" : ".", k, v.dump(),
+                                                   v.is_array() ? "a list of non-negative integers" : "a non-negative integer")};
+  }
   return {};
 }
 
@@ -761,6 +782,7 @@ json Loader::state() const {
 Status Loader::load_state(const json& s) {
   try {
     if (s.value("schema", "") != "pacer.loader/1") return Error{ErrorKind::kConfig, "not a pacer loader state (schema pacer.loader/1)"};
+    if (Status st = check_state_counts(s, {"seed", "epoch", "position", "samples", "global_batch"}, "loader state"); !st) return st;
     const auto seed = s.at("seed").get<std::uint64_t>();
     const auto epoch = s.at("epoch").get<std::uint64_t>();
     const auto position = s.at("position").get<std::uint64_t>();

@@ -1,7 +1,9 @@
 // Internal: what a loader reads (Loader::Source), shared by the loader (loader.cpp) and blends (blend.cpp).
 #pragma once
 
+#include <initializer_list>
 #include <memory>
+#include <string_view>
 #include <string>
 #include <utility>
 #include <vector>
@@ -74,6 +76,12 @@ Expected<std::unique_ptr<Loader::Source>> make_sample_source(std::shared_ptr<Dat
 Expected<std::unique_ptr<Loader::Source>> make_token_source(std::shared_ptr<TokenDataset> ds, LoaderOptions o);
 // Checks rank, world size and batch size against `items` per epoch.
 Status check_loader_options(const LoaderOptions& o, std::uint64_t items, const char* what, const std::string& name);
+
+// The counts of a saved state (seed, epoch, position, per-dataset counts)
+// must be non-negative JSON integers, or arrays of them: nlohmann's get
+// would turn -1 into 2^64-1 and 1.5 or 1e30 into whatever the cast gives.
+// Checks the keys of `s` that are present; the error names `where`.key.
+Status check_state_counts(const nlohmann::json& s, std::initializer_list<const char*> keys, std::string_view where);
 
 // Lays out a token batch's arrays in its buffer: rows x cols tokens and
 // position ids, and with `labels` the labels and loss mask.

@@ -398,9 +398,10 @@ std::vector<std::string> remove_leftovers(const fs::path& out, const std::string
 std::map<std::string, std::pair<std::uint64_t, std::string>> previous_checksums(const std::string& manifest_text) {
   std::map<std::string, std::pair<std::uint64_t, std::string>> old;
   json j = json::parse(manifest_text, nullptr, false);
-  if (!j.is_discarded() && j.value("schema", "") == kManifestSchema && j.contains("shards") && j["shards"].is_array())
+  if (!j.is_discarded() && j.is_object() && j.value("schema", json()) == kManifestSchema && j.contains("shards") && j["shards"].is_array())
     for (const auto& s : j["shards"])
-      if (s.is_object() && s.contains("path") && s.contains("plan") && s.contains("xxh3") && s["plan"].is_string())
+      if (s.is_object() && s.contains("path") && s.contains("plan") && s.contains("xxh3") && s["path"].is_string() && s["plan"].is_string() &&
+          s["xxh3"].is_string())
         old[s.value("path", "")] = {std::strtoull(s["plan"].get<std::string>().c_str(), nullptr, 16), s.value("xxh3", "")};
   return old;
 }
@@ -643,7 +644,7 @@ Status read_manifest(const std::string& path, std::vector<Expect>& shards, std::
   const auto text = read_file(path);
   if (!text) return usage_error(text.error().message);
   const json m = json::parse(*text, nullptr, false);
-  if (m.is_discarded() || m.value("schema", "") != kManifestSchema || !m.contains("shards") || !m["shards"].is_array())
+  if (m.is_discarded() || !m.is_object() || m.value("schema", json()) != kManifestSchema || !m.contains("shards") || !m["shards"].is_array())
     return usage_error(fmt::format("{}: not a pacer shard manifest (schema {})", path, kManifestSchema));
   const fs::path dir = fs::path(path).parent_path();
   std::string sums;
@@ -656,15 +657,18 @@ Status read_manifest(const std::string& path, std::vector<Expect>& shards, std::
     e.path = (dir / rel).string();
     if (s.contains("samples") && s["samples"].is_number_unsigned()) e.samples = s["samples"].get<std::uint64_t>();
     if (s.contains("bytes") && s["bytes"].is_number_unsigned()) e.bytes = s["bytes"].get<std::uint64_t>();
+    if (s.contains("xxh3") && !s["xxh3"].is_string()) return usage_error(fmt::format("{}: shard '{}': xxh3 is not a string", path, rel));
     e.xxh3 = s.value("xxh3", "");
     sums += e.xxh3;
     total += e.samples.value_or(0);
     shards.push_back(std::move(e));
   }
   const std::string version = version_of(sums);
+  if (m.contains("version") && !m["version"].is_string()) return usage_error(fmt::format("{}: version is not a string", path));
   if (m.value("version", "") != version)
     problems.push_back(fmt::format("manifest version {} does not match its shard checksums ({})", m.value("version", ""), version));
-  if (m.contains("samples") && m["samples"].is_number() && m["samples"].get<std::uint64_t>() != total)
+  if (m.contains("samples") && !m["samples"].is_number_unsigned()) return usage_error(fmt::format("{}: samples is not a non-negative integer", path));
+  if (m.contains("samples") && m["samples"].get<std::uint64_t>() != total)
     problems.push_back(fmt::format("manifest says {} samples, its shards {}", m["samples"].get<std::uint64_t>(), total));
   return {};
 }

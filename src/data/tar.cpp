@@ -187,9 +187,20 @@ Expected<std::vector<TarMember>> scan_fd(int fd, const std::string& path, std::u
       off = next;
       continue;
     }
+    if (type == 'K' || type == 'g') {
+      // A link target's long name, or a global pax header: records of their
+      // own, not members, so a pending long name or pax path is kept for
+      // the member that follows.
+      if (first_header == kNone) first_header = off;
+      off = next;
+      continue;
+    }
     const std::uint64_t header_off = first_header == kNone ? off : first_header;
     if (type == '0' || type == '\0' || type == '7' || type == 'S' || type == 'M') {
       const std::string name = member_name(h, pax, long_name);
+      // A regular-file type with a trailing '/' is how pre-POSIX tars wrote
+      // directories; GNU tar and Python's tarfile read it as one.
+      const bool old_directory = (type == '0' || type == '\0') && !name.empty() && name.back() == '/';
       if (type == 'S')
         return shard_error(path, header_off, fmt::format("member '{}' is a GNU sparse file (type S): not supported; pack it without --sparse", name));
       if (type == 'M')
@@ -197,9 +208,9 @@ Expected<std::vector<TarMember>> scan_fd(int fd, const std::string& path, std::u
       if (escapes_root(name)) return shard_error(path, header_off, fmt::format("member '{}' escapes the archive root", name));
       if (name.size() > kMaxMemberName)
         return shard_error(path, header_off, fmt::format("member name of {} bytes (at most {})", name.size(), kMaxMemberName));
-      out.push_back({name, header_off, data_off, size});
+      if (!old_directory) out.push_back({name, header_off, data_off, size});
     }
-    // Directories, links, devices, 'g' global headers: not samples.
+    // Directories, links, devices: not samples.
     first_header = kNone;
     long_name.clear();
     pax = PaxRecords{};
@@ -238,6 +249,9 @@ Expected<ShardData> shard_data(Fd f, const std::string& path, std::uint64_t file
   d.gzip = true;
   return d;
 }
+std::int64_t mtime_ns(const struct stat& st) {
+  return static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + static_cast<std::int64_t>(st.st_mtim.tv_nsec);
+}
 }  // namespace
 
 Expected<ShardData> open_shard_data(const std::string& path) {
@@ -246,7 +260,12 @@ Expected<ShardData> open_shard_data(const std::string& path) {
   struct stat st {};
   if (::fstat(f->get(), &st) != 0) return Error{ErrorKind::kIo, fmt::format("{}: cannot stat: {}", path, std::strerror(errno))};
   if (!S_ISREG(st.st_mode)) return Error{ErrorKind::kConfig, fmt::format("{}: not a regular file", path)};
-  return shard_data(std::move(*f), path, static_cast<std::uint64_t>(st.st_size));
+  auto d = shard_data(std::move(*f), path, static_cast<std::uint64_t>(st.st_size));
+  if (d) {
+    d->file_bytes = static_cast<std::uint64_t>(st.st_size);
+    d->mtime_ns = mtime_ns(st);
+  }
+  return d;
 }
 
 Expected<std::vector<TarMember>> scan_tar(const std::string& path) {
@@ -414,10 +433,6 @@ bool take(const std::string& s, std::size_t& pos, T& v) {
 }
 
 std::uint64_t xxh3(const char* p, std::size_t n) { return XXH3_64bits(p, n); }
-
-std::int64_t mtime_ns(const struct stat& st) {
-  return static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + static_cast<std::int64_t>(st.st_mtim.tv_nsec);
-}
 
 // An open shard and what fstat says of it; its tar bytes once open_data ran
 // (for a gzip shard, decompressed into memory then).

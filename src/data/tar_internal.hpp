@@ -59,6 +59,10 @@ struct ShardData {
   Fd fd;
   std::uint64_t tar_bytes = 0;
   bool gzip = false;
+  // The file as opened, before any decompression: what an index or a scan
+  // of it is bound to (ShardIndex::shard_bytes, shard_mtime_ns).
+  std::uint64_t file_bytes = 0;
+  std::int64_t mtime_ns = 0;
 };
 Expected<ShardData> open_shard_data(const std::string& path);
 

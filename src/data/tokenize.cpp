@@ -425,7 +425,8 @@ Expected<std::unique_ptr<Tokenizer>> load_sentencepiece(const std::string& model
 Expected<std::unique_ptr<Tokenizer>> load_vocabulary(const std::string& path) {
   if (path.empty()) return std::unique_ptr<Tokenizer>(std::make_unique<VocabularyTokenizer>(Vocabulary::bytes_only(), "", 0));
   auto bytes = read_file(path);
-  if (!bytes) return bytes.error();
+  // As for a model: a vocabulary named on the command line that cannot be read is a usage error.
+  if (!bytes) return Error{ErrorKind::kUsage, bytes.error().message};
   auto v = Vocabulary::load(path);
   if (!v) return v.error();
   return std::unique_ptr<Tokenizer>(std::make_unique<VocabularyTokenizer>(std::move(*v), path, XXH3_64bits(bytes->data(), bytes->size())));

@@ -168,8 +168,11 @@ Expected<std::shared_ptr<TokenDataset>> TokenDataset::open(const std::string& pr
   if (version != 1) return bad(fmt::format("version {} (pacer reads 1)", version));
   const DtypeInfo* dt = by_code(code);
   if (!dt) return bad(fmt::format("unknown dtype code {}", code));
+  // Counts beyond the file's size are refused before they are multiplied.
+  if (seqs > b.size() || docs > b.size())
+    return bad(fmt::format("truncated: {} sequences and {} document indices cannot fit the {}-byte file", seqs, docs, b.size()));
   const std::uint64_t need = seqs * 4 + seqs * 8 + docs * 8;
-  if (seqs > b.size() || docs > b.size() || b.size() - pos < need)
+  if (b.size() - pos < need)
     return bad(fmt::format("truncated: {} sequences and {} document indices need {} more bytes, the file has {}", seqs, docs, need, b.size() - pos));
   std::shared_ptr<TokenDataset> ds(new TokenDataset());
   ds->prefix_ = prefix;
@@ -198,6 +201,10 @@ Expected<std::shared_ptr<TokenDataset>> TokenDataset::open(const std::string& pr
     if (len < 0 || ptr < 0 || static_cast<std::uint64_t>(ptr) + static_cast<std::uint64_t>(len) * dt->size > ds->bin_size_)
       return Error{ErrorKind::kConfig, fmt::format("{}: sequence {} ({} elements at byte {}) lies outside {} ({} bytes: truncated?)", idx_path, i, len,
                                                    ptr, bin_path, ds->bin_size_)};
+    // Megatron's pointers are sums of whole elements; one between elements
+    // would read every token of the sequence shifted (garbage ids).
+    if (static_cast<std::uint64_t>(ptr) % dt->size != 0)
+      return bad(fmt::format("sequence {} starts at byte {}, not on a {}-byte {} element", i, ptr, dt->size, dt->name));
     ds->total_tokens_ += static_cast<std::uint64_t>(len);
   }
   for (std::uint64_t d = 0; d < docs; ++d) {
@@ -205,6 +212,13 @@ Expected<std::shared_ptr<TokenDataset>> TokenDataset::open(const std::string& pr
     if (v < 0 || static_cast<std::uint64_t>(v) > seqs || (d > 0 && v < ds->doc_index_[d - 1]))
       return bad(fmt::format("document index {} is {}: not a sequence boundary in order", d, v));
   }
+  // Documents cover the sequences from the first to the last: an index that
+  // starts later or ends earlier would leave sequences out of every epoch.
+  // (Bytes after the document index are allowed: Megatron's multimodal
+  // datasets put the sequence modes there.)
+  if (docs == 0 ? seqs > 0 : ds->doc_index_.front() != 0 || static_cast<std::uint64_t>(ds->doc_index_.back()) != seqs)
+    return bad(fmt::format("document indices {} .. {} do not span the {} sequences (they must run from 0 to {})",
+                           docs ? ds->doc_index_.front() : 0, docs ? ds->doc_index_.back() : 0, seqs, seqs));
   if (Status st = attach_loss_mask(*ds, ds->mask_); !st) return st.error();
   return ds;
 }

@@ -285,6 +285,32 @@ class ShardCli(unittest.TestCase):
         self.assertIn(f"FAILED: {bad}: ", r.stdout)
         self.assertIn("checksum", r.stdout)
 
+    def test_manifests_of_the_wrong_shape_are_usage_errors_naming_the_file(self):
+        # Valid JSON of another shape was "internal error", exit 3, naming nothing.
+        self.packed()
+        mpath = os.path.join(self.out, "manifest.json")
+        good = self.manifest()
+        shard = good["shards"][0]["path"]
+        cases = {
+            "[1, 2]": "not a pacer shard manifest",
+            '"text"': "not a pacer shard manifest",
+            json.dumps({"schema": "pacer.shards/1", "shards": [{"path": shard, "xxh3": 5}]}): "xxh3 is not a string",
+            json.dumps({"schema": "pacer.shards/1", "shards": [{"path": shard}], "version": 5}): "version is not a string",
+            json.dumps({"schema": "pacer.shards/1", "shards": [{"path": shard}], "samples": -4}): "samples is not a non-negative integer",
+        }
+        for text, why in cases.items():
+            with open(mpath, "w") as f:
+                f.write(text)
+            r = pacer("shard", "verify", mpath)
+            self.assertEqual(r.returncode, 2, (text, r.stdout, r.stderr))
+            self.assertIn(mpath, r.stderr, text)
+            self.assertIn(why, r.stderr, text)
+        # A pack rerun over an output whose manifest has another shape packs again.
+        with open(mpath, "w") as f:
+            f.write("[1]")
+        self.pack()
+        self.assertEqual(self.manifest()["schema"], "pacer.shards/1")
+
     def test_verify_index_problems(self):
         self.packed()
         m = self.manifest()
@@ -700,6 +726,11 @@ class TokenizeCli(unittest.TestCase):
         r = pacer("shard", "tokenize", text, prefix, "--model", not_a_model)
         self.assertEqual(r.returncode, 2, r.stderr)
         self.assertIn("bsd.model: not a SentencePiece model", r.stderr)
+        # A model or vocabulary that cannot be read is a usage error (2), as one that does not parse.
+        for flag in ("--model", "--vocab"):
+            r = pacer("shard", "tokenize", text, prefix, flag, self.path("nothing") + ".bin")
+            self.assertEqual(r.returncode, 2, (flag, r.stderr))
+            self.assertIn("nothing.bin", r.stderr)
         r = pacer("shard", "tokenize", self.path("empty.txt", b"\n"), prefix, "--model", self.model)
         self.assertEqual(r.returncode, 2, r.stderr)
         self.assertIn("empty.txt: no documents", r.stderr)

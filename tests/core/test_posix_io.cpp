@@ -15,6 +15,7 @@
 #include <string>
 #include <thread>
 
+#include "pacer/core/atomic_file.hpp"
 #include "pacer/core/process.hpp"
 #include "pacer/core/time.hpp"
 #include "test_util.hpp"
@@ -61,6 +62,24 @@ TEST(PosixIo, WholeWritesAndReadsRoundTripAndShortFilesAreErrorsNamingThePath) {
   EXPECT_TRUE(contains(missing.error().message, p + ".none: cannot open")) << missing.error().message;
   EXPECT_TRUE(fsync_dir(dir.path()));
   EXPECT_FALSE(fsync_dir(dir.path() + "/none"));
+}
+
+TEST(PosixIo, APathWithANulByteIsAUsageErrorAndTouchesNothing) {
+  // The kernel reads a path up to its first NUL: "f.bin\0.pidx" would open f.bin.
+  test::TempDir dir("pacer_posix_io_");
+  const std::string p = (fs::path(dir.path()) / "f.bin").string();
+  ASSERT_TRUE(write_file_atomic(p, "kept"));
+  const std::string nul = p + std::string(1, '\0') + ".pidx";
+  auto fd = open_fd(nul, O_RDONLY);
+  ASSERT_FALSE(fd);
+  EXPECT_EQ(fd.error().kind, ErrorKind::kUsage);
+  EXPECT_TRUE(contains(fd.error().message, "f.bin\\0.pidx")) << fd.error().message;
+  EXPECT_TRUE(contains(fd.error().message, "NUL byte")) << fd.error().message;
+  Status w = write_file_atomic(nul, "replaced");
+  ASSERT_FALSE(w);
+  EXPECT_EQ(w.error().kind, ErrorKind::kUsage);
+  EXPECT_EQ(read_file(p).value(), "kept");
+  EXPECT_TRUE(check_path(p));
 }
 
 TEST(PosixIo, AFullDeviceIsAnErrorNotALoop) {

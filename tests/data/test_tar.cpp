@@ -1468,5 +1468,107 @@ TEST(SpecCrafted, ExpansionsAreBoundedBeforeExpanding) {
   EXPECT_EQ(neg->size(), 3u);
 }
 
+TEST(SpecCrafted, DeepNestingIsRefusedBeforeExpanding) {
+  // Each level of groups copies the rest of the spec: 20,000 levels took 800 MB, 40,000 the stack.
+  const std::string deep = std::string(40, '{') + "a,b" + std::string(40, '}');
+  auto r = expand_shard_spec(deep);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().kind, ErrorKind::kUsage);
+  EXPECT_TRUE(contains(r.error().message, "nest deeper than 32")) << r.error().message;
+  auto ok = expand_shard_spec(std::string(32, '{') + "a,b" + std::string(32, '}'));
+  ASSERT_TRUE(ok) << ok.error().message;
+  EXPECT_EQ(*ok, (std::vector<std::string>{"a", "b"}));
+}
+
+TEST(DatasetOpen, APathWithANulByteIsRefusedAndTheShardKept) {
+  // The kernel stops at the NUL: "s.tar\0x" + ".pidx" would name s.tar itself,
+  // and the index built for it would be renamed over the shard.
+  Shards sh({3});
+  const std::string shard = sh.paths[0];
+  fs::remove(index_path(shard));
+  const std::string before = slurp(shard);
+  const std::string nul = shard + std::string(1, '\0') + "x";
+  auto ds = Dataset::open(std::vector<std::string>{nul});
+  ASSERT_FALSE(ds);
+  EXPECT_EQ(ds.error().kind, ErrorKind::kUsage);
+  EXPECT_TRUE(contains(ds.error().message, "NUL byte")) << ds.error().message;
+  EXPECT_TRUE(contains(ds.error().message, "\\0x")) << ds.error().message;
+  EXPECT_FALSE(Dataset::open(nul));
+  EXPECT_FALSE(build_index(nul));
+  // A manifest naming such a path is refused, naming the manifest.
+  const std::string manifest = sh.dir.file("manifest.json", std::string(R"({"schema": "pacer.shards/1", "shards": [{"path": "shard-000.tar\u0000x"}]})"));
+  auto m = Dataset::open(manifest);
+  ASSERT_FALSE(m);
+  EXPECT_TRUE(contains(m.error().message, manifest)) << m.error().message;
+  EXPECT_EQ(slurp(shard), before);
+  EXPECT_FALSE(fs::exists(index_path(shard)));
+}
+
+TEST(DatasetRead, AShardReplacedAfterItsScanIsReadThroughItsNewIndex) {
+  // Opened without an index, the shard's scan is kept; a shard replaced
+  // before its first read must not be read at the scan's offsets.
+  TempDir dir("pacer-replaced-");
+  const std::string shard = make_shard(dir, "s.tar", 4, 0);
+  auto replace = [&](int n, int first) {
+    std::map<std::string, std::string> texts;
+    RawTar raw;
+    for (int i = first; i < first + n; ++i) {
+      const std::string key = fmt::format("r/{:06d}", i);
+      texts[key] = std::string(600 + static_cast<std::size_t>(i), static_cast<char>('a' + i % 26));  // two blocks: another size
+      raw.add(key + ".txt", texts[key]);
+    }
+    const std::string tmp = dir.file("replacement.tar", raw.finish());
+    fs::rename(tmp, shard);
+    return texts;
+  };
+  fs::remove(index_path(shard));
+  auto ds = Dataset::open(std::vector<std::string>{shard});
+  ASSERT_TRUE(ds) << ds.error().message;
+  fs::remove(index_path(shard));  // as if the index could not be written
+  auto texts = replace(4, 100);
+  for (std::uint64_t i = 0; i < 4; ++i) {
+    auto s = (*ds)->read(i);
+    ASSERT_TRUE(s) << s.error().message;
+    const std::string key = fmt::format("r/{:06d}", 100 + i);
+    EXPECT_EQ(s->key, key);
+    EXPECT_EQ(s->fields, (std::vector<std::pair<std::string, std::string>>{{"txt", texts[key]}}));
+  }
+  // Another sample count cannot be read as the dataset opened: an error naming the shard.
+  fs::remove(index_path(shard));
+  auto ds2 = Dataset::open(std::vector<std::string>{shard});
+  ASSERT_TRUE(ds2) << ds2.error().message;
+  replace(2, 200);
+  auto s = (*ds2)->read(0);
+  ASSERT_FALSE(s);
+  EXPECT_TRUE(contains(s.error().message, shard)) << s.error().message;
+  EXPECT_TRUE(contains(s.error().message, "changed since the dataset was opened")) << s.error().message;
+}
+
+TEST(TarCrafted, LinkNamesAndGlobalHeadersKeepThePendingNameAndOldDirectoriesAreNotSamples) {
+  TempDir dir("pacer-tar-records-");
+  const std::string long_key = "k/" + std::string(150, 'l');
+  RawTar raw;
+  // A GNU long name, then a long link name ('K'), then the member: the long name is the member's.
+  raw.add("././@LongLink", long_key + ".txt", 'L');
+  raw.add("././@LongLink", "some/link/target", 'K');
+  raw.add("truncated-name.txt", "one");
+  // A pax path, then a global pax header ('g'), then the member: the pax path is the member's.
+  raw.pax({{"path", "p/000002.txt"}});
+  raw.add("PaxHeaders/global", "20 comment=anything\n", 'g');
+  raw.add("placeholder.txt", "two");
+  // A pre-POSIX directory: a regular-file type with a trailing slash.
+  raw.add("olddir/", "", '0');
+  raw.add("olddir/x.txt", "three");
+  const std::string tar = dir.file("records.tar", raw.finish());
+  auto ms = scan_tar(tar);
+  ASSERT_TRUE(ms) << ms.error().message;
+  EXPECT_EQ(names_of(*ms), (std::vector<std::string>{long_key + ".txt", "p/000002.txt", "olddir/x.txt"}));
+  auto ds = Dataset::open(tar);
+  ASSERT_TRUE(ds) << ds.error().message;
+  ASSERT_EQ((*ds)->size(), 3u);
+  EXPECT_EQ((*ds)->read(0).value().key, long_key);
+  EXPECT_EQ((*ds)->read(1).value().fields, (std::vector<std::pair<std::string, std::string>>{{"txt", "two"}}));
+}
+
 }  // namespace
 }  // namespace pacer::data

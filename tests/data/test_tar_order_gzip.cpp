@@ -232,6 +232,12 @@ TEST(TarGzip, DecompressionStopsAtTheLimit) {
   ::unsetenv("PACER_GZIP_MAX_BYTES");
   ASSERT_FALSE(ds);
   EXPECT_TRUE(contains(ds.error().message, "PACER_GZIP_MAX_BYTES")) << ds.error().message;
+  // Sizes with units, as the CLI takes them ("1k" was ignored, leaving 8 GiB).
+  ::setenv("PACER_GZIP_MAX_BYTES", "1MiB", 1);
+  auto with_unit = Dataset::open(bomb);
+  ::unsetenv("PACER_GZIP_MAX_BYTES");
+  ASSERT_FALSE(with_unit);
+  EXPECT_TRUE(contains(with_unit.error().message, "more than 1048576 bytes")) << with_unit.error().message;
   // Under the limit the stream decompresses whole (all zeros: an empty tar).
   auto whole = gunzip_to_memory(f->get(), bomb, 1ULL << 30, size);
   ASSERT_TRUE(whole) << whole.error().message;

@@ -115,6 +115,10 @@ TEST(TokenDataset, BadInputNamesTheFile) {
       {megatron_idx(9, {2}, {0}, {0, 1}), "dtype code 9"},
       {megatron_idx(4, {3}, {8}, {0, 1}), "outside"},       // 12 bytes from byte 8 of a 16-byte file
       {megatron_idx(4, {1, 1}, {0, 4}, {0, 2, 1}), "not a sequence boundary"},
+      {megatron_idx(4, {1, 1}, {0, 6}, {0, 2}), "not on a 4-byte int32 element"},  // every token read shifted
+      {megatron_idx(4, {1, 1}, {0, 4}, {1, 2}), "do not span the 2 sequences"},     // sequence 0 in no document
+      {megatron_idx(4, {1, 1}, {0, 4}, {0, 1}), "do not span the 2 sequences"},     // sequence 1 in none
+      {megatron_idx(4, {1, 1}, {0, 4}, {}), "do not span the 2 sequences"},
   };
   for (const auto& c : cases) {
     write(p + ".idx", c.idx);

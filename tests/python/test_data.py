@@ -698,6 +698,40 @@ class TokenData(unittest.TestCase):
         with self.assertRaisesRegex(pacer.Error, "MMIDIDX"):
             pacer.data.open(self.prefix)
 
+    def test_corrupt_indexes_are_errors_naming_the_file(self):
+        import struct
+        seqs = [[5, 6, 7], [9], [1, 2, 3, 4]]
+        self.write_by_hand(seqs, [0, 1, 3])
+        good = open(self.prefix + ".idx", "rb").read()
+        header = 9 + 8 + 1 + 8 + 8
+        pointers = header + 3 * 4
+        docs = pointers + 3 * 8
+        cases = {
+            # a pointer between two uint16 elements: every token would be read shifted
+            "not on a 2-byte uint16 element": good[:pointers + 8] + struct.pack("<q", 7) + good[pointers + 16:],
+            # documents that leave the first or last sequence out of every epoch
+            "do not span the 3 sequences": good[:docs] + struct.pack("<qqq", 1, 1, 3),
+            "do not span": good[:docs] + struct.pack("<qqq", 0, 1, 2),
+            # a sequence count whose byte count would wrap
+            "cannot fit": good[:9 + 8 + 1] + struct.pack("<Q", (1 << 62) + 2) + good[9 + 8 + 1 + 8:],
+        }
+        for why, data in cases.items():
+            with open(self.prefix + ".idx", "wb") as f:
+                f.write(data)
+            with self.assertRaisesRegex(pacer.Error, f"{self.prefix}.idx: .*{why}", msg=why):
+                pacer.data.open(self.prefix)
+        # Bytes after the document index are allowed (Megatron's multimodal modes live there).
+        with open(self.prefix + ".idx", "wb") as f:
+            f.write(good + b"\x00\x00\x00")
+        self.assertEqual(pacer.data.open(self.prefix).documents, 2)
+
+    def test_document_out_of_range_is_an_index_error(self):
+        self.write_by_hand([[5, 6, 7], [9]], [0, 1, 2])
+        ds = pacer.data.open(self.prefix)
+        self.assertEqual(ds.document(-1), (1, 2))
+        with self.assertRaisesRegex(IndexError, "document 2 of a 2-document dataset"):
+            ds.document(2)
+
 
 class TokenLoaderTest(unittest.TestCase):
     """Megatron token data through pacer.data.Loader: packed rows with document boundaries, for torch."""
@@ -841,6 +875,14 @@ class TokenLoaderTest(unittest.TestCase):
             pacer.data.Loader(tar, seq_len=8)
         with self.assertRaisesRegex(ValueError, "device"):
             pacer.data.Loader(tar, device="cpu")
+        # Values the options cannot hold name the option, not a pybind11 cast.
+        for kw, why in ((dict(batch_size=-1), "batch_size=-1: not a non-negative integer"), (dict(seq_len=2 ** 64), "seq_len="),
+                        (dict(prefetch=-3), "prefetch=-3")):
+            with self.assertRaisesRegex(pacer.Error, why, msg=kw):
+                pacer.data.Loader(ds, **kw)
+        # A bucket window of global batches past 2^64 would wrap to 0 and never advance.
+        with self.assertRaisesRegex(pacer.Error, "bucket_window .* does not fit 64 bits"):
+            pacer.data.Loader(ds, batch_size=4, seq_len=8, bucket_window=2 ** 62)
 
 
 class HelpTest(unittest.TestCase):

@@ -135,6 +135,60 @@ class BlendTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "seed"):
             pacer.data.Loader(pacer.data.blend([(self.a, 1)], seed=3), seed=5)
 
+    def test_states_name_datasets_however_their_paths_were_spelled(self):
+        # A pickled loader reopens its datasets by absolute path; a restart may spell them another way.
+        loader = self.loader(0.6, 0.4, threads=1)
+        it = iter(loader)
+        first = next(it)
+        copy = pickle.loads(pickle.dumps(loader))
+        self.assertEqual(copy.state_dict(), loader.state_dict())
+        self.assertEqual(list(next(iter(copy))["__key__"]), list(next(it)["__key__"]))
+        self.assertNotEqual(list(first["__key__"]), [])
+        state = loader.state_dict()
+        self.assertTrue(all(os.path.isabs(n) for n in state["blend"]["datasets"]), state["blend"]["datasets"])
+        cwd = os.getcwd()
+        os.chdir(self.tmp.name)
+        try:
+            again = pacer.data.Loader(pacer.data.blend([(pacer.data.open("./a.tar"), 0.6), (pacer.data.open("b.tar"), 0.4)], seed=3,
+                                                       samples_per_epoch=40), batch_size=4)
+            again.load_state_dict(state)
+            self.assertEqual(again.state_dict()["position"], state["position"])
+            # States that named datasets as typed (before 2026-12-05) still load.
+            legacy = json.loads(json.dumps(state))
+            legacy["blend"]["datasets"] = ["./a.tar", "b.tar"]
+            again.load_state_dict(legacy)
+        finally:
+            os.chdir(cwd)
+
+    def test_counts_in_a_state_must_be_non_negative_integers(self):
+        loader = self.loader(0.5, 0.5)
+        good = loader.state_dict()
+        for key, value in (("position", -1), ("position", 1.5), ("epoch", -1), ("position", 1e30), ("seed", "3")):
+            bad = json.loads(json.dumps(good))
+            bad[key] = value
+            with self.assertRaisesRegex(pacer.Error, f"loader state.{key}: .* is not a non-negative integer"):
+                loader.load_state_dict(bad)
+        bad = json.loads(json.dumps(good))
+        bad["blend"]["consumed"] = [-1, 0]
+        with self.assertRaisesRegex(pacer.Error, "blend.consumed: .* is not a list of non-negative integers"):
+            loader.load_state_dict(bad)
+        loader.load_state_dict(good)
+
+
+class PackedBlendTest(unittest.TestCase):
+    def test_the_default_epoch_counts_rows_not_documents(self):
+        # 40 documents of 10 tokens per dataset pack into 4 rows of 100: an epoch is 8 rows, not 80.
+        with tempfile.TemporaryDirectory() as tmp:
+            parts = []
+            for name in ("x", "y"):
+                prefix = os.path.join(tmp, name)
+                pacer.data.write_tokens(prefix, [np.arange(1, 11, dtype=np.int64) + d for d in range(40)], dtype="int32")
+                parts.append((pacer.data.TokenDataset(prefix), 1))
+            loader = pacer.data.Loader(pacer.data.blend(parts, seed=1), batch_size=2, seq_len=100, pack=True, threads=0)
+            rows = sum(b["tokens"].shape[0] for b in loader)
+            self.assertEqual(rows, 8)
+            self.assertEqual(len(loader), 4)
+
 
 def chat_template(messages):
     """A toy chat format: bytes of 'role: content\\n' per message; the assistant's turns are trained."""

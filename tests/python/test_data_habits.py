@@ -116,10 +116,22 @@ class RankTest(Tmp):
         with mock.patch.dict(os.environ, clean_environ(RANK="1", WORLD_SIZE="2"), clear=True):
             alone = pacer.data.Loader(ds, batch_size=2, seed=1, rank=0, world_size=1)
             self.assertEqual(len([k for b in alone for k in b["__key__"]]), 20)
-            self.assertEqual(_dist.resolve_rank(rank=0), (0, 2))
+            # One explicit value with the other from the environment must agree with it:
+            # rank 0 of the launcher's 2 on its rank 1 would read rank 0's half twice.
+            self.assertEqual(_dist.resolve_rank(rank=1), (1, 2))
+            self.assertEqual(_dist.resolve_rank(world_size=2), (1, 2))
             with self.assertRaises(pacer.Error) as e:
-                pacer.data.Loader(ds, rank=None, world_size=1)  # rank 1 of a world of 1
-            self.assertIn("RANK/WORLD_SIZE", str(e.exception))
+                _dist.resolve_rank(rank=0)
+            self.assertIn("RANK/WORLD_SIZE says this is rank 1 of 2", str(e.exception))
+            with self.assertRaises(pacer.Error) as e:
+                pacer.data.Loader(ds, rank=None, world_size=4)
+            self.assertIn("world_size=4 but RANK/WORLD_SIZE says the world has 2 ranks", str(e.exception))
+        # A launcher variable without its partner is an error where a value would come from it.
+        with mock.patch.dict(os.environ, clean_environ(RANK="1"), clear=True):
+            with self.assertRaises(pacer.Error) as e:
+                pacer.data.Loader(ds, batch_size=2)
+            self.assertIn("RANK='1' without WORLD_SIZE", str(e.exception))
+            self.assertEqual(_dist.resolve_rank(rank=0, world_size=1), (0, 1))
 
     @unittest.skipIf(torch is None, "needs torch")
     def test_torch_distributed_decides_and_a_contradiction_is_an_error(self):

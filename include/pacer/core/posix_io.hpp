@@ -47,6 +47,13 @@ auto retry_eintr(F f) {
   }
 }
 
+// A path that holds a NUL byte (possible from Python, JSON or a state dict)
+// names another file to the kernel, which stops at the NUL: "s.tar\0x.pidx"
+// would be s.tar itself. Such a path is a kUsage error naming it (the NUL
+// shown as \0), checked by open_fd, the atomic writer and every API that
+// takes shard or dataset paths.
+Status check_path(const std::string& path);
+
 // open(2) with O_CLOEXEC; the error names the path.
 Expected<Fd> open_fd(const std::string& path, int flags, mode_t mode = 0644);
 
