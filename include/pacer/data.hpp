@@ -68,7 +68,7 @@ struct ShardIndex {
   std::uint64_t shard_bytes = 0;
   std::uint64_t samples = 0;
   std::int64_t shard_mtime_ns = 0;   // the shard's mtime when it was indexed
-  std::uint64_t headers_xxh3 = 0;    // XXH3-64 of the header block in front of each field's data
+  std::uint64_t headers_xxh3 = 0;    // XXH3-64 of every byte that is not a field's padded data (headers, pax and long-name records)
   std::vector<SampleEntry> entries;  // may be empty when only the header was read
 };
 std::string index_path(const std::string& shard);

@@ -404,7 +404,7 @@ constexpr char kMagic[8] = {'P', 'A', 'C', 'E', 'R', 'I', 'D', 'X'};
 // Version 3 has version 2's layout; a version 2 index may hold samples split
 // where their members were not adjacent (group_samples grouped runs of
 // equal keys then), so it is rebuilt, never trusted.
-constexpr std::uint32_t kIndexVersion = 3;
+constexpr std::uint32_t kIndexVersion = 4;
 constexpr std::size_t kIndexHeader = 64;
 // Header fields by offset.
 constexpr std::size_t kAtVersion = 8, kAtShardBytes = 16, kAtSamples = 24, kAtMtime = 32, kAtHeaders = 40, kAtEntries = 48,
@@ -463,68 +463,110 @@ Expected<OpenShard> open_shard(const std::string& shard) {
   return s;
 }
 
-// XXH3-64 of the header block in front of each field's data, in index order:
-// a member's own ustar header (pax and GNU long-name records come before it).
-struct MappedHeaders {
-  const std::vector<std::uint64_t>* at;  // each header's offset, in index order
-  XXH3_state_t* state;
-  std::size_t outside = SIZE_MAX;  // the first header past the mapping
+// XXH3-64 of every byte of the shard that is not a field's data, in file
+// order: the gaps before, between and after the fields' (padded) data. They
+// hold each member's ustar header and the pax ('x') and GNU long-name ('L')
+// records before it, which set its name and size, so a rewrite that keeps
+// the shard's size and mtime but renames or resizes a member is caught
+// (index version 3 hashed only the 512-byte ustar header in front of each
+// field). For the usual layout the gaps are exactly those headers.
+struct Gap {
+  std::uint64_t offset = 0, size = 0;
 };
 
-// Hashes the headers where they lie in the mapping, in one guarded read.
-// They are 512 bytes on pages of their own (a sample's data between them),
-// so each is a cache miss: prefetching a few ahead overlaps them.
-void hash_mapped_headers(const unsigned char* base, std::size_t n, void* ctx) {
-  auto* h = static_cast<MappedHeaders*>(ctx);
-  const std::vector<std::uint64_t>& at = *h->at;
+// The gaps of `entries` in a shard of `tar_bytes`, or the field that
+// overlaps another or runs past the end (an index that does not fit).
+struct Gaps {
+  std::vector<Gap> gaps;
+  const SampleEntry* bad_entry = nullptr;
+  std::uint64_t bad_offset = 0;
+};
+Gaps shard_gaps(const std::vector<SampleEntry>& entries, std::uint64_t tar_bytes) {
+  struct Span {
+    std::uint64_t offset, end;
+    const SampleEntry* entry;
+  };
+  std::vector<Span> spans;
+  for (const auto& e : entries)
+    for (const auto& f : e.fields) {
+      // Fields are checked to lie inside the shard before this runs; padding may pass its end.
+      const std::uint64_t end = std::min(tar_bytes, f.offset + tar_padded(f.size));
+      spans.push_back({f.offset, end, &e});
+    }
+  // Shards written in key order are sorted already; a scattered one is sorted here.
+  if (!std::is_sorted(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.offset < b.offset; }))
+    std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.offset < b.offset; });
+  Gaps out;
+  out.gaps.reserve(spans.size() + 1);
+  std::uint64_t at = 0;
+  for (const auto& sp : spans) {
+    // A member's data follows at least its own 512-byte header.
+    if (sp.offset < at + kTarBlock || sp.offset > tar_bytes) {
+      out.bad_entry = sp.entry;
+      out.bad_offset = sp.offset;
+      return out;
+    }
+    out.gaps.push_back({at, sp.offset - at});
+    at = sp.end;
+  }
+  if (at < tar_bytes) out.gaps.push_back({at, tar_bytes - at});
+  return out;
+}
+
+struct MappedGaps {
+  const std::vector<Gap>* gaps;
+  XXH3_state_t* state;
+  bool outside = false;  // a gap past the mapping
+};
+
+// Hashes the gaps where they lie in the mapping, in one guarded read. Each
+// is usually one 512-byte header on a page of its own (a sample's data
+// between them), so each is a cache miss: prefetching a few ahead overlaps them.
+void hash_mapped_gaps(const unsigned char* base, std::size_t n, void* ctx) {
+  auto* h = static_cast<MappedGaps*>(ctx);
+  const std::vector<Gap>& gaps = *h->gaps;
   constexpr std::size_t kAhead = 8;
-  for (std::size_t i = 0; i < at.size(); ++i) {
-    if (at[i] > n || kTarBlock > n - at[i]) {
-      h->outside = i;
+  for (std::size_t i = 0; i < gaps.size(); ++i) {
+    if (gaps[i].offset > n || gaps[i].size > n - gaps[i].offset) {
+      h->outside = true;
       return;
     }
-    if (i + kAhead < at.size() && at[i + kAhead] <= n - std::min<std::size_t>(n, kTarBlock))
-      for (std::size_t line = 0; line < kTarBlock; line += 64) __builtin_prefetch(base + at[i + kAhead] + line);
-    XXH3_64bits_update(h->state, base + at[i], kTarBlock);
+    if (i + kAhead < gaps.size() && gaps[i + kAhead].offset <= n - std::min<std::size_t>(n, kTarBlock))
+      for (std::size_t line = 0; line < kTarBlock; line += 64) __builtin_prefetch(base + gaps[i + kAhead].offset + line);
+    XXH3_64bits_update(h->state, base + gaps[i].offset, static_cast<std::size_t>(gaps[i].size));
   }
 }
 
-// With `map` (the same shard mapped), headers are hashed in the mapping: a
+// With `map` (the same shard mapped), the gaps are hashed in the mapping: a
 // pread per member was most of a shard's first read (10,000 system calls
 // for a shard of 5,000 two-field samples), and the page faults taken here
 // fill the page tables the loader's reads then use.
-Expected<std::uint64_t> member_headers_hash(int fd, const std::string& shard, const std::vector<SampleEntry>& entries,
+Expected<std::uint64_t> member_headers_hash(int fd, const std::string& shard, const std::vector<SampleEntry>& entries, std::uint64_t tar_bytes,
                                             const MappedFile* map = nullptr) {
+  const Gaps g = shard_gaps(entries, tar_bytes);
+  if (g.bad_entry)
+    return Error{ErrorKind::kConfig, fmt::format("{}: sample '{}': a field at offset {} overlaps another member or has no header before it",
+                                                 shard, g.bad_entry->key, g.bad_offset)};
   std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> st(XXH3_createState(), XXH3_freeState);
   XXH3_64bits_reset(st.get());
-  auto unreadable = [&](const SampleEntry& e, std::uint64_t offset) {
-    return Error{ErrorKind::kIo, fmt::format("{}: offset {}: cannot read the header of sample '{}'", shard, offset - std::min<std::uint64_t>(offset, kTarBlock), e.key)};
-  };
   if (map) {
-    std::vector<std::uint64_t> at;
-    for (const auto& e : entries)
-      for (const auto& f : e.fields) {
-        if (f.offset < kTarBlock) return unreadable(e, f.offset);
-        at.push_back(f.offset - kTarBlock);
-      }
-    MappedHeaders h{&at, st.get()};
-    if (Status read = map->read(0, static_cast<std::size_t>(map->size()), hash_mapped_headers, &h); !read)
+    MappedGaps h{&g.gaps, st.get()};
+    if (Status read = map->read(0, static_cast<std::size_t>(map->size()), hash_mapped_gaps, &h); !read)
       return Error{ErrorKind::kIo, fmt::format("{}: cannot read the member headers: {}", shard, read.error().message)};
-    if (h.outside != SIZE_MAX) {
-      std::size_t k = 0;
-      for (const auto& e : entries)
-        for (const auto& f : e.fields)
-          if (k++ == h.outside) return unreadable(e, f.offset);
-    }
+    if (h.outside) return Error{ErrorKind::kIo, fmt::format("{}: cannot read the member headers: the shard is shorter than its index says", shard)};
     // A cut inside a page reads as zeros there instead of faulting.
     if (Status size = map->check_size(map->size()); !size) return size.error();
     return static_cast<std::uint64_t>(XXH3_64bits_digest(st.get()));
   }
-  unsigned char h[kTarBlock];
-  for (const auto& e : entries)
-    for (const auto& f : e.fields) {
-      if (f.offset < kTarBlock || !read_exact(fd, h, kTarBlock, f.offset - kTarBlock)) return unreadable(e, f.offset);
-      XXH3_64bits_update(st.get(), h, kTarBlock);
+  // Gaps are read in pieces: one may hold a large pax header or skipped member.
+  std::vector<unsigned char> buf(64 * 1024);
+  for (const auto& gap : g.gaps)
+    for (std::uint64_t done = 0; done < gap.size;) {
+      const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(buf.size(), gap.size - done));
+      if (!read_exact(fd, buf.data(), n, gap.offset + done))
+        return Error{ErrorKind::kIo, fmt::format("{}: offset {}: cannot read the member headers", shard, gap.offset + done)};
+      XXH3_64bits_update(st.get(), buf.data(), n);
+      done += n;
     }
   return static_cast<std::uint64_t>(XXH3_64bits_digest(st.get()));
 }
@@ -537,7 +579,7 @@ Expected<ShardIndex> scan_index(const std::string& shard) {
   if (!members) return members.error();
   auto entries = group_samples(shard, *members);
   if (!entries) return entries.error();
-  auto headers = member_headers_hash(s->data.fd.get(), shard, *entries);
+  auto headers = member_headers_hash(s->data.fd.get(), shard, *entries, s->data.tar_bytes);
   if (!headers) return headers.error();
   ShardIndex idx;
   idx.shard = shard;
@@ -600,10 +642,13 @@ Expected<ShardIndex> read_checked_index(const std::string& shard, bool header_on
   if (!read_exact(fi->get(), bin.data(), bin.size(), 0)) return Error{ErrorKind::kIo, fmt::format("{}: read failed", path)};
   if (bin.size() < 12 || std::memcmp(bin.data(), kMagic, 8) != 0) return bad("not a pacer shard index");
   const auto version = get_at<std::uint32_t>(bin, kAtVersion);
-  if (version == 1 || version == 2) {
+  if (version >= 1 && version <= 3) {
     if (outdated) *outdated = true;
     return bad(fmt::format("index version {} {} (this pacer reads {}; rebuild with pacer shard index)", version,
-                           version == 1 ? "is not bound to its shard" : "may split samples whose members are not adjacent", kIndexVersion));
+                           version == 1   ? "is not bound to its shard"
+                           : version == 2 ? "may split samples whose members are not adjacent"
+                                          : "does not bind the pax and GNU long-name records of its members",
+                           kIndexVersion));
   }
   if (version != kIndexVersion) return bad(fmt::format("index version {} (this pacer reads {})", version, kIndexVersion));
   if (bin.size() < kIndexHeader) return bad("truncated index header");
@@ -658,7 +703,7 @@ Expected<ShardIndex> read_checked_index(const std::string& shard, bool header_on
   // A mapping of another size is not of this file (a gzip shard's mapping
   // is of its decompressed bytes, and so is tar_bytes).
   if (map && map->size() != tar_bytes) map = nullptr;
-  auto headers = member_headers_hash(sh->data.fd.get(), shard, idx.entries, map);
+  auto headers = member_headers_hash(sh->data.fd.get(), shard, idx.entries, tar_bytes, map);
   if (!headers) return headers.error();
   if (*headers != idx.headers_xxh3)
     return bad(fmt::format("does not match {}: the member headers at the indexed offsets changed "

@@ -506,7 +506,7 @@ TEST(ShardIndex, MalformedIndexesAreErrors) {
   auto r4 = read_index(shard, false);
   EXPECT_FALSE(r4);
 
-  for (char version : {1, 2, 4}) {
+  for (char version : {1, 2, 3, 5}) {
     std::string other = good;
     other[8] = version;
     write_bytes(index_path(shard), other);
@@ -1405,6 +1405,37 @@ TEST(IndexCrafted, ShardRewrittenWithTheSameSizeIsDetected) {
       EXPECT_EQ(got[i].fields[0].second, std::string(600, static_cast<char>('A' + i)));
     }
     EXPECT_TRUE(read_index(shard, false)) << "rebuilt in place";
+  }
+}
+
+TEST(IndexCrafted, ARewriteOfOnlyPaxOrLongNameRecordsIsDetected) {
+  // Same size, same mtime, the same ustar headers in front of the data: only
+  // the records before them differ (a member renamed through its pax path,
+  // resized through its pax size, or renamed through its GNU long name).
+  TempDir d("pacer-pax-rewrite-");
+  const std::string long_a = "L/" + std::string(120, 'a'), long_b = "L/" + std::string(120, 'b');
+  auto shard_with = [&](const std::string& pax_path, const std::string& pax_size, const std::string& long_name) {
+    RawTar raw;
+    raw.pax({{"path", pax_path}, {"size", pax_size}});
+    raw.add("placeholder", "12345");
+    raw.add("././@LongLink", long_name + ".txt", 'L');
+    raw.add("truncated", "xyz");
+    return raw.finish();
+  };
+  const std::string shard = d.file("s.tar", shard_with("p/AAAA.txt", "5", long_a));
+  for (const std::string& rewritten : {shard_with("p/BBBB.txt", "5", long_a), shard_with("p/AAAA.txt", "3", long_a), shard_with("p/AAAA.txt", "5", long_b)}) {
+    write_bytes(shard, shard_with("p/AAAA.txt", "5", long_a));
+    set_mtime(shard, 1'700'000'000);
+    ASSERT_TRUE(build_index(shard));
+    ASSERT_EQ(rewritten.size(), fs::file_size(shard));
+    write_bytes(shard, rewritten);
+    set_mtime(shard, 1'700'000'000);
+    auto stale = read_index(shard, false);
+    ASSERT_FALSE(stale);
+    EXPECT_TRUE(contains(stale.error().message, "rewritten")) << stale.error().message;
+    auto fresh = load_or_build_index(shard, false);
+    ASSERT_TRUE(fresh) << fresh.error().message;
+    EXPECT_EQ(fresh->entries.size(), 2u);
   }
 }
 

@@ -25,7 +25,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (bytes.size() >= 64 && (std::memcpy(&reserved, bytes.data() + 12, 4), reserved & 1)) {
     reserved = 0;
     std::memcpy(bytes.data() + 12, &reserved, 4);
-    const std::uint32_t version = 3;  // the index version the reader takes (seeds may be older)
+    const std::uint32_t version = 4;  // the index version the reader takes (seeds may be older)
     std::memcpy(bytes.data() + 8, &version, 4);
     std::memcpy(bytes.data() + 16, &shard_bytes, 8);
     const std::uint64_t entries = XXH3_64bits(bytes.data() + 64, bytes.size() - 64);
