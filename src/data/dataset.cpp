@@ -15,6 +15,7 @@
 #include <list>
 #include <mutex>
 #include <thread>
+#include <unordered_set>
 
 #include "pacer/core/atomic_file.hpp"
 #include "pacer/core/mapped_file.hpp"
@@ -147,9 +148,13 @@ Expected<std::vector<std::string>> expand_shard_spec(const std::string& spec) {
     std::vector<std::string> out;
     const fs::path dir = fs::path(spec).parent_path();
     try {
+      // Each shard once: one listed twice would be read twice per epoch.
+      std::unordered_set<std::string> seen;
       for (const auto& s : j["shards"]) {
         const auto path = s.at("path").get<std::string>();
         if (Status st = check_path(path); !st) return Error{ErrorKind::kConfig, fmt::format("{}: shard {}: {}", spec, out.size(), st.error().message)};
+        if (!seen.insert(fs::path(path).lexically_normal().string()).second)
+          return Error{ErrorKind::kConfig, fmt::format("{}: shard '{}' is listed twice", spec, path)};
         out.push_back((dir / path).string());
       }
     } catch (const json::exception& e) {

@@ -11,6 +11,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <unordered_set>
 #include <atomic>
 #include <cerrno>
 #include <charconv>
@@ -649,11 +650,13 @@ Status read_manifest(const std::string& path, std::vector<Expect>& shards, std::
   const fs::path dir = fs::path(path).parent_path();
   std::string sums;
   std::uint64_t total = 0;
+  std::unordered_set<std::string> listed;  // each shard once: one listed twice would be read twice per epoch
   for (const auto& s : m["shards"]) {
     if (!s.is_object() || !s.contains("path") || !s["path"].is_string()) return usage_error(fmt::format("{}: a shard entry without a path", path));
     Expect e;
     const std::string rel = s["path"].get<std::string>();
     if (escapes_root(rel)) return usage_error(fmt::format("{}: shard path '{}' is absolute or contains '..'", path, rel));
+    if (!listed.insert(fs::path(rel).lexically_normal().string()).second) return usage_error(fmt::format("{}: shard '{}' is listed twice", path, rel));
     e.path = (dir / rel).string();
     if (s.contains("samples") && s["samples"].is_number_unsigned()) e.samples = s["samples"].get<std::uint64_t>();
     if (s.contains("bytes") && s["bytes"].is_number_unsigned()) e.bytes = s["bytes"].get<std::uint64_t>();

@@ -252,8 +252,15 @@ Encoded encode_chunk(const Context& cx, const Chunk& c) {
       if (out.error) return out;
       if (!keep) continue;
       if (jsonl) {
-        auto j = json::parse(l, nullptr, false);
-        if (j.is_discarded() || !j.is_object() || !j.contains(cx.o.field) || !j[cx.o.field].is_string())
+        json j;
+        try {
+          j = json::parse(l);
+        } catch (const json::parse_error& e) {
+          // Say why: a lone UTF-16 surrogate escape ("\ud800") is invalid JSON, not bad UTF-8 bytes,
+          // so --bad-utf8 does not apply to it.
+          return fail(config_error(fmt::format("{}:{}: not valid JSON: {}", path, line, e.what())));
+        }
+        if (!j.is_object() || !j.contains(cx.o.field) || !j[cx.o.field].is_string())
           return fail(config_error(fmt::format("{}:{}: not a JSON object with a string field '{}'", path, line, cx.o.field)));
         l = owned.emplace_back(j[cx.o.field].get<std::string>());
       }

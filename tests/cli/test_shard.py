@@ -297,6 +297,7 @@ class ShardCli(unittest.TestCase):
             json.dumps({"schema": "pacer.shards/1", "shards": [{"path": shard, "xxh3": 5}]}): "xxh3 is not a string",
             json.dumps({"schema": "pacer.shards/1", "shards": [{"path": shard}], "version": 5}): "version is not a string",
             json.dumps({"schema": "pacer.shards/1", "shards": [{"path": shard}], "samples": -4}): "samples is not a non-negative integer",
+            json.dumps({"schema": "pacer.shards/1", "shards": [{"path": shard}, {"path": "./" + shard}]}): "is listed twice",
         }
         for text, why in cases.items():
             with open(mpath, "w") as f:
@@ -739,7 +740,12 @@ class TokenizeCli(unittest.TestCase):
         self.assertIn("missing.txt", r.stderr)
         r = pacer("shard", "tokenize", self.path("nofield.jsonl", b'{"body": "x"}\n'), prefix, "--model", self.model)
         self.assertEqual(r.returncode, 2)
-        self.assertIn("nofield.jsonl:1", r.stderr)
+        self.assertIn("nofield.jsonl:1: not a JSON object with a string field 'text'", r.stderr)
+        # A lone surrogate escape is invalid JSON, said as such (not "no string field").
+        r = pacer("shard", "tokenize", self.path("surrogate.jsonl", b'{"text": "ok"}\n{"text": "a\\ud800b"}\n'), prefix, "--model", self.model)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("surrogate.jsonl:2: not valid JSON", r.stderr)
+        self.assertIn("U+D800", r.stderr)
         bad = self.path("latin1.txt", b"Licensed\nto you\nLizenzgeb\xfchr\n")
         r = pacer("shard", "tokenize", bad, prefix, "--model", self.model, "--json")
         self.assertEqual(r.returncode, 0, r.stderr)

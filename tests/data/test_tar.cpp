@@ -699,6 +699,8 @@ TEST(SpecExpand, BadManifestsAreErrors) {
       R"({"schema":"pacer.shards/1","shards":[{"name":"x.tar"}]})",
       R"({"schema":"pacer.shards/1","shards":[{"path":7}]})",
       R"({"schema":"pacer.shards/1","shards":"x.tar"})",
+      // A shard listed twice (it would be read twice per epoch).
+      R"({"schema":"pacer.shards/1","shards":[{"path":"x.tar"},{"path":"./x.tar"}]})",
   };
   int i = 0;
   for (const auto& text : bad) {
