@@ -8,8 +8,8 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <memory>
+#include <mutex>
 
 #include "pacer/core/posix_io.hpp"
 #include "pacer/core/units.hpp"
@@ -37,13 +37,12 @@ namespace {
 // A positive size from the environment ("8GiB", "1k", "4096"), else
 // `fallback`; a value that is not one is said once on stderr, not ignored
 // silently (a cap the user thinks is set would not be).
-std::uint64_t bytes_from_env(const char* name, std::uint64_t fallback) {
+std::uint64_t bytes_from_env(const char* name, std::uint64_t fallback, std::once_flag& said) {
   const char* v = std::getenv(name);
   if (!v || !*v) return fallback;
   auto n = parse_size(v);
   if (n && *n > 0) return *n;
-  static std::once_flag said[2];
-  std::call_once(said[std::string_view(name) == "PACER_GZIP_MAX_BYTES" ? 0 : 1], [&] {
+  std::call_once(said, [&] {
     fmt::print(stderr, "pacer: warning: {}='{}' is not a positive size ({}); using {} bytes\n", name, v,
                n ? "zero" : n.error().message, fallback);
   });
@@ -53,9 +52,15 @@ std::uint64_t bytes_from_env(const char* name, std::uint64_t fallback) {
 
 // A gzip stream expands up to ~1000x, so the compressed size bounds nothing:
 // the decompressed bytes are capped instead.
-std::uint64_t gzip_shard_limit() { return bytes_from_env("PACER_GZIP_MAX_BYTES", kDefaultGzipShardLimit); }
+std::uint64_t gzip_shard_limit() {
+  static std::once_flag said;
+  return bytes_from_env("PACER_GZIP_MAX_BYTES", kDefaultGzipShardLimit, said);
+}
 
-std::uint64_t gzip_cache_limit() { return bytes_from_env("PACER_GZIP_CACHE_BYTES", 2ULL << 30); }
+std::uint64_t gzip_cache_limit() {
+  static std::once_flag said;
+  return bytes_from_env("PACER_GZIP_CACHE_BYTES", 2ULL << 30, said);
+}
 
 Expected<bool> is_gzip(int fd, const std::string& path) {
   unsigned char magic[2] = {0, 0};

@@ -3,8 +3,8 @@
 
 #include <initializer_list>
 #include <memory>
-#include <string_view>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 

@@ -11,7 +11,6 @@
 #include <xxhash.h>
 
 #include <algorithm>
-#include <unordered_set>
 #include <atomic>
 #include <cerrno>
 #include <charconv>
@@ -25,6 +24,7 @@
 #include <optional>
 #include <string_view>
 #include <thread>
+#include <unordered_set>
 #include <utility>
 
 #include "pacer/core/atomic_file.hpp"

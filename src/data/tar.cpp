@@ -401,9 +401,11 @@ std::string index_path(const std::string& shard) { return shard + ".pidx"; }
 namespace {
 
 constexpr char kMagic[8] = {'P', 'A', 'C', 'E', 'R', 'I', 'D', 'X'};
-// Version 3 has version 2's layout; a version 2 index may hold samples split
-// where their members were not adjacent (group_samples grouped runs of
-// equal keys then), so it is rebuilt, never trusted.
+// Versions 3 and 4 have version 2's layout; a version 2 index may hold
+// samples split where their members were not adjacent (group_samples grouped
+// runs of equal keys then), and a version 3 index's header hash covered only
+// the ustar header in front of each field (member_headers_hash): both are
+// rebuilt, never trusted.
 constexpr std::uint32_t kIndexVersion = 4;
 constexpr std::size_t kIndexHeader = 64;
 // Header fields by offset.
