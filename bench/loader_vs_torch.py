@@ -1,10 +1,18 @@
 """pacer.data.Loader against PyTorch's DataLoader and `cat` on the same tar shards.
 
 Usage: PYTHONPATH=build/python /usr/bin/python3 bench/loader_vs_torch.py [--samples N] [--size BYTES] [--rounds R]
-           [--per-shard N] [--open-shards N] [--name NAME] [--keep]
+           [--per-shard N] [--open-shards N] [--name NAME] [--keep] [--reread]
 Writes bench/results/NAME.{json,md} (default NAME: loader_vs_torch-DATE). Shards live in a scratch
 directory under the repository and are removed at the end. The page cache is
 warmed first: this measures the loaders, not the disk.
+
+How the shards came into the page cache matters on a VM: the writer's 10 KiB
+writes leave them in 4 KiB folios, which a new mapping fills a page-table entry
+at a time, while a read through pacer's mapping caches them in 2 MiB folios
+(docs/data.md, "Page cache"). With --reread the written shards are dropped from
+the page cache first (POSIX_FADV_DONTNEED), so that the first epoch reads them
+back as a training node does (its shards were written elsewhere, or paged out
+since); without it they stay as the writer left them.
 """
 import argparse
 import datetime
@@ -183,6 +191,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--open-shards", type=int, default=10000)
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory (its bench-*.tar for loader_copy_floor)")
+    ap.add_argument("--reread", action="store_true",
+                    help="drop the written shards from the page cache, so that the first epoch reads them back")
     args = ap.parse_args()
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     scratch = tempfile.mkdtemp(prefix=".loader-bench-", dir=repo)
@@ -191,13 +201,21 @@ def main():
         spec = os.path.join(scratch, "bench-{%06d..%06d}.tar" % (0, len(paths) - 1))
         pacer.data.open(spec)  # builds the indexes once, outside the timing
         torch_ds = TarSamples(paths)
-        time_cat(paths)  # warm the page cache
-        total_bytes = sum(os.path.getsize(p) for p in paths)
+        if args.reread:
+            for p in paths:
+                fd = os.open(p, os.O_RDONLY)
+                try:
+                    os.fdatasync(fd)  # dirty pages are not dropped
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
         steady = pacer.data.Loader(pacer.data.open(spec), batch_size=args.batch, seed=0, shuffle=True, threads=2,
                                    decode=False)
         # The next epoch of one loader over a dataset opened once (entries loaded, shards mapped, buffers
         # pooled), as every epoch of a training run after its first.
-        time_epoch(steady)  # its first epoch: entries loaded, shards mapped, buffers pooled
+        time_epoch(steady)  # its first epoch: entries loaded, shards mapped, buffers pooled (and, with --reread, read)
+        time_cat(paths)  # warm the page cache
+        total_bytes = sum(os.path.getsize(p) for p in paths)
         rows = {"cat": [], "pacer": [], "pacer_steady": [], "pacer_copy": []}
         cpu = {"cat": [], "pacer": [], "pacer_steady": []}  # CPU seconds (user + system), which contention on a shared machine inflates less than wall time
         for w in (0, 1, 2):
@@ -252,7 +270,8 @@ def main():
             "load_avg_1m": loads,
             "command": "PYTHONPATH=build/python /usr/bin/python3 bench/loader_vs_torch.py "
                        f"--samples {args.samples} --size {args.size} --per-shard {args.per_shard} "
-                       f"--rounds {args.rounds} --open-shards {args.open_shards}",
+                       f"--rounds {args.rounds} --open-shards {args.open_shards}" + (" --reread" if args.reread else ""),
+            "page_cache": "read back through pacer's mapping (--reread)" if args.reread else "as the writer left it",
         }
         result["first_open_vs_tarfile"] = result["first_open_median_s"] / result["tarfile_scan_median_s"]
         name = args.name or f"loader_vs_torch-{result['date']}"
@@ -262,7 +281,7 @@ def main():
         md = [f"# pacer.data.Loader vs PyTorch DataLoader and cat, {result['date']}", "",
               f"Machine: `{platform.node()}`, {os.cpu_count()} CPUs, kernel {platform.release()}; torch {torch.__version__}. "
               f"{args.samples} two-field samples ({args.size} random bytes + a small JSON) in {len(paths)} GNU tar shards, batch {args.batch}, "
-              f"shuffled, page cache warm, {args.rounds} rounds in rotating order, medians. Load average (1 min) at the "
+              f"shuffled, page cache warm ({result['page_cache']}), {args.rounds} rounds in rotating order, medians. Load average (1 min) at the "
               f"start of each round and at the end: {', '.join(f'{x:.1f}' for x in loads)}. `{result['command']}`.",
               "", "| reader | seconds [min-max] | samples/s | MB/s |", "|---|---:|---:|---:|"]
         for k in rows:

@@ -61,14 +61,20 @@ Expected<std::vector<SampleEntry>> group_samples(const std::string& shard, const
 // The index of one shard, stored beside it as SHARD.pidx (binary, see
 // docs/data.md). `samples` is enough to open a dataset; the entries are read
 // only when the shard is used. The index is bound to its shard by the
-// shard's size, mtime and a checksum of its member headers, and checksums
-// itself.
+// shard's size, mtime and a checksum of its member headers (not read again
+// while the shard's inode and change time are those it had when the checksum
+// last matched), and checksums itself.
 struct ShardIndex {
   std::string shard;
   std::uint64_t shard_bytes = 0;
   std::uint64_t samples = 0;
   std::int64_t shard_mtime_ns = 0;   // the shard's mtime when it was indexed
   std::uint64_t headers_xxh3 = 0;    // XXH3-64 of every byte that is not a field's padded data (headers, pax and long-name records)
+  // The shard's inode and change time (ns) when headers_xxh3 last matched it,
+  // and the wall clock then: while both are unchanged the hash is not read again.
+  std::uint64_t shard_ino = 0;
+  std::int64_t shard_ctime_ns = 0;
+  std::int64_t headers_hashed_at_ns = 0;
   std::vector<SampleEntry> entries;  // may be empty when only the header was read
 };
 std::string index_path(const std::string& shard);

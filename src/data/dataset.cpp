@@ -340,9 +340,11 @@ Expected<Dataset::Located> Dataset::locate(std::uint64_t i) const {
                      "pacer: warning: {}: gzip shard decompressed again ({} bytes): reading .tar.gz shards out of order "
                      "decompresses a whole shard per visit; read them in order (shuffle=False) or gunzip them (docs/data.md)\n",
                      shards_[s], d->tar_bytes);
-      } else {
-        ::posix_fadvise(d->fd.get(), 0, 0, POSIX_FADV_WILLNEED);
       }
+      // No POSIX_FADV_WILLNEED: it reads the whole shard ahead in 4 KiB
+      // folios, which every later mapping of it then pays for page by page;
+      // the mapping's own faults read 2 MiB folios, 2-4 MiB at a time, and a
+      // cold epoch measured no slower (bench/results/loader_folios-2026-12-05.md).
       // A mapping that fails (address space, a file system without mmap)
       // leaves the shard to pread.
       if (auto m = MappedFile::map(d->fd.get(), shards_[s])) sh.map = std::make_shared<const MappedFile>(std::move(*m));

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string_view>
@@ -18,6 +19,7 @@
 
 #include "pacer/core/atomic_file.hpp"
 #include "pacer/core/posix_io.hpp"
+#include "pacer/core/time.hpp"
 #include "pacer/data.hpp"
 #include "tar_internal.hpp"
 
@@ -146,7 +148,11 @@ std::string member_name(const unsigned char* h, const PaxRecords& pax, const std
 // Every size read from a header is checked against the bytes the file really
 // has left before it is added to an offset or allocated, so a crafted size
 // can neither wrap an offset nor reserve memory the file does not back.
-Expected<std::vector<TarMember>> scan_fd(int fd, const std::string& path, std::uint64_t file_size) {
+Expected<std::vector<TarMember>> scan_fd(int fd, const std::string& path, std::uint64_t file_size, const MappedFile* map = nullptr) {
+  // Through `map` (the same file mapped) where there is one: see scan_index.
+  auto read_at = [&](void* dst, std::size_t n, std::uint64_t at) {
+    return map ? static_cast<bool>(map->copy(at, n, dst)) : read_exact(fd, dst, n, at);
+  };
   std::vector<TarMember> out;
   unsigned char h[kTarBlock];
   std::uint64_t off = 0;
@@ -158,7 +164,7 @@ Expected<std::vector<TarMember>> scan_fd(int fd, const std::string& path, std::u
   for (;;) {
     if (off > file_size || file_size - off < kTarBlock)
       return shard_error(path, off, "truncated: the archive ends inside a header (no end-of-archive blocks)");
-    if (!read_exact(fd, h, kTarBlock, off)) return shard_error(path, off, "read failed");
+    if (!read_at(h, kTarBlock, off)) return shard_error(path, off, "read failed");
     bool zero = true;
     for (unsigned char c : h) zero = zero && c == 0;
     if (zero) break;  // end of archive
@@ -178,7 +184,7 @@ Expected<std::vector<TarMember>> scan_fd(int fd, const std::string& path, std::u
         return shard_error(path, off, fmt::format("{} of {} bytes (at most {})", type == 'L' ? "GNU long name" : "pax header", size, limit));
       if (first_header == kNone) first_header = off;
       std::string data(static_cast<std::size_t>(size), '\0');
-      if (!read_exact(fd, data.data(), data.size(), data_off)) return shard_error(path, off, "read failed");
+      if (!read_at(data.data(), data.size(), data_off)) return shard_error(path, off, "read failed");
       if (type == 'L') {
         long_name = field(reinterpret_cast<const unsigned char*>(data.data()), data.size());
       } else if (std::string bad = parse_pax(data, pax); !bad.empty()) {
@@ -391,26 +397,34 @@ std::string tar_member_headers(const std::string& name, std::uint64_t size, std:
 
 std::string index_path(const std::string& shard) { return shard + ".pidx"; }
 
-// Index file, version 3 (docs/data.md): a 64-byte header, then per sample u16
+// Index file, version 5 (docs/data.md): a 96-byte header, then per sample u16
 // key length, key, u16 field count, and per field u16 ext length, ext, u64
 // offset, u64 size. Little-endian. The header binds the index to its shard
-// (size, mtime and an XXH3-64 of the header block in front of every indexed
-// member) and checksums itself and the entries, so a flipped bit, or a shard
-// rewritten under its index, is found instead of pairing keys with other
-// samples' bytes.
+// (size, mtime, an XXH3-64 of every byte between the fields' data, and the
+// inode and change time the shard had when that hash last matched) and
+// checksums itself and the entries, so a flipped bit, or a shard rewritten
+// under its index, is found instead of pairing keys with other samples' bytes.
 namespace {
 
 constexpr char kMagic[8] = {'P', 'A', 'C', 'E', 'R', 'I', 'D', 'X'};
-// Versions 3 and 4 have version 2's layout; a version 2 index may hold
+// Older versions are rebuilt, never trusted: a version 2 index may hold
 // samples split where their members were not adjacent (group_samples grouped
-// runs of equal keys then), and a version 3 index's header hash covered only
-// the ustar header in front of each field (member_headers_hash): both are
-// rebuilt, never trusted.
-constexpr std::uint32_t kIndexVersion = 4;
-constexpr std::size_t kIndexHeader = 64;
+// runs of equal keys then), a version 3 index's header hash covered only the
+// ustar header in front of each field (member_headers_hash), and a version 4
+// index (64-byte header) has no inode and change time, so every process that
+// read its entries hashed the shard's headers again.
+constexpr std::uint32_t kIndexVersion = 5;
+constexpr std::size_t kIndexHeader = 96;
 // Header fields by offset.
-constexpr std::size_t kAtVersion = 8, kAtShardBytes = 16, kAtSamples = 24, kAtMtime = 32, kAtHeaders = 40, kAtEntries = 48,
-                      kAtSelf = 56;
+constexpr std::size_t kAtVersion = 8, kAtShardBytes = 16, kAtSamples = 24, kAtMtime = 32, kAtHeaders = 40, kAtEntries = 48, kAtIno = 56,
+                      kAtCtime = 64, kAtHashedAt = 72, kAtSelf = 88;
+// A shard whose change time is this close to the moment its headers were
+// hashed may have changed again within the same timestamp tick (ext4 keeps
+// coarse times; some NFS servers whole seconds), so that binding is not
+// trusted to skip the hash.
+constexpr std::int64_t kSettledNs = 2'000'000'000;
+// Shards from this size up are scanned through a mapping (scan_index).
+constexpr std::uint64_t kScanMappedMin = 4u << 20;
 
 template <class T>
 void put(std::string& s, T v) {
@@ -442,6 +456,9 @@ struct OpenShard {
   Fd file;
   std::uint64_t bytes = 0;
   std::int64_t mtime_ns = 0;
+  std::uint64_t ino = 0;
+  std::int64_t ctime_ns = 0;
+  std::int64_t stat_at_ns = 0;  // the wall clock just after the fstat
   ShardData data;
 };
 
@@ -462,7 +479,30 @@ Expected<OpenShard> open_shard(const std::string& shard) {
   if (!S_ISREG(st.st_mode)) return Error{ErrorKind::kConfig, fmt::format("{}: not a regular file", shard)};
   s.bytes = static_cast<std::uint64_t>(st.st_size);
   s.mtime_ns = mtime_ns(st);
+  s.ino = static_cast<std::uint64_t>(st.st_ino);
+  s.ctime_ns = static_cast<std::int64_t>(st.st_ctim.tv_sec) * 1'000'000'000 + static_cast<std::int64_t>(st.st_ctim.tv_nsec);
+  s.stat_at_ns = static_cast<std::int64_t>(wall_now() * 1e9);
   return s;
+}
+
+// Records in `idx` the inode and change time `s` had before its headers were
+// hashed (and matched), which lets later reads skip the hash.
+void bind_inode(ShardIndex& idx, const OpenShard& s) {
+  idx.shard_ino = s.ino;
+  idx.shard_ctime_ns = s.ctime_ns;
+  idx.headers_hashed_at_ns = s.stat_at_ns;
+}
+
+// The shard has not changed since its headers were hashed: same inode, and a
+// change time that was already settled then (a write, truncate, rename or
+// utimes all set the change time to the current time, which no caller can
+// set back).
+bool settled(std::int64_t ctime_ns, std::int64_t at_ns) {
+  // Compared without subtracting below INT64_MIN (the index's fields are read from disk).
+  return at_ns >= std::numeric_limits<std::int64_t>::min() + kSettledNs && ctime_ns <= at_ns - kSettledNs;
+}
+bool unchanged_since_hashed(const ShardIndex& idx, const OpenShard& s) {
+  return idx.shard_ino != 0 && s.ino == idx.shard_ino && s.ctime_ns == idx.shard_ctime_ns && settled(idx.shard_ctime_ns, idx.headers_hashed_at_ns);
 }
 
 // XXH3-64 of every byte of the shard that is not a field's data, in file
@@ -577,17 +617,29 @@ Expected<ShardIndex> scan_index(const std::string& shard) {
   auto s = open_shard(shard);
   if (!s) return s.error();
   if (Status st = open_data(*s, shard); !st) return st.error();
-  auto members = scan_fd(s->data.fd.get(), shard, s->data.tar_bytes);
+  // A shard of several huge pages is scanned through a mapping (advised as
+  // huge pages, MappedFile::map): read from the disk that way, it comes into
+  // the page cache in 2 MiB folios, which the loader's mappings then fill a
+  // page-table entry at a time per 2 MiB; a pread per member header cached
+  // it in small folios, and a fresh mapping of a 56 MiB shard took 57-63 ms
+  // to read through after that scan (bench/results/loader_folios-2026-12-05.md).
+  // Not for a gzip shard (its bytes are in memory) or a small one.
+  std::optional<MappedFile> map;
+  if (!s->data.gzip && s->data.tar_bytes >= kScanMappedMin)
+    if (auto m = MappedFile::map(s->data.fd.get(), shard)) map = std::move(*m);
+  const MappedFile* through = map ? &*map : nullptr;
+  auto members = scan_fd(s->data.fd.get(), shard, s->data.tar_bytes, through);
   if (!members) return members.error();
   auto entries = group_samples(shard, *members);
   if (!entries) return entries.error();
-  auto headers = member_headers_hash(s->data.fd.get(), shard, *entries, s->data.tar_bytes);
+  auto headers = member_headers_hash(s->data.fd.get(), shard, *entries, s->data.tar_bytes, through);
   if (!headers) return headers.error();
   ShardIndex idx;
   idx.shard = shard;
   idx.shard_bytes = s->bytes;
   idx.shard_mtime_ns = s->mtime_ns;
   idx.headers_xxh3 = *headers;
+  bind_inode(idx, *s);
   idx.entries = std::move(*entries);
   idx.samples = idx.entries.size();
   return idx;
@@ -616,6 +668,9 @@ Status write_index(const ShardIndex& idx) {
   put_at<std::uint64_t>(bin, kAtSamples, idx.samples);
   put_at<std::int64_t>(bin, kAtMtime, idx.shard_mtime_ns);
   put_at<std::uint64_t>(bin, kAtHeaders, idx.headers_xxh3);
+  put_at<std::uint64_t>(bin, kAtIno, idx.shard_ino);
+  put_at<std::int64_t>(bin, kAtCtime, idx.shard_ctime_ns);
+  put_at<std::int64_t>(bin, kAtHashedAt, idx.headers_hashed_at_ns);
   put_at<std::uint64_t>(bin, kAtEntries, xxh3(bin.data() + kIndexHeader, bin.size() - kIndexHeader));
   put_at<std::uint64_t>(bin, kAtSelf, xxh3(bin.data(), kAtSelf));
   // A cache: checksummed and bound to its shard, so one lost or torn in a
@@ -626,10 +681,12 @@ Status write_index(const ShardIndex& idx) {
 
 // Reads and checks SHARD.pidx. A problem with the index itself or its fit to
 // the shard is kConfig (a rebuild fixes it); one reading either file is kIo.
-// The member headers are compared when the entries are read, and also for a
-// header-only read when the shard's mtime is not the indexed one (a copy
-// that did not keep mtimes): then `refreshed` is set and the index returned
-// carries the shard's current mtime, ready to be written back.
+// The member headers are compared when the entries are read (unless the
+// shard's inode and change time are still those recorded when they last
+// matched), and also for a header-only read when the shard's mtime is not
+// the indexed one (a copy that did not keep mtimes): after a comparison that
+// matched, `refreshed` is set when the index returned carries a binding
+// worth writing back (the shard's current mtime, inode and change time).
 Expected<ShardIndex> read_checked_index(const std::string& shard, bool header_only, bool* refreshed, bool* outdated = nullptr,
                                        const MappedFile* map = nullptr) {
   const std::string path = index_path(shard);
@@ -644,12 +701,13 @@ Expected<ShardIndex> read_checked_index(const std::string& shard, bool header_on
   if (!read_exact(fi->get(), bin.data(), bin.size(), 0)) return Error{ErrorKind::kIo, fmt::format("{}: read failed", path)};
   if (bin.size() < 12 || std::memcmp(bin.data(), kMagic, 8) != 0) return bad("not a pacer shard index");
   const auto version = get_at<std::uint32_t>(bin, kAtVersion);
-  if (version >= 1 && version <= 3) {
+  if (version >= 1 && version <= 4) {
     if (outdated) *outdated = true;
     return bad(fmt::format("index version {} {} (this pacer reads {}; rebuild with pacer shard index)", version,
                            version == 1   ? "is not bound to its shard"
                            : version == 2 ? "may split samples whose members are not adjacent"
-                                          : "does not bind the pax and GNU long-name records of its members",
+                           : version == 3 ? "does not bind the pax and GNU long-name records of its members"
+                                          : "does not record its shard's inode",
                            kIndexVersion));
   }
   if (version != kIndexVersion) return bad(fmt::format("index version {} (this pacer reads {})", version, kIndexVersion));
@@ -661,6 +719,9 @@ Expected<ShardIndex> read_checked_index(const std::string& shard, bool header_on
   idx.samples = get_at<std::uint64_t>(bin, kAtSamples);
   idx.shard_mtime_ns = get_at<std::int64_t>(bin, kAtMtime);
   idx.headers_xxh3 = get_at<std::uint64_t>(bin, kAtHeaders);
+  idx.shard_ino = get_at<std::uint64_t>(bin, kAtIno);
+  idx.shard_ctime_ns = get_at<std::int64_t>(bin, kAtCtime);
+  idx.headers_hashed_at_ns = get_at<std::int64_t>(bin, kAtHashedAt);
   // Each sample takes at least 4 bytes.
   if (idx.samples > (isize - kIndexHeader) / 4) return bad(fmt::format("{} samples cannot fit in {} bytes (truncated index?)", idx.samples, isize));
   auto sh = open_shard(shard);
@@ -705,13 +766,21 @@ Expected<ShardIndex> read_checked_index(const std::string& shard, bool header_on
   // A mapping of another size is not of this file (a gzip shard's mapping
   // is of its decompressed bytes, and so is tar_bytes).
   if (map && map->size() != tar_bytes) map = nullptr;
+  // Hashing touches every member header (0.4 us each, a fifth of a dataset's
+  // first epoch on a VM): skipped for a shard whose inode was not changed
+  // since its hash last matched.
+  if (!moved && unchanged_since_hashed(idx, *sh)) return idx;
   auto headers = member_headers_hash(sh->data.fd.get(), shard, idx.entries, tar_bytes, map);
   if (!headers) return headers.error();
   if (*headers != idx.headers_xxh3)
     return bad(fmt::format("does not match {}: the member headers at the indexed offsets changed "
                            "(the shard was rewritten; rebuild with pacer shard index)", shard));
-  if (moved) {
+  // A shard copied (another inode) or touched keeps its index, rebound to
+  // it so that the next read skips the hash; one still settling is not
+  // rewritten for nothing.
+  if (moved || settled(sh->ctime_ns, sh->stat_at_ns)) {
     idx.shard_mtime_ns = sh->mtime_ns;
+    bind_inode(idx, *sh);
     if (refreshed) *refreshed = true;
   }
   return idx;

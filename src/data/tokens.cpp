@@ -148,32 +148,36 @@ TokenDataset::~TokenDataset() {
 Expected<std::shared_ptr<TokenDataset>> TokenDataset::open(const std::string& prefix) {
   const std::string idx_path = prefix + ".idx";
   const std::string bin_path = prefix + ".bin";
-  auto idx = read_file(idx_path);
-  if (!idx) return idx.error();
-  const std::string& b = *idx;
+  // Read straight into the arrays: a copy of the whole file first touched
+  // twice the memory, and a first touch costs ~10 us a page on a KVM guest
+  // (751 faults, 13 ms, for 68,000 documents).
+  auto fi = open_fd(idx_path, O_RDONLY);
+  if (!fi) return fi.error();
+  struct stat ist {};
+  if (::fstat(fi->get(), &ist) != 0 || S_ISDIR(ist.st_mode)) return io_error("cannot read", idx_path, S_ISDIR(ist.st_mode) ? EISDIR : errno);
+  const auto isize = static_cast<std::uint64_t>(ist.st_size);
   auto bad = [&](const std::string& why) { return Error{ErrorKind::kConfig, fmt::format("{}: {}", idx_path, why)}; };
-  std::size_t pos = 0;
-  auto take = [&](void* dst, std::size_t n) {
-    if (pos + n > b.size()) return false;
-    if (n == 0) return true;  // an empty vector's data() may be null, which memcpy must not get
-    std::memcpy(dst, b.data() + pos, n);
-    pos += n;
-    return true;
-  };
-  char header[9];
-  if (!take(header, 9) || std::memcmp(header, kHeader, 9) != 0) return bad("not a Megatron indexed dataset (no MMIDIDX header)");
+  constexpr std::size_t kFixed = 9 + 8 + 1 + 8 + 8;  // magic, version, dtype code, sequence and document counts
+  unsigned char head[kFixed] = {};
+  auto got = pread_full(fi->get(), head, kFixed, 0, idx_path);
+  if (!got) return got.error();
+  if (*got < 9 || std::memcmp(head, kHeader, 9) != 0) return bad("not a Megatron indexed dataset (no MMIDIDX header)");
+  if (*got < kFixed) return bad("truncated header");
   std::uint64_t version = 0, seqs = 0, docs = 0;
   std::uint8_t code = 0;
-  if (!take(&version, 8) || !take(&code, 1) || !take(&seqs, 8) || !take(&docs, 8)) return bad("truncated header");
+  std::memcpy(&version, head + 9, 8);
+  std::memcpy(&code, head + 17, 1);
+  std::memcpy(&seqs, head + 18, 8);
+  std::memcpy(&docs, head + 26, 8);
   if (version != 1) return bad(fmt::format("version {} (pacer reads 1)", version));
   const DtypeInfo* dt = by_code(code);
   if (!dt) return bad(fmt::format("unknown dtype code {}", code));
   // Counts beyond the file's size are refused before they are multiplied.
-  if (seqs > b.size() || docs > b.size())
-    return bad(fmt::format("truncated: {} sequences and {} document indices cannot fit the {}-byte file", seqs, docs, b.size()));
+  if (seqs > isize || docs > isize)
+    return bad(fmt::format("truncated: {} sequences and {} document indices cannot fit the {}-byte file", seqs, docs, isize));
   const std::uint64_t need = seqs * 4 + seqs * 8 + docs * 8;
-  if (b.size() - pos < need)
-    return bad(fmt::format("truncated: {} sequences and {} document indices need {} more bytes, the file has {}", seqs, docs, need, b.size() - pos));
+  if (isize - kFixed < need)
+    return bad(fmt::format("truncated: {} sequences and {} document indices need {} more bytes, the file has {}", seqs, docs, need, isize - kFixed));
   std::shared_ptr<TokenDataset> ds(new TokenDataset());
   ds->prefix_ = prefix;
   ds->dtype_ = dt->name;
@@ -181,9 +185,12 @@ Expected<std::shared_ptr<TokenDataset>> TokenDataset::open(const std::string& pr
   ds->lengths_.resize(seqs);
   ds->pointers_.resize(seqs);
   ds->doc_index_.resize(docs);
-  take(ds->lengths_.data(), seqs * 4);
-  take(ds->pointers_.data(), seqs * 8);
-  take(ds->doc_index_.data(), docs * 8);
+  std::uint64_t at = kFixed;
+  for (auto [dst, n] : {std::pair<void*, std::uint64_t>{ds->lengths_.data(), seqs * 4}, {ds->pointers_.data(), seqs * 8}, {ds->doc_index_.data(), docs * 8}}) {
+    if (n == 0) continue;  // an empty vector's data() may be null
+    if (Status st = pread_exact(fi->get(), dst, static_cast<std::size_t>(n), at, idx_path); !st) return st.error();
+    at += n;
+  }
 
   ds->bin_fd_ = ::open(bin_path.c_str(), O_RDONLY | O_CLOEXEC);
   if (ds->bin_fd_ < 0) return Error{ErrorKind::kIo, fmt::format("{}: cannot open: {}", bin_path, std::strerror(errno))};

@@ -54,9 +54,10 @@ def make_tree(root, n=300):
 
 
 def index_content(data):
-    """An index's bytes less the shard mtime it records (and the header checksum covering it):
-    a rewritten shard of the same bytes gets a new mtime, and so its index differs there only."""
-    return data[:32] + data[40:56] + data[64:]
+    """An index's bytes less what it records of the shard's file (mtime, inode, change time, when its
+    headers were hashed) and the header checksum covering them: a rewritten shard of the same bytes
+    is another file, and so its index differs there only."""
+    return data[:32] + data[40:56] + data[96:]
 
 
 def same_output(a, b, name):

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "pacer/core/atomic_file.hpp"
 #include "pacer/core/posix_io.hpp"
 #include "test_util.hpp"
 
@@ -86,6 +87,72 @@ TEST(MappedFile, TruncatedWhileMappedIsAnErrorNamingTheFileNeverASigbus) {
   ASSERT_TRUE(m.map.copy(0, cut, got.data()));
   EXPECT_EQ(got.substr(0, cut), m.data.substr(0, cut));
   EXPECT_FALSE(m.map.copy(4 * kPage, 10, got.data()));
+}
+
+// check_size answers from one read of the mapping's last page when the end
+// asked about lies below that page (a cut below a page unmaps it), and from
+// fstat otherwise: every kind of cut gives the answer fstat would.
+TEST(MappedFile, SizeChecksAgreeWithTheFileWhereverItWasCut) {
+  const std::uint64_t size = 5 * kPage + 123;
+  struct Case {
+    std::uint64_t cut;
+    const char* what;
+  };
+  for (const Case c : {Case{size, "not cut"}, Case{5 * kPage + 50, "inside the last page"}, Case{5 * kPage, "at the last page's start"},
+                       Case{3 * kPage + 7, "pages below the last"}, Case{0, "to nothing"}}) {
+    Mapped m;
+    ASSERT_EQ(m.map.size(), size);
+    fs::resize_file(m.path, c.cut);
+    for (std::uint64_t end : {std::uint64_t{1}, kPage, 3 * kPage, 3 * kPage + 7, 3 * kPage + 8, 5 * kPage, 5 * kPage + 50, 5 * kPage + 51, size}) {
+      auto st = m.map.check_size(end);
+      EXPECT_EQ(static_cast<bool>(st), end <= c.cut) << c.what << ", end " << end;
+      if (!st) {
+        EXPECT_TRUE(contains(st.error().message, "truncated while open")) << st.error().message;
+      }
+    }
+  }
+  // A file that grew since it was mapped still holds every byte mapped.
+  Mapped m;
+  fs::resize_file(m.path, 9 * kPage);
+  EXPECT_TRUE(m.map.check_size(m.data.size()));
+  EXPECT_TRUE(m.map.check_size(kPage));
+}
+
+// The mapping is advised as huge pages (VmFlags "hg" in /proc/self/smaps), so
+// that what it reads from the disk is cached in 2 MiB folios where the file
+// system has them.
+// The VmFlags line of the mapping whose smaps header names `name`, or "".
+std::string vm_flags(const std::string& name) {
+  auto smaps = read_file("/proc/self/smaps");
+  if (!smaps) return "";
+  const auto at = smaps->find(name);
+  if (at == std::string::npos) return "";
+  const auto flags = smaps->find("VmFlags:", at);
+  if (flags == std::string::npos) return "";
+  return smaps->substr(flags, smaps->find('\n', flags) - flags);
+}
+
+TEST(MappedFile, TheMappingIsAdvisedAsHugePages) {
+  if (!fs::exists("/sys/kernel/mm/transparent_hugepage/enabled")) GTEST_SKIP() << "kernel without transparent huge pages";
+  // A control: another file, mapped and advised here. Where its flag does not
+  // show (an emulator such as qemu-user drops the advice), there is nothing to see.
+  test::TempDir dir{"pacer_mapped_control_"};
+  const std::string control = dir.file("control.bin", pattern(3 * kPage));
+  auto cfd = open_fd(control, O_RDONLY);
+  ASSERT_TRUE(cfd) << cfd.error().message;
+  void* p = ::mmap(nullptr, 3 * kPage, PROT_READ, MAP_SHARED, cfd->get(), 0);
+  ASSERT_NE(p, MAP_FAILED);
+  const bool advised = ::madvise(p, 3 * kPage, MADV_HUGEPAGE) == 0;
+  const std::string control_flags = vm_flags(control);
+  ::munmap(p, 3 * kPage);
+  if (!advised) GTEST_SKIP() << "madvise(MADV_HUGEPAGE) refused for a file mapping";
+  Mapped m;
+  std::string got(16, '\0');
+  ASSERT_TRUE(m.map.copy(0, got.size(), got.data()));
+  const std::string line = vm_flags(m.path);
+  ASSERT_FALSE(line.empty()) << "no smaps entry for " << m.path;
+  if (!contains(control_flags, " hg")) GTEST_SKIP() << "this process's smaps does not show madvise flags: " << control_flags;
+  EXPECT_TRUE(contains(line, " hg")) << line;
 }
 
 TEST(MappedFile, ThreadsFaultingAtOnceEachGetTheirError) {

@@ -46,7 +46,7 @@ import struct, sys
 src, out = sys.argv[1], sys.argv[2]
 b = open(src, "rb").read()
 head = b[:12] + struct.pack("<I", 1) + b[16:24]
-tail = b[32:64]
+tail = b[32:96]
 def write(name, samples, entries):
     open(f"{out}/{name}", "wb").write(head + struct.pack("<Q", samples) + tail + entries)
 write("no-samples.pidx", 0, b"")

@@ -4,7 +4,8 @@
 // The index carries checksums of itself, so random bytes stop at the first one. An input whose
 // reserved word (bytes 12-15) is odd is therefore "fixed up" first: the shard size and both
 // checksums are set to what the reader expects, and the entries behind them get fuzzed too.
-// Only the member-headers hash is left as the input has it (the bounds checks come before it).
+// Only the member-headers hash and the shard's inode, change time and hash time are left as the
+// input has them (the bounds checks come before the hash, and the inode binding may skip it).
 #include <xxhash.h>
 
 #include <cstring>
@@ -22,16 +23,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   static const std::uint64_t shard_bytes = std::filesystem::file_size(shard);
   std::vector<std::uint8_t> bytes(data, data + size);
   std::uint32_t reserved = 0;
-  if (bytes.size() >= 64 && (std::memcpy(&reserved, bytes.data() + 12, 4), reserved & 1)) {
+  if (bytes.size() >= 96 && (std::memcpy(&reserved, bytes.data() + 12, 4), reserved & 1)) {
     reserved = 0;
     std::memcpy(bytes.data() + 12, &reserved, 4);
-    const std::uint32_t version = 4;  // the index version the reader takes (seeds may be older)
+    const std::uint32_t version = 5;  // the index version the reader takes (seeds may be older)
     std::memcpy(bytes.data() + 8, &version, 4);
     std::memcpy(bytes.data() + 16, &shard_bytes, 8);
-    const std::uint64_t entries = XXH3_64bits(bytes.data() + 64, bytes.size() - 64);
+    const std::uint64_t entries = XXH3_64bits(bytes.data() + 96, bytes.size() - 96);
     std::memcpy(bytes.data() + 48, &entries, 8);
-    const std::uint64_t self = XXH3_64bits(bytes.data(), 56);
-    std::memcpy(bytes.data() + 56, &self, 8);
+    const std::uint64_t self = XXH3_64bits(bytes.data(), 88);
+    std::memcpy(bytes.data() + 88, &self, 8);
   }
   fuzz::write_bytes(data::index_path(shard), bytes.data(), bytes.size());
 

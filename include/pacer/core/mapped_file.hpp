@@ -36,9 +36,11 @@ class MappedFile {
   MappedFile(const MappedFile&) = delete;
   MappedFile& operator=(const MappedFile&) = delete;
 
-  // Maps `fd` (open for reading) at its current size; `path` names it in
-  // errors. `fd` must stay open while the mapping is read: copy() checks the
-  // file's size through it. An empty file maps to an empty MappedFile.
+  // Maps `fd` (open for reading) at its current size, advised as huge pages
+  // (what it reads from the disk is cached in 2 MiB folios where the file
+  // system has them); `path` names it in errors. `fd` must stay open while
+  // the mapping is read: check_size() may fstat it. An empty file maps to an
+  // empty MappedFile.
   static Expected<MappedFile> map(int fd, const std::string& path);
 
   std::uint64_t size() const { return size_; }
@@ -58,7 +60,9 @@ class MappedFile {
   using Reader = void (*)(const unsigned char* bytes, std::size_t n, void* ctx);
   Status read(std::uint64_t offset, std::size_t n, Reader fn, void* ctx) const;
   // OK when the file still holds its first `end` bytes; else an I/O error
-  // naming the file and the offset where it now ends.
+  // naming the file and the offset where it now ends. Below the mapping's
+  // last page this is one guarded read of that page (a cut below a page
+  // unmaps it), else an fstat.
   Status check_size(std::uint64_t end) const;
   // A hint that [offset, offset+n) is read soon: prefetches the start of it
   // in each page (prefetches never fault, so no guard is needed and a
