@@ -4,7 +4,9 @@
 #include <setjmp.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -107,7 +109,11 @@ MappedFile::~MappedFile() {
 }
 
 MappedFile::MappedFile(MappedFile&& o) noexcept
-    : fd_(std::exchange(o.fd_, -1)), data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)), path_(std::move(o.path_)) {}
+    : fd_(std::exchange(o.fd_, -1)),
+      data_(std::exchange(o.data_, nullptr)),
+      size_(std::exchange(o.size_, 0)),
+      local_(std::exchange(o.local_, false)),
+      path_(std::move(o.path_)) {}
 
 MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
   if (this != &o) {
@@ -115,6 +121,7 @@ MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
     fd_ = std::exchange(o.fd_, -1);
     data_ = std::exchange(o.data_, nullptr);
     size_ = std::exchange(o.size_, 0);
+    local_ = std::exchange(o.local_, false);
     path_ = std::move(o.path_);
   }
   return *this;
@@ -142,6 +149,21 @@ Expected<MappedFile> MappedFile::map(int fd, const std::string& path) {
   // Pages already cached keep the folios they have. Advice only: where THP
   // is off, or the kernel ignores it for files, nothing changes.
   (void)::madvise(p, static_cast<std::size_t>(st.st_size), MADV_HUGEPAGE);
+  // Only a local file system's truncation unmaps this process's pages at
+  // once (check_size): on NFS or FUSE a cut made elsewhere reaches the client
+  // only when it next asks for the file's attributes, as fstat does.
+  struct statfs fs {};
+  if (::fstatfs(fd, &fs) == 0)
+    switch (static_cast<unsigned long>(fs.f_type)) {
+      case EXT4_SUPER_MAGIC:
+      case XFS_SUPER_MAGIC:
+      case BTRFS_SUPER_MAGIC:
+      case TMPFS_MAGIC:
+        m.local_ = true;
+        break;
+      default:
+        break;
+    }
   return m;
 }
 
@@ -150,15 +172,15 @@ void touch_byte(const unsigned char* p, std::size_t, void*) { (void)*static_cast
 }  // namespace
 
 Status MappedFile::check_size(std::uint64_t end) const {
-  // A file cut below a page unmaps that page and every later one from all
-  // mappings: a read there faults (SIGBUS), while a read of a page the file
-  // still reaches does not. So when `end` lies below the last page mapped,
+  // On a local file system a file cut below a page unmaps that page and
+  // every later one from all mappings: a read there faults (SIGBUS), while a
+  // read of a page the file still reaches does not. So when `end` lies below the last page mapped,
   // one guarded read of the mapping's last byte proves the file still holds
   // `end` bytes, without the fstat (a system call, a few microseconds on a
   // KVM guest, paid per batch and shard). A cut inside that last page would
   // not fault: reads ending there take the fstat.
   static const std::uint64_t page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
-  if (data_ && size_ > 0 && end <= (size_ - 1) / page * page && guarded(touch_byte, data_ + size_ - 1, 1, nullptr)) return {};
+  if (local_ && data_ && size_ > 0 && end <= (size_ - 1) / page * page && guarded(touch_byte, data_ + size_ - 1, 1, nullptr)) return {};
   struct stat st {};
   if (::fstat(fd_, &st) != 0) return io_error("fstat", path_, errno);
   const auto now = static_cast<std::uint64_t>(st.st_size);

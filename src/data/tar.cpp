@@ -407,14 +407,16 @@ std::string index_path(const std::string& shard) { return shard + ".pidx"; }
 namespace {
 
 constexpr char kMagic[8] = {'P', 'A', 'C', 'E', 'R', 'I', 'D', 'X'};
-// Older versions are rebuilt, never trusted: a version 2 index may hold
+// Versions 1-3 are rebuilt, never trusted: a version 2 index may hold
 // samples split where their members were not adjacent (group_samples grouped
-// runs of equal keys then), a version 3 index's header hash covered only the
-// ustar header in front of each field (member_headers_hash), and a version 4
-// index (64-byte header) has no inode and change time, so every process that
-// read its entries hashed the shard's headers again.
+// runs of equal keys then), and a version 3 index's header hash covered only
+// the ustar header in front of each field (member_headers_hash). A version 4
+// index (a 64-byte header: no inode, change time or hash time; its header
+// checksum at 56) is read, its headers always hashed, and written back as
+// version 5 where it can be.
 constexpr std::uint32_t kIndexVersion = 5;
 constexpr std::size_t kIndexHeader = 96;
+constexpr std::size_t kIndexHeaderV4 = 64;
 // Header fields by offset.
 constexpr std::size_t kAtVersion = 8, kAtShardBytes = 16, kAtSamples = 24, kAtMtime = 32, kAtHeaders = 40, kAtEntries = 48, kAtIno = 56,
                       kAtCtime = 64, kAtHashedAt = 72, kAtSelf = 88;
@@ -469,6 +471,8 @@ Status open_data(OpenShard& s, const std::string& shard) {
   return {};
 }
 
+std::int64_t ns_of(const struct timespec& t) { return static_cast<std::int64_t>(t.tv_sec) * 1'000'000'000 + static_cast<std::int64_t>(t.tv_nsec); }
+
 Expected<OpenShard> open_shard(const std::string& shard) {
   OpenShard s;
   auto fd = open_fd(shard, O_RDONLY);
@@ -480,7 +484,7 @@ Expected<OpenShard> open_shard(const std::string& shard) {
   s.bytes = static_cast<std::uint64_t>(st.st_size);
   s.mtime_ns = mtime_ns(st);
   s.ino = static_cast<std::uint64_t>(st.st_ino);
-  s.ctime_ns = static_cast<std::int64_t>(st.st_ctim.tv_sec) * 1'000'000'000 + static_cast<std::int64_t>(st.st_ctim.tv_nsec);
+  s.ctime_ns = ns_of(st.st_ctim);
   s.stat_at_ns = static_cast<std::int64_t>(wall_now() * 1e9);
   return s;
 }
@@ -583,12 +587,21 @@ void hash_mapped_gaps(const unsigned char* base, std::size_t n, void* ctx) {
 // pread per member was most of a shard's first read (10,000 system calls
 // for a shard of 5,000 two-field samples), and the page faults taken here
 // fill the page tables the loader's reads then use.
-Expected<std::uint64_t> member_headers_hash(int fd, const std::string& shard, const std::vector<SampleEntry>& entries, std::uint64_t tar_bytes,
-                                            const MappedFile* map = nullptr) {
-  const Gaps g = shard_gaps(entries, tar_bytes);
+// The gaps of `entries`, or the error naming the field that overlaps another
+// or has no header before it: every index is held to this, hashed or not.
+Expected<Gaps> fitting_gaps(const std::string& shard, const std::vector<SampleEntry>& entries, std::uint64_t tar_bytes) {
+  Gaps g = shard_gaps(entries, tar_bytes);
   if (g.bad_entry)
     return Error{ErrorKind::kConfig, fmt::format("{}: sample '{}': a field at offset {} overlaps another member or has no header before it",
                                                  shard, g.bad_entry->key, g.bad_offset)};
+  return g;
+}
+
+Expected<std::uint64_t> member_headers_hash(int fd, const std::string& shard, const std::vector<SampleEntry>& entries, std::uint64_t tar_bytes,
+                                            const MappedFile* map = nullptr) {
+  auto fit = fitting_gaps(shard, entries, tar_bytes);
+  if (!fit) return fit.error();
+  const Gaps& g = *fit;
   std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> st(XXH3_createState(), XXH3_freeState);
   XXH3_64bits_reset(st.get());
   if (map) {
@@ -701,29 +714,32 @@ Expected<ShardIndex> read_checked_index(const std::string& shard, bool header_on
   if (!read_exact(fi->get(), bin.data(), bin.size(), 0)) return Error{ErrorKind::kIo, fmt::format("{}: read failed", path)};
   if (bin.size() < 12 || std::memcmp(bin.data(), kMagic, 8) != 0) return bad("not a pacer shard index");
   const auto version = get_at<std::uint32_t>(bin, kAtVersion);
-  if (version >= 1 && version <= 4) {
+  if (version >= 1 && version <= 3) {
     if (outdated) *outdated = true;
-    return bad(fmt::format("index version {} {} (this pacer reads {}; rebuild with pacer shard index)", version,
+    return bad(fmt::format("index version {} {} (this pacer reads 4 and {}; rebuild with pacer shard index)", version,
                            version == 1   ? "is not bound to its shard"
                            : version == 2 ? "may split samples whose members are not adjacent"
-                           : version == 3 ? "does not bind the pax and GNU long-name records of its members"
-                                          : "does not record its shard's inode",
+                                          : "does not bind the pax and GNU long-name records of its members",
                            kIndexVersion));
   }
-  if (version != kIndexVersion) return bad(fmt::format("index version {} (this pacer reads {})", version, kIndexVersion));
-  if (bin.size() < kIndexHeader) return bad("truncated index header");
-  if (xxh3(bin.data(), kAtSelf) != get_at<std::uint64_t>(bin, kAtSelf)) return bad("header checksum mismatch (the index is corrupt)");
+  if (version != 4 && version != kIndexVersion) return bad(fmt::format("index version {} (this pacer reads 4 and {})", version, kIndexVersion));
+  const std::size_t head = version == 4 ? kIndexHeaderV4 : kIndexHeader;
+  if (bin.size() < head) return bad("truncated index header");
+  bin.resize(head);
+  if (xxh3(bin.data(), head - 8) != get_at<std::uint64_t>(bin, head - 8)) return bad("header checksum mismatch (the index is corrupt)");
   ShardIndex idx;
   idx.shard = shard;
   idx.shard_bytes = get_at<std::uint64_t>(bin, kAtShardBytes);
   idx.samples = get_at<std::uint64_t>(bin, kAtSamples);
   idx.shard_mtime_ns = get_at<std::int64_t>(bin, kAtMtime);
   idx.headers_xxh3 = get_at<std::uint64_t>(bin, kAtHeaders);
-  idx.shard_ino = get_at<std::uint64_t>(bin, kAtIno);
-  idx.shard_ctime_ns = get_at<std::int64_t>(bin, kAtCtime);
-  idx.headers_hashed_at_ns = get_at<std::int64_t>(bin, kAtHashedAt);
+  if (version == kIndexVersion) {
+    idx.shard_ino = get_at<std::uint64_t>(bin, kAtIno);
+    idx.shard_ctime_ns = get_at<std::int64_t>(bin, kAtCtime);
+    idx.headers_hashed_at_ns = get_at<std::int64_t>(bin, kAtHashedAt);
+  }
   // Each sample takes at least 4 bytes.
-  if (idx.samples > (isize - kIndexHeader) / 4) return bad(fmt::format("{} samples cannot fit in {} bytes (truncated index?)", idx.samples, isize));
+  if (idx.samples > (isize - head) / 4) return bad(fmt::format("{} samples cannot fit in {} bytes (truncated index?)", idx.samples, isize));
   auto sh = open_shard(shard);
   if (!sh) return sh.error();
   if (sh->bytes != idx.shard_bytes)
@@ -734,11 +750,10 @@ Expected<ShardIndex> read_checked_index(const std::string& shard, bool header_on
   const std::uint64_t tar_bytes = sh->data.tar_bytes;
 
   bin.resize(static_cast<std::size_t>(isize));
-  if (!read_exact(fi->get(), bin.data() + kIndexHeader, bin.size() - kIndexHeader, kIndexHeader))
-    return Error{ErrorKind::kIo, fmt::format("{}: read failed", path)};
-  if (xxh3(bin.data() + kIndexHeader, bin.size() - kIndexHeader) != get_at<std::uint64_t>(bin, kAtEntries))
+  if (!read_exact(fi->get(), bin.data() + head, bin.size() - head, head)) return Error{ErrorKind::kIo, fmt::format("{}: read failed", path)};
+  if (xxh3(bin.data() + head, bin.size() - head) != get_at<std::uint64_t>(bin, kAtEntries))
     return bad("entries do not match their checksum (the index is truncated or corrupt)");
-  std::size_t pos = kIndexHeader;
+  std::size_t pos = head;
   idx.entries.reserve(static_cast<std::size_t>(idx.samples));
   for (std::uint64_t i = 0; i < idx.samples; ++i) {
     SampleEntry e;
@@ -768,8 +783,14 @@ Expected<ShardIndex> read_checked_index(const std::string& shard, bool header_on
   if (map && map->size() != tar_bytes) map = nullptr;
   // Hashing touches every member header (0.4 us each, a fifth of a dataset's
   // first epoch on a VM): skipped for a shard whose inode was not changed
-  // since its hash last matched.
-  if (!moved && unchanged_since_hashed(idx, *sh)) return idx;
+  // since its hash last matched. The index's own change time, set by the
+  // same file system's clock when it was written after that hash, must also
+  // be 2 s past the shard's: this machine's clock may run ahead of a file
+  // server's. The fields' layout is checked either way.
+  if (!moved && unchanged_since_hashed(idx, *sh) && settled(idx.shard_ctime_ns, ns_of(ist.st_ctim))) {
+    if (auto fit = fitting_gaps(shard, idx.entries, tar_bytes); !fit) return fit.error();
+    return idx;
+  }
   auto headers = member_headers_hash(sh->data.fd.get(), shard, idx.entries, tar_bytes, map);
   if (!headers) return headers.error();
   if (*headers != idx.headers_xxh3)
@@ -778,7 +799,7 @@ Expected<ShardIndex> read_checked_index(const std::string& shard, bool header_on
   // A shard copied (another inode) or touched keeps its index, rebound to
   // it so that the next read skips the hash; one still settling is not
   // rewritten for nothing.
-  if (moved || settled(sh->ctime_ns, sh->stat_at_ns)) {
+  if (moved || version != kIndexVersion || settled(sh->ctime_ns, sh->stat_at_ns)) {
     idx.shard_mtime_ns = sh->mtime_ns;
     bind_inode(idx, *sh);
     if (refreshed) *refreshed = true;

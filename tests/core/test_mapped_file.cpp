@@ -90,24 +90,37 @@ TEST(MappedFile, TruncatedWhileMappedIsAnErrorNamingTheFileNeverASigbus) {
 }
 
 // check_size answers from one read of the mapping's last page when the end
-// asked about lies below that page (a cut below a page unmaps it), and from
-// fstat otherwise: every kind of cut gives the answer fstat would.
+// asked about lies below that page (a cut below a page unmaps it, also pages
+// this process had mapped already), and from fstat otherwise: every kind of
+// cut gives the answer fstat would, for a small file and for one of 2 MiB
+// pages (mapped whole where the page cache holds it so).
 TEST(MappedFile, SizeChecksAgreeWithTheFileWhereverItWasCut) {
-  const std::uint64_t size = 5 * kPage + 123;
-  struct Case {
-    std::uint64_t cut;
-    const char* what;
-  };
-  for (const Case c : {Case{size, "not cut"}, Case{5 * kPage + 50, "inside the last page"}, Case{5 * kPage, "at the last page's start"},
-                       Case{3 * kPage + 7, "pages below the last"}, Case{0, "to nothing"}}) {
-    Mapped m;
-    ASSERT_EQ(m.map.size(), size);
-    fs::resize_file(m.path, c.cut);
-    for (std::uint64_t end : {std::uint64_t{1}, kPage, 3 * kPage, 3 * kPage + 7, 3 * kPage + 8, 5 * kPage, 5 * kPage + 50, 5 * kPage + 51, size}) {
-      auto st = m.map.check_size(end);
-      EXPECT_EQ(static_cast<bool>(st), end <= c.cut) << c.what << ", end " << end;
-      if (!st) {
-        EXPECT_TRUE(contains(st.error().message, "truncated while open")) << st.error().message;
+  for (const std::uint64_t size : {std::uint64_t{5 * kPage + 123}, std::uint64_t{(4u << 20) + 123}}) {
+    const std::uint64_t last = (size - 1) / kPage * kPage;  // the last page's start
+    struct Case {
+      std::uint64_t cut;
+      const char* what;
+    };
+    for (const Case c : {Case{size, "not cut"}, Case{last + 50, "inside the last page"}, Case{last, "at the last page's start"},
+                         Case{3 * kPage + 7, "pages below the last"}, Case{0, "to nothing"}}) {
+      test::TempDir dir{"pacer_mapped_cut_"};
+      const std::string path = dir.file("f.bin", pattern(static_cast<std::size_t>(size)));
+      auto fd = open_fd(path, O_RDONLY);
+      ASSERT_TRUE(fd) << fd.error().message;
+      auto map = MappedFile::map(fd->get(), path);
+      ASSERT_TRUE(map) << map.error().message;
+      // Every page mapped and read before the cut.
+      std::string all(static_cast<std::size_t>(size), '\0');
+      ASSERT_TRUE(map->copy(0, size, all.data()));
+      ASSERT_TRUE(map->check_size(size));
+      fs::resize_file(path, c.cut);
+      for (std::uint64_t end : {std::uint64_t{1}, kPage, 3 * kPage, 3 * kPage + 7, 3 * kPage + 8, last, last + 50, last + 51, size}) {
+        auto st = map->check_size(end);
+        EXPECT_EQ(static_cast<bool>(st), end <= c.cut) << size << " bytes, " << c.what << ", end " << end;
+        if (!st) {
+          EXPECT_TRUE(contains(st.error().message, "truncated while open")) << st.error().message;
+          EXPECT_TRUE(contains(st.error().message, path)) << st.error().message;
+        }
       }
     }
   }
@@ -118,9 +131,6 @@ TEST(MappedFile, SizeChecksAgreeWithTheFileWhereverItWasCut) {
   EXPECT_TRUE(m.map.check_size(kPage));
 }
 
-// The mapping is advised as huge pages (VmFlags "hg" in /proc/self/smaps), so
-// that what it reads from the disk is cached in 2 MiB folios where the file
-// system has them.
 // The VmFlags line of the mapping whose smaps header names `name`, or "".
 std::string vm_flags(const std::string& name) {
   auto smaps = read_file("/proc/self/smaps");

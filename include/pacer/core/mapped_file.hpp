@@ -61,8 +61,8 @@ class MappedFile {
   Status read(std::uint64_t offset, std::size_t n, Reader fn, void* ctx) const;
   // OK when the file still holds its first `end` bytes; else an I/O error
   // naming the file and the offset where it now ends. Below the mapping's
-  // last page this is one guarded read of that page (a cut below a page
-  // unmaps it), else an fstat.
+  // last page, on a local file system, this is one guarded read of that page
+  // (a cut below a page unmaps it), else an fstat.
   Status check_size(std::uint64_t end) const;
   // A hint that [offset, offset+n) is read soon: prefetches the start of it
   // in each page (prefetches never fault, so no guard is needed and a
@@ -73,6 +73,7 @@ class MappedFile {
   int fd_ = -1;
   const unsigned char* data_ = nullptr;
   std::uint64_t size_ = 0;
+  bool local_ = false;  // a file system whose truncations unmap at once (ext4, XFS, Btrfs, tmpfs)
   std::string path_;
 };
 
