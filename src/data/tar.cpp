@@ -255,9 +255,8 @@ Expected<ShardData> shard_data(Fd f, const std::string& path, std::uint64_t file
   d.gzip = true;
   return d;
 }
-std::int64_t mtime_ns(const struct stat& st) {
-  return static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + static_cast<std::int64_t>(st.st_mtim.tv_nsec);
-}
+std::int64_t ns_of(const struct timespec& t) { return static_cast<std::int64_t>(t.tv_sec) * 1'000'000'000 + static_cast<std::int64_t>(t.tv_nsec); }
+std::int64_t mtime_ns(const struct stat& st) { return ns_of(st.st_mtim); }
 }  // namespace
 
 Expected<ShardData> open_shard_data(const std::string& path) {
@@ -470,8 +469,6 @@ Status open_data(OpenShard& s, const std::string& shard) {
   s.data = std::move(*d);
   return {};
 }
-
-std::int64_t ns_of(const struct timespec& t) { return static_cast<std::int64_t>(t.tv_sec) * 1'000'000'000 + static_cast<std::int64_t>(t.tv_nsec); }
 
 Expected<OpenShard> open_shard(const std::string& shard) {
   OpenShard s;

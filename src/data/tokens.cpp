@@ -150,7 +150,7 @@ Expected<std::shared_ptr<TokenDataset>> TokenDataset::open(const std::string& pr
   const std::string bin_path = prefix + ".bin";
   // Read straight into the arrays: a copy of the whole file first touched
   // twice the memory, and a first touch costs ~10 us a page on a KVM guest
-  // (751 faults, 13 ms, for 68,000 documents).
+  // (bench/results/loader_folios-2026-12-05.md).
   auto fi = open_fd(idx_path, O_RDONLY);
   if (!fi) return fi.error();
   struct stat ist {};

@@ -1666,11 +1666,15 @@ TEST(IndexCrafted, AVersion4IndexIsReadAndRewrittenAsVersion5) {
   const std::string shard = make_shard(d, "a.tar", 5);
   ASSERT_TRUE(build_index(shard));
   const std::string v5 = slurp(index_path(shard));
+  // Version 4's header checksum covers bytes 0-55 and sits at 56.
+  auto seal_v4 = [](std::string& idx) {
+    const std::uint64_t self = XXH3_64bits(idx.data(), 56);
+    std::memcpy(idx.data() + 56, &self, 8);
+  };
   std::string v4 = v5.substr(0, 56) + std::string(8, '\0') + v5.substr(96);
   const std::uint32_t four = 4;
   std::memcpy(v4.data() + 8, &four, 4);
-  const std::uint64_t self = XXH3_64bits(v4.data(), 56);
-  std::memcpy(v4.data() + 56, &self, 8);
+  seal_v4(v4);
   write_bytes(index_path(shard), v4);
   auto head = read_index(shard, true);
   ASSERT_TRUE(head) << head.error().message;
@@ -1684,8 +1688,7 @@ TEST(IndexCrafted, AVersion4IndexIsReadAndRewrittenAsVersion5) {
   // A version 4 index whose headers no longer match is refused like any.
   std::string bad = v4;
   bad[40] = static_cast<char>(bad[40] ^ 1);
-  const std::uint64_t bad_self = XXH3_64bits(bad.data(), 56);
-  std::memcpy(bad.data() + 56, &bad_self, 8);
+  seal_v4(bad);
   write_bytes(index_path(shard), bad);
   EXPECT_FALSE(read_index(shard, false));
   write_bytes(index_path(shard), v4);
