@@ -1,7 +1,7 @@
 """pacer.data.Loader against PyTorch's DataLoader and `cat` on the same tar shards.
 
 Usage: PYTHONPATH=build/python /usr/bin/python3 bench/loader_vs_torch.py [--samples N] [--size BYTES] [--rounds R]
-           [--per-shard N] [--open-shards N] [--name NAME] [--keep] [--reread]
+           [--per-shard N] [--open-shards N] [--name NAME] [--keep] [--reread] [--torch-in-process]
 Writes bench/results/NAME.{json,md} (default NAME: loader_vs_torch-DATE). Shards live in a scratch
 directory under the repository and are removed at the end. The page cache is
 warmed first: this measures the loaders, not the disk.
@@ -13,6 +13,10 @@ at a time, while a read through pacer's mapping caches them in 2 MiB folios
 the page cache first (POSIX_FADV_DONTNEED), so that the first epoch reads them
 back as a training node does (its shards were written elsewhere, or paged out
 since); without it they stay as the writer left them.
+
+The DataLoader contenders run in a child process (their workers fork from it,
+not from the process timing pacer: see torch_server); --torch-in-process runs
+them here instead, as this script did before 2026-12-05.
 """
 import argparse
 import datetime
@@ -24,6 +28,7 @@ import resource
 import shutil
 import statistics
 import subprocess
+import sys
 import tarfile
 import tempfile
 import time
@@ -181,6 +186,53 @@ def time_torch(dataset, batch, workers):
     return time.perf_counter() - t0, n
 
 
+def torch_server(paths, batch):
+    """--torch-server: times DataLoader epochs in this process, one per line of stdin (its worker count),
+    answering each with a JSON line. The DataLoader's workers are forked from here, not from the process
+    that times pacer: a fork write-protects every page of the forking process, and the contender that ran
+    next paid a fault per 4 KiB page it wrote (pooled batch buffers, the allocator's heap) for the peer's
+    workers (bench/results/loader_fresh-2026-12-05.md)."""
+    dataset = TarSamples(paths)
+    print(json.dumps({"ready": len(dataset)}), flush=True)
+    for line in sys.stdin:
+        t, n = time_torch(dataset, batch, int(line))
+        print(json.dumps({"s": t, "samples": n}), flush=True)
+
+
+class TorchPeer:
+    """The DataLoader contenders, run by a child process (torch_server)."""
+
+    def __init__(self, paths, batch):
+        # posix_spawn or vfork+exec (subprocess): starting it does not fork this process's memory.
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--batch", str(batch), "--torch-server", *paths],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=os.environ.copy())
+        ready = json.loads(self.proc.stdout.readline())
+        assert "ready" in ready, ready
+
+    def epoch(self, workers):
+        self.proc.stdin.write(f"{workers}\n")
+        self.proc.stdin.flush()
+        r = json.loads(self.proc.stdout.readline())
+        return r["s"], r["samples"]
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+class InProcessTorch:
+    """--torch-in-process: the DataLoader contenders in this process."""
+
+    def __init__(self, paths, batch):
+        self.dataset, self.batch = TarSamples(paths), batch
+
+    def epoch(self, workers):
+        return time_torch(self.dataset, self.batch, workers)
+
+    def close(self):
+        pass
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--samples", type=int, default=40000)
@@ -193,14 +245,20 @@ def main():
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory (its bench-*.tar for loader_copy_floor)")
     ap.add_argument("--reread", action="store_true",
                     help="drop the written shards from the page cache, so that the first epoch reads them back")
+    ap.add_argument("--torch-in-process", action="store_true",
+                    help="time the DataLoader in this process (its workers fork it) instead of in a child process")
+    ap.add_argument("--torch-server", nargs="+", metavar="SHARD", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.torch_server:
+        torch_server(args.torch_server, args.batch)
+        return
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     scratch = tempfile.mkdtemp(prefix=".loader-bench-", dir=repo)
     try:
         paths = make_shards(scratch, args.samples, args.size, args.per_shard)
         spec = os.path.join(scratch, "bench-{%06d..%06d}.tar" % (0, len(paths) - 1))
         pacer.data.open(spec)  # builds the indexes once, outside the timing
-        torch_ds = TarSamples(paths)
+        torch_peer = InProcessTorch(paths, args.batch) if args.torch_in_process else TorchPeer(paths, args.batch)
         if args.reread:
             for p in paths:
                 fd = os.open(p, os.O_RDONLY)
@@ -237,11 +295,12 @@ def main():
                 elif who == "pacer_copy":
                     t, n = time_pacer(spec, args.batch, copy=True)
                 else:
-                    t, n = time_torch(torch_ds, args.batch, int(who.rsplit("_", 1)[1]))
+                    t, n = torch_peer.epoch(int(who.rsplit("_", 1)[1]))
                 assert n == args.samples, (who, n)
                 rows[who].append(t)
             print(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in rows.items()), flush=True)
         loads.append(os.getloadavg()[0])
+        torch_peer.close()
         opened = time_open_many(scratch, args.open_shards)
         open_times = opened["open_s"]
         med = {k: statistics.median(v) for k, v in rows.items()}
@@ -270,7 +329,9 @@ def main():
             "load_avg_1m": loads,
             "command": "PYTHONPATH=build/python /usr/bin/python3 bench/loader_vs_torch.py "
                        f"--samples {args.samples} --size {args.size} --per-shard {args.per_shard} "
-                       f"--rounds {args.rounds} --open-shards {args.open_shards}" + (" --reread" if args.reread else ""),
+                       f"--rounds {args.rounds} --open-shards {args.open_shards}" + (" --reread" if args.reread else "")
+                       + (" --torch-in-process" if args.torch_in_process else ""),
+            "torch_process": "this one (its workers fork it)" if args.torch_in_process else "a child process",
             "page_cache": "read back through pacer's mapping (--reread)" if args.reread else "as the writer left it",
         }
         result["first_open_vs_tarfile"] = result["first_open_median_s"] / result["tarfile_scan_median_s"]
@@ -281,7 +342,7 @@ def main():
         md = [f"# pacer.data.Loader vs PyTorch DataLoader and cat, {result['date']}", "",
               f"Machine: `{platform.node()}`, {os.cpu_count()} CPUs, kernel {platform.release()}; torch {torch.__version__}. "
               f"{args.samples} two-field samples ({args.size} random bytes + a small JSON) in {len(paths)} GNU tar shards, batch {args.batch}, "
-              f"shuffled, page cache warm ({result['page_cache']}), {args.rounds} rounds in rotating order, medians. Load average (1 min) at the "
+              f"shuffled, page cache warm ({result['page_cache']}), {args.rounds} rounds in rotating order, medians; DataLoader timed in {result['torch_process']}. Load average (1 min) at the "
               f"start of each round and at the end: {', '.join(f'{x:.1f}' for x in loads)}. `{result['command']}`.",
               "", "| reader | seconds [min-max] | samples/s | MB/s |", "|---|---:|---:|---:|"]
         for k in rows:

@@ -7,6 +7,9 @@
 //   mapped          a plain mapping's faults
 //   mapped-huge     a mapping advised MADV_HUGEPAGE (what pacer::MappedFile does now)
 //   willneed-huge   POSIX_FADV_WILLNEED, then the advised mapping
+//   pread2-huge     a 2-byte pread at offset 0 through another descriptor (the gzip-magic check that
+//                   pacer's index check made before the loader mapped a shard, until 2026-12-05), then
+//                   the advised mapping
 //   read            read(2) in 1 MiB pieces (cat)
 // and, on the second touch of an anonymous buffer, 4 KiB pages against MADV_HUGEPAGE (fresh memory).
 //
@@ -65,17 +68,37 @@ void evict(int fd) {
   posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
 }
 
-double fill(int fd, std::size_t n, const std::string& way) {
+// A descriptor of its own, as a new process has: the kernel keeps readahead state per open file, and a
+// descriptor that earlier rounds read through starts its readahead where they left it.
+int open_fresh(const char* path) {
+  const int fd = open(path, O_RDONLY);
+  if (fd < 0) {
+    std::perror(path);
+    std::exit(1);
+  }
+  return fd;
+}
+
+double fill(const char* path, std::size_t n, const std::string& way) {
+  const int fd = open_fresh(path);
   const auto t0 = Clock::now();
   if (way == "willneed" || way == "willneed-huge") posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);
+  if (way == "pread2-huge") {
+    unsigned char magic[2];
+    const int other = open_fresh(path);
+    if (pread(other, magic, 2, 0) != 2) std::perror(path);
+    close(other);
+  }
   if (way == "read") {
     std::vector<char> buf(1 << 20);
     for (off_t at = 0; pread(fd, buf.data(), buf.size(), at) > 0; at += static_cast<off_t>(buf.size())) {
     }
   } else {
-    touch_mapping(fd, n, way == "mapped-huge" || way == "willneed-huge");
+    touch_mapping(fd, n, way == "mapped-huge" || way == "willneed-huge" || way == "pread2-huge");
   }
-  return ms_since(t0);
+  const double ms = ms_since(t0);
+  close(fd);
+  return ms;
 }
 
 struct Stat {
@@ -101,17 +124,19 @@ int main(int argc, char** argv) {
     return 2;
   }
   const auto n = static_cast<std::size_t>(st.st_size);
-  const std::vector<std::string> ways = {"willneed", "mapped", "mapped-huge", "willneed-huge", "read"};
+  const std::vector<std::string> ways = {"willneed", "mapped", "mapped-huge", "willneed-huge", "read", "pread2-huge"};
   std::map<std::string, std::vector<double>> fill_ms, remap_ms, remap_faults;
   for (int r = 0; r < rounds; ++r)
     for (std::size_t k = 0; k < ways.size(); ++k) {
       const std::string& way = ways[(k + static_cast<std::size_t>(r)) % ways.size()];
       evict(fd);
-      fill_ms[way].push_back(fill(fd, n, way));
+      fill_ms[way].push_back(fill(argv[1], n, way));
       for (int again = 0; again < 2; ++again) {
+        const int again_fd = open_fresh(argv[1]);
         const long f0 = minor_faults();
-        remap_ms[way].push_back(touch_mapping(fd, n, false));
+        remap_ms[way].push_back(touch_mapping(again_fd, n, false));
         remap_faults[way].push_back(static_cast<double>(minor_faults() - f0));
+        close(again_fd);
       }
     }
   std::printf("file %s, %.1f MiB, %d rounds; medians [min-max]\n", argv[1], n / 1048576.0, rounds);

@@ -347,7 +347,8 @@ Expected<Dataset::Located> Dataset::locate(std::uint64_t i) const {
       // cold epoch measured no slower (bench/results/loader_folios-2026-12-05.md).
       // A mapping that fails (address space, a file system without mmap)
       // leaves the shard to pread.
-      if (auto m = MappedFile::map(d->fd.get(), shards_[s])) sh.map = std::make_shared<const MappedFile>(std::move(*m));
+      if (d->map) sh.map = std::move(d->map);
+      else if (auto m = MappedFile::map(d->fd.get(), shards_[s])) sh.map = std::make_shared<const MappedFile>(std::move(*m));
       if (sh.entries && (d->file_bytes != sh.entries_bytes || d->mtime_ns != sh.entries_mtime_ns)) sh.entries.reset();
       sh.file = std::make_shared<const pacer::Fd>(std::move(d->fd));
       gained = sh.in_memory;

@@ -31,9 +31,15 @@ BatchBuffer::~BatchBuffer() {
 
 void BatchBuffer::reserve(std::size_t bytes) {
   if (bytes <= mem_.size()) return;
-  std::size_t cap = std::max<std::size_t>(mem_.size(), 1u << 20);
+  // Whole huge pages (one at least): a buffer's first touch faults once per
+  // 2 MiB, and so does its first write after the process forks (a DataLoader
+  // starting workers, a subprocess): a fork write-protects every page, and
+  // with 4 KiB pages the next epoch paid a fault per 4 KiB of every pooled
+  // buffer (bench/results/loader_fresh-2026-12-05.md). Pooled, they live long
+  // enough for the compaction risk HostBuffer names.
+  std::size_t cap = std::max<std::size_t>(mem_.size(), 2u << 20);
   while (cap < bytes) cap *= 2;
-  HostBuffer fresh(cap);
+  HostBuffer fresh(cap, /*huge=*/true);
   if (size_) std::memcpy(fresh.data(), mem_.data(), size_);
   if (pinned_) hw::unpin_host_memory(mem_.data());
   mem_ = std::move(fresh);

@@ -240,10 +240,35 @@ bool escapes_root(std::string_view name) {
 }
 
 namespace {
+// Shards from this size (a huge page) up are mapped before their first bytes
+// are read (shard_data).
+constexpr std::uint64_t kMappedMagicMin = 2u << 20;
+
 Expected<ShardData> shard_data(Fd f, const std::string& path, std::uint64_t file_bytes) {
   ShardData d;
-  auto gz = is_gzip(f.get(), path);
-  if (!gz) return gz.error();
+  // The gzip magic is read through the shard's mapping (advised as huge
+  // pages, MappedFile::map), which the caller then reads through too: a
+  // 2-byte pread of a shard not yet cached starts the file's readahead,
+  // which caches its first 4-16 MiB in small folios, and every later mapping
+  // of the shard (each process, each dataset opened again) then fills a
+  // page-table entry per 4 KiB there instead of one per 2 MiB
+  // (bench/results/loader_fresh-2026-12-05.md).
+  std::optional<bool> gz;
+  if (file_bytes >= kMappedMagicMin)
+    if (auto m = MappedFile::map(f.get(), path); m && m->size() >= 2) {
+      unsigned char magic[2] = {0, 0};
+      if (m->copy(0, 2, magic)) {
+        gz = magic[0] == 0x1f && magic[1] == 0x8b;
+        if (!*gz) d.map = std::make_shared<const MappedFile>(std::move(*m));
+      }
+    }
+  if (!gz) {
+    // Small, or the mapping failed (address space, a file system without
+    // mmap, a file cut meanwhile): a pread says why, if anything is wrong.
+    auto got = is_gzip(f.get(), path);
+    if (!got) return got.error();
+    gz = *got;
+  }
   if (!*gz) {
     d.fd = std::move(f);
     d.tar_bytes = file_bytes;
@@ -634,10 +659,7 @@ Expected<ShardIndex> scan_index(const std::string& shard) {
   // it in small folios, and a fresh mapping of a 56 MiB shard took 57-63 ms
   // to read through after that scan (bench/results/loader_folios-2026-12-05.md).
   // Not for a gzip shard (its bytes are in memory) or a small one.
-  std::optional<MappedFile> map;
-  if (!s->data.gzip && s->data.tar_bytes >= kScanMappedMin)
-    if (auto m = MappedFile::map(s->data.fd.get(), shard)) map = std::move(*m);
-  const MappedFile* through = map ? &*map : nullptr;
+  const MappedFile* through = s->data.tar_bytes >= kScanMappedMin ? s->data.map.get() : nullptr;
   auto members = scan_fd(s->data.fd.get(), shard, s->data.tar_bytes, through);
   if (!members) return members.error();
   auto entries = group_samples(shard, *members);
@@ -778,6 +800,9 @@ Expected<ShardIndex> read_checked_index(const std::string& shard, bool header_on
   // A mapping of another size is not of this file (a gzip shard's mapping
   // is of its decompressed bytes, and so is tar_bytes).
   if (map && map->size() != tar_bytes) map = nullptr;
+  // Without the caller's, a large shard is hashed through the mapping its
+  // magic was read through, for the reason scan_index scans one that way.
+  if (!map && tar_bytes >= kScanMappedMin) map = sh->data.map.get();
   // Hashing touches every member header (0.4 us each, a fifth of a dataset's
   // first epoch on a VM): skipped for a shard whose inode was not changed
   // since its hash last matched. The index's own change time, set by the

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -63,6 +64,10 @@ struct ShardData {
   // of it is bound to (ShardIndex::shard_bytes, shard_mtime_ns).
   std::uint64_t file_bytes = 0;
   std::int64_t mtime_ns = 0;
+  // A plain shard of 2 MiB or more, mapped (MappedFile::map) before its first
+  // bytes were read; empty for a gzip or small shard, or where mapping failed.
+  // It reads through `fd`.
+  std::shared_ptr<const MappedFile> map;
 };
 Expected<ShardData> open_shard_data(const std::string& path);
 

@@ -168,6 +168,69 @@ TEST(TarGzip, GzipShardsReadAsTheirTar) {
   expect_fifty(a, files, {"json", "txt"});
 }
 
+// Shards of 2 MiB or more have their gzip magic read through their mapping
+// (tar.cpp, shard_data), which the dataset then reads through; smaller ones
+// through a pread. Both kinds of shard, on both sides of that size, read the
+// same samples.
+TEST(TarGzip, ShardsAboveAndBelowTheMappedSizeReadAlike) {
+  TempDir d("pacer-gzip-");
+  // Incompressible fields, so the gzip shard is as large as its tar.
+  std::map<std::string, std::string> files;
+  std::uint64_t x = 0x9e3779b97f4a7c15ULL;
+  for (int i = 0; i < 40; ++i) {
+    std::string bytes(64 * 1024, '\0');
+    for (auto& c : bytes) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      c = static_cast<char>(x >> 56);
+    }
+    files[fmt::format("{:04d}.bin", i)] = std::move(bytes);
+    files[fmt::format("{:04d}.json", i)] = fmt::format("{{\"i\": {}}}", i);
+  }
+  for (const auto& [name, text] : files) d.file("src/" + name, text);
+  std::vector<std::string> all, few;
+  for (const auto& [name, text] : files) {
+    all.push_back(name);
+    if (few.size() < 20) few.push_back(name);  // 10 samples, about 640 KiB
+  }
+  const std::string big = gnu_tar_in_order(d, "big.tar", all), small = gnu_tar_in_order(d, "small.tar", few);
+  ASSERT_TRUE(sh("gzip -c " + quote(big) + " > " + quote(d.path() + "/big.tar.gz")));
+  ASSERT_TRUE(sh("gzip -c " + quote(small) + " > " + quote(d.path() + "/small.tar.gz")));
+  ASSERT_GE(fs::file_size(big), 2u << 20);
+  ASSERT_GE(fs::file_size(d.path() + "/big.tar.gz"), 2u << 20);
+  ASSERT_LT(fs::file_size(d.path() + "/small.tar.gz"), 2u << 20);
+  for (const std::string name : {"big.tar", "big.tar.gz", "small.tar", "small.tar.gz"}) {
+    const std::string shard = d.path() + "/" + name;
+    const std::size_t samples = name.starts_with("big") ? 40 : 10;
+    auto members = scan_tar(shard);
+    ASSERT_TRUE(members) << name << ": " << members.error().message;
+    EXPECT_EQ(members->size(), 2 * samples) << name;
+    for (int pass = 0; pass < 2; ++pass) {  // indexed, then from its index
+      auto ds = Dataset::open(std::vector<std::string>{shard});
+      ASSERT_TRUE(ds) << name << ": " << ds.error().message;
+      ASSERT_EQ((*ds)->size(), samples) << name;
+      for (std::uint64_t i = 0; i < samples; ++i) {
+        auto s = (*ds)->read(i);
+        ASSERT_TRUE(s) << name << ": " << s.error().message;
+        ASSERT_EQ(s->fields.size(), 2u) << name << " " << s->key;
+        for (const auto& [ext, bytes] : s->fields) EXPECT_EQ(bytes, files.at(s->key + "." + ext)) << name << " " << s->key << "." << ext;
+      }
+    }
+    auto v = verify_shards(shard);
+    ASSERT_TRUE(v) << name << ": " << v.error().message;
+    EXPECT_TRUE(v->ok()) << name << ": " << v->shards.at(0).problem;
+  }
+  // A large shard that is gzip only by its first two bytes is a corrupt gzip
+  // stream, named, not read as a tar.
+  auto read = read_file(big);
+  ASSERT_TRUE(read) << read.error().message;
+  std::string fake = std::move(*read);
+  fake[0] = '\x1f', fake[1] = '\x8b';
+  d.file("fake.tar", fake);
+  auto bad = Dataset::open(std::vector<std::string>{d.path() + "/fake.tar"});
+  ASSERT_FALSE(bad);
+  EXPECT_TRUE(contains(bad.error().message, "fake.tar")) << bad.error().message;
+}
+
 TEST(TarGzip, ConcatenatedMembersAreOneStream) {
   TempDir d("pacer-gzip-");
   const auto files = fifty_samples(d);
