@@ -205,19 +205,40 @@ class TorchPeer:
     def __init__(self, paths, batch):
         # posix_spawn or vfork+exec (subprocess): starting it does not fork this process's memory.
         self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--batch", str(batch), "--torch-server", *paths],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=os.environ.copy())
-        ready = json.loads(self.proc.stdout.readline())
-        assert "ready" in ready, ready
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self._answer("ready")
+
+    def _answer(self, key):
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the DataLoader's process ended (exit status {self.proc.wait()}); its errors are above")
+        r = json.loads(line)
+        if key not in r:
+            raise RuntimeError(f"the DataLoader's process answered {line!r}")
+        return r
 
     def epoch(self, workers):
-        self.proc.stdin.write(f"{workers}\n")
-        self.proc.stdin.flush()
-        r = json.loads(self.proc.stdout.readline())
+        try:
+            self.proc.stdin.write(f"{workers}\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            pass  # _answer names the exit status
+        r = self._answer("s")
         return r["s"], r["samples"]
 
     def close(self):
-        self.proc.stdin.close()
-        self.proc.wait()
+        """Ends the child: asked to (end of its input), or killed after 60 s."""
+        try:
+            self.proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        try:
+            status = self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            status = self.proc.wait()
+        self.proc.stdout.close()
+        return status
 
 
 class InProcessTorch:
@@ -230,7 +251,7 @@ class InProcessTorch:
         return time_torch(self.dataset, self.batch, workers)
 
     def close(self):
-        pass
+        return 0
 
 
 def main():
@@ -254,11 +275,13 @@ def main():
         return
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     scratch = tempfile.mkdtemp(prefix=".loader-bench-", dir=repo)
+    peers = []  # the DataLoader's child process while it runs, ended on any error
     try:
         paths = make_shards(scratch, args.samples, args.size, args.per_shard)
         spec = os.path.join(scratch, "bench-{%06d..%06d}.tar" % (0, len(paths) - 1))
         pacer.data.open(spec)  # builds the indexes once, outside the timing
         torch_peer = InProcessTorch(paths, args.batch) if args.torch_in_process else TorchPeer(paths, args.batch)
+        peers.append(torch_peer)
         if args.reread:
             for p in paths:
                 fd = os.open(p, os.O_RDONLY)
@@ -300,7 +323,9 @@ def main():
                 rows[who].append(t)
             print(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in rows.items()), flush=True)
         loads.append(os.getloadavg()[0])
-        torch_peer.close()
+        if torch_peer.close() != 0:
+            raise RuntimeError("the DataLoader's process failed at its end")
+        peers.remove(torch_peer)
         opened = time_open_many(scratch, args.open_shards)
         open_times = opened["open_s"]
         med = {k: statistics.median(v) for k, v in rows.items()}
@@ -365,6 +390,8 @@ def main():
             f.write("\n".join(md) + "\n")
         print("\n".join(md))
     finally:
+        for peer in peers:
+            peer.close()
         if args.keep:
             print(f"shards kept in {scratch}")
         else:

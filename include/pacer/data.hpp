@@ -405,9 +405,10 @@ struct LoaderOptions {
 
 // Host memory a batch's bytes live in, in transparent huge pages (2 MiB at
 // least). It grows by doubling and keeps its pages when reused, so a loader
-// in its steady state neither allocates nor faults pages; with `pin` it is page-locked (cudaHostRegister) when a CUDA
-// runtime and GPU are present, so device copies from it can run
-// asynchronously. Not thread-safe; one batch at a time owns it.
+// in its steady state neither allocates nor faults pages; with `pin` it is
+// page-locked (cudaHostRegister) when a CUDA runtime and GPU are present, so
+// device copies from it can run asynchronously. Not thread-safe; one batch
+// at a time owns it.
 class BatchBuffer {
  public:
   explicit BatchBuffer(bool pin = false) : pin_(pin) {}

@@ -531,8 +531,8 @@ void Dataset::prefetch(std::uint64_t i, int stage) const {
 }
 
 Expected<Dataset::Sample> Dataset::read(std::uint64_t i) const {
-  // One sample: a plain string holds the span (a BatchBuffer would map a
-  // megabyte for it).
+  // One sample: a plain string holds the span (a BatchBuffer would map
+  // 2 MiB for it).
   std::string span;
   auto e = read_span(i, [&](std::uint64_t n) {
     span.resize(n);

@@ -32,11 +32,13 @@ BatchBuffer::~BatchBuffer() {
 void BatchBuffer::reserve(std::size_t bytes) {
   if (bytes <= mem_.size()) return;
   // Whole huge pages (one at least): a buffer's first touch faults once per
-  // 2 MiB, and so does its first write after the process forks (a DataLoader
-  // starting workers, a subprocess): a fork write-protects every page, and
-  // with 4 KiB pages the next epoch paid a fault per 4 KiB of every pooled
-  // buffer (bench/results/loader_fresh-2026-12-05.md). Pooled, they live long
-  // enough for the compaction risk HostBuffer names.
+  // 2 MiB, and so does its first write after the process forked (a
+  // DataLoader starting workers, a subprocess) once the child has exited or
+  // exec'd: a fork write-protects every page, and with 4 KiB pages the next
+  // epoch took a fault per 4 KiB of every pooled buffer
+  // (bench/results/loader_fresh-2026-12-05.md). While a child still shares
+  // a page, a write copies it either way. Pooled, buffers live long enough
+  // to be worth the compaction risk HostBuffer names.
   std::size_t cap = std::max<std::size_t>(mem_.size(), 2u << 20);
   while (cap < bytes) cap *= 2;
   HostBuffer fresh(cap, /*huge=*/true);

@@ -249,17 +249,20 @@ Expected<ShardData> shard_data(Fd f, const std::string& path, std::uint64_t file
   // The gzip magic is read through the shard's mapping (advised as huge
   // pages, MappedFile::map), which the caller then reads through too: a
   // 2-byte pread of a shard not yet cached starts the file's readahead,
-  // which caches its first 4-16 MiB in small folios, and every later mapping
+  // which left its first 2-16 MiB in small folios, and every later mapping
   // of the shard (each process, each dataset opened again) then fills a
   // page-table entry per 4 KiB there instead of one per 2 MiB
-  // (bench/results/loader_fresh-2026-12-05.md).
+  // (bench/results/loader_fresh-2026-12-05.md). The cost: the first read of
+  // a cold shard brings in its first 2-4 MiB, which a full epoch reads anyway.
   std::optional<bool> gz;
   if (file_bytes >= kMappedMagicMin)
     if (auto m = MappedFile::map(f.get(), path); m && m->size() >= 2) {
       unsigned char magic[2] = {0, 0};
       if (m->copy(0, 2, magic)) {
         gz = magic[0] == 0x1f && magic[1] == 0x8b;
-        if (!*gz) d.map = std::make_shared<const MappedFile>(std::move(*m));
+        // A file that changed size since its fstat keeps no mapping: its
+        // readers would bound themselves by file_bytes, not by the mapping.
+        if (!*gz && m->size() == file_bytes) d.map = std::make_shared<const MappedFile>(std::move(*m));
       }
     }
   if (!gz) {

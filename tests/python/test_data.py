@@ -518,20 +518,28 @@ class LoaderTest(DataTestCase):
                 ticks.append(time.perf_counter())
                 time.sleep(0)
 
+        # On a loaded machine the other thread may get no CPU during a short
+        # next(): up to 500 calls, until one has a tick inside. A next() that
+        # held the GIL would have none however many calls ran.
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(1e-4)
         t = threading.Thread(target=spin)
         t.start()
-        intervals = []
+        inside = 0
         try:
-            for _ in range(30):
+            for _ in range(500):
                 loader.set_epoch(0)  # drops the read-ahead: next() has to wait for the reads
                 a = time.perf_counter()
                 batch, _ = loader._impl.next()
-                intervals.append((a, time.perf_counter()))
+                b = time.perf_counter()
                 self.assertEqual(len(batch["__key__"]), N)
+                inside += bisect.bisect_left(ticks, b) - bisect.bisect_right(ticks, a)
+                if inside > 0:
+                    break
         finally:
             stop.set()
             t.join()
-        inside = sum(bisect.bisect_left(ticks, b) - bisect.bisect_right(ticks, a) for a, b in intervals)
+            sys.setswitchinterval(interval)
         self.assertGreater(inside, 0)
 
     def test_loader_errors(self):
