@@ -78,9 +78,16 @@ struct ShardIndex {
   std::vector<SampleEntry> entries;  // may be empty when only the header was read
 };
 std::string index_path(const std::string& shard);
+// Whether the shard has an index to read: SHARD.pidx, or a record in its
+// directory's index (DIR/.pacer-index, written where a dataset open indexes
+// many shards of one directory; docs/data.md). Not whether it fits. A
+// directory index that is corrupt (kConfig) or cannot be read (kIo) is an
+// error naming it.
+Expected<bool> has_index(const std::string& shard);
 // Scans the shard and writes its index atomically.
 Expected<ShardIndex> build_index(const std::string& shard);
-// Reads SHARD.pidx and checks it: its checksums, the shard's size, and (when
+// Reads SHARD.pidx (else the shard's record in its directory index) and
+// checks it: its checksums, the shard's size, and (when
 // the entries are read, or the shard's mtime is not the indexed one) the
 // shard's member headers at the indexed offsets. With `header_only` just the
 // sample count when the size and mtime match. An index that does not fit is
@@ -660,7 +667,7 @@ struct VerifiedShard {
   std::uint64_t bytes = 0;
   std::string xxh3;           // 16 hex digits, when the manifest asked for a checksum
   std::string problem;        // empty when the shard passed
-  bool indexed = false;       // it has a .pidx (a missing one is no problem: readers build it)
+  bool indexed = false;       // it has an index, SHARD.pidx or a directory index record (a missing one is no problem: readers build it)
   bool ok() const { return problem.empty(); }
 };
 

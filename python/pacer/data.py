@@ -2,7 +2,8 @@
 
 Datasets are WebDataset tar shards (written by ``pacer shard pack`` or any tar
 writer) with a ``.pidx`` index beside each shard, built on first open when
-missing::
+missing (a first open of 16 or more new shards of one directory writes their
+indexes into one file there, ``.pacer-index``; docs/data.md)::
 
     ds = pacer.data.open("shards/manifest.json")    # or "train-{000000..000099}.tar", a glob, a list of paths
     len(ds), ds.shards, ds.shard_samples

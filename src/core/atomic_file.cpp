@@ -80,6 +80,12 @@ void AtomicFileWriter::discard() {
   fd_ = -1;
 }
 
+Expected<std::int64_t> AtomicFileWriter::change_time_ns() const {
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) return io_error("cannot stat temporary file", path_, errno);
+  return static_cast<std::int64_t>(st.st_ctim.tv_sec) * 1'000'000'000 + st.st_ctim.tv_nsec;
+}
+
 Status AtomicFileWriter::write(const void* data, std::size_t size) {
   if (fd_ < 0) return Error{ErrorKind::kUsage, path_ + ": write after commit or failure"};
   Status st = write_full(fd_, data, size, path_);

@@ -13,7 +13,9 @@
 #include <filesystem>
 #include <functional>
 #include <list>
+#include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <unordered_set>
 
@@ -263,27 +265,65 @@ Expected<std::shared_ptr<Dataset>> Dataset::open(const std::vector<std::string>&
   // Index headers (or, on a first open, whole scans) of many shards are read
   // on several threads: a first open is mostly system calls per small file.
   std::vector<std::optional<Expected<ShardIndex>>> found(shards.size());
-  auto index_one = [&](std::size_t i) {
-    std::error_code ec;
-    if (!fs::exists(shards[i], ec)) found[i].emplace(Error{ErrorKind::kUsage, fmt::format("{}: no such shard", shards[i])});
-    else found[i].emplace(load_or_build_index(shards[i], true));
-  };
   const std::size_t threads = shards.size() < 64 ? 1 : std::min<std::size_t>(8, std::max(1u, std::thread::hardware_concurrency()));
-  if (threads == 1) {
-    for (std::size_t i = 0; i < shards.size(); ++i) index_one(i);
-  } else {
+  auto each = [&](const std::function<void(std::size_t)>& fn) {
+    if (threads == 1) {
+      for (std::size_t i = 0; i < shards.size(); ++i) fn(i);
+      return;
+    }
     std::atomic<std::size_t> next{0};
     std::vector<std::thread> pool;
     for (std::size_t t = 0; t < threads; ++t)
       pool.emplace_back([&] {
-        for (std::size_t i; (i = next.fetch_add(1)) < shards.size();) index_one(i);
+        for (std::size_t i; (i = next.fetch_add(1)) < shards.size();) fn(i);
       });
     for (auto& t : pool) t.join();
+  };
+  // A directory with kDirIndexMin or more of these shards without a
+  // SHARD.pidx gets what they need written in one file, its directory
+  // index, once all are indexed (write_pending_indexes): creating a file
+  // per shard is what a first open of thousands of shards spent its time on.
+  std::vector<char> own(shards.size());
+  each([&](std::size_t i) {
+    std::error_code ec;
+    own[i] = fs::exists(index_path(shards[i]), ec);
+  });
+  struct Dir {
+    std::set<std::string> without;  // file names without SHARD.pidx
+    Expected<std::shared_ptr<const DirIndex>> index{std::shared_ptr<const DirIndex>{}};
+  };
+  std::map<std::string, Dir> dirs;
+  std::vector<Dir*> dir_of(shards.size());
+  for (std::size_t i = 0; i < shards.size(); ++i) {
+    dir_of[i] = &dirs[shard_dir(shards[i])];
+    if (!own[i]) dir_of[i]->without.insert(fs::path(shards[i]).filename().string());
   }
+  // Each directory's index looked up once, not once per shard.
+  for (auto& [path, dir] : dirs)
+    if (!dir.without.empty()) dir.index = DirIndex::get(path);
+  std::vector<std::optional<PendingIndex>> pending(shards.size());
+  each([&](std::size_t i) {
+    std::error_code ec;
+    if (!fs::exists(shards[i], ec)) {
+      found[i].emplace(Error{ErrorKind::kUsage, fmt::format("{}: no such shard", shards[i])});
+      return;
+    }
+    const bool together = !own[i] && dir_of[i]->without.size() >= kDirIndexMin;
+    const KnownIndex known{own[i] != 0, &dir_of[i]->index};
+    found[i].emplace(load_or_build_index(shards[i], true, nullptr, together ? &pending[i] : nullptr, &known));
+  });
+  // Written before any error is returned: the indexes of the good shards
+  // are kept when one shard is bad.
+  std::vector<PendingIndex> to_write;
+  for (auto& p : pending)
+    if (p) to_write.push_back(std::move(*p));
+  const Status written = write_pending_indexes(to_write);
+  for (std::size_t i = 0; i < shards.size(); ++i)
+    if (!*found[i]) return found[i]->error();  // the first bad shard in the given order
+  if (!written) return written.error();
   for (std::size_t i = 0; i < shards.size(); ++i) {
     const std::string& s = shards[i];
     auto& idx = *found[i];
-    if (!idx) return idx.error();  // the first bad shard in the given order
     ds->shards_.push_back(s);
     ds->starts_.push_back(ds->total_);
     ds->counts_.push_back(idx->samples);

@@ -534,8 +534,9 @@ Expected<PackReport> pack_shards(const PackOptions& o, const std::function<void(
       if (!h) return h.error();
       sh.xxh3 = *h;
     }
-    // The index: kept when it is there and fits, rebuilt otherwise.
-    auto idx = read_index(path, true);
+    // The index, SHARD.pidx: kept when it is there and fits, rebuilt otherwise.
+    std::error_code iec;
+    auto idx = fs::exists(index_path(path), iec) ? read_index(path, true) : Expected<ShardIndex>(Error{ErrorKind::kIo, "no index"});
     if (!idx || idx->samples != sh.samples)
       if (auto built = build_index(path); !built) return built.error();
   }
@@ -600,7 +601,7 @@ Expected<std::vector<std::string>> existing_shards(const std::string& spec) {
 // The entries of a shard without writing anything: its index when that is
 // present and fits, else a scan.
 Expected<std::vector<SampleEntry>> entries_of(const std::string& shard) {
-  if (fs::exists(index_path(shard)))
+  if (auto has = has_index(shard); has && *has)
     if (auto idx = read_index(shard, false)) return std::move(idx->entries);
   auto members = scan_tar(shard);
   if (!members) return members.error();
@@ -703,9 +704,10 @@ VerifiedShard verify_one(const Expect& e) {
         v.problem = scanned.error().message;
       } else {
         v.samples = scanned->size();
-        std::error_code iec;
-        v.indexed = fs::exists(index_path(e.path), iec);
+        auto has = has_index(e.path);
+        v.indexed = has && *has;
         if (e.samples && *e.samples != v.samples) v.problem = fmt::format("{} samples, the manifest says {}", v.samples, *e.samples);
+        else if (!has) v.problem = "index: " + has.error().message;  // a directory index readers would refuse
         else if (v.indexed) v.problem = compare_index(e.path, *scanned);
       }
     }

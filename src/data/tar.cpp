@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string_view>
@@ -283,7 +284,6 @@ Expected<ShardData> shard_data(Fd f, const std::string& path, std::uint64_t file
   d.gzip = true;
   return d;
 }
-std::int64_t ns_of(const struct timespec& t) { return static_cast<std::int64_t>(t.tv_sec) * 1'000'000'000 + static_cast<std::int64_t>(t.tv_nsec); }
 std::int64_t mtime_ns(const struct stat& st) { return ns_of(st.st_mtim); }
 }  // namespace
 
@@ -680,7 +680,7 @@ Expected<ShardIndex> scan_index(const std::string& shard) {
   return idx;
 }
 
-Status write_index(const ShardIndex& idx) {
+Expected<std::string> index_image(const ShardIndex& idx) {
   std::string bin(kIndexHeader, '\0');
   for (const auto& e : idx.entries) {
     // scan_fd and group_samples hold names and field counts to these limits.
@@ -708,10 +708,16 @@ Status write_index(const ShardIndex& idx) {
   put_at<std::int64_t>(bin, kAtHashedAt, idx.headers_hashed_at_ns);
   put_at<std::uint64_t>(bin, kAtEntries, xxh3(bin.data() + kIndexHeader, bin.size() - kIndexHeader));
   put_at<std::uint64_t>(bin, kAtSelf, xxh3(bin.data(), kAtSelf));
+  return bin;
+}
+
+Status write_index(const ShardIndex& idx) {
+  auto bin = index_image(idx);
+  if (!bin) return bin.error();
   // A cache: checksummed and bound to its shard, so one lost or torn in a
   // crash is found when read and rebuilt; an fsync per index would dominate
   // the first open of thousands of shards.
-  return write_file_atomic(index_path(idx.shard), bin, Durability::kCache);
+  return write_file_atomic(index_path(idx.shard), *bin, Durability::kCache);
 }
 
 // Reads and checks SHARD.pidx. A problem with the index itself or its fit to
@@ -722,18 +728,31 @@ Status write_index(const ShardIndex& idx) {
 // the indexed one (a copy that did not keep mtimes): after a comparison that
 // matched, `refreshed` is set when the index returned carries a binding
 // worth writing back (the shard's current mtime, inode and change time).
-Expected<ShardIndex> read_checked_index(const std::string& shard, bool header_only, bool* refreshed, bool* outdated = nullptr,
-                                       const MappedFile* map = nullptr) {
-  const std::string path = index_path(shard);
+// Where an index's bytes lie: all of SHARD.pidx, or one record of the
+// directory index.
+struct IndexSource {
+  std::string name;  // for messages
+  int fd = -1;
+  std::uint64_t base = 0, size = 0;
+  // The change time of the file the index was written into after its hash
+  // (for a record, the file system's time of the hash, estimated when its
+  // directory index was written: docs/data.md).
+  std::int64_t written_ctime_ns = 0;
+  // A record: a header-only read also hashes a shard whose binding does not
+  // let the hash be skipped, once the shard has settled, so that the
+  // rebound record is written with the others at open (a loader's first
+  // read rebinds a SHARD.pidx in place, but not a record).
+  bool settle = false;
+};
+
+Expected<ShardIndex> check_index(const std::string& shard, const IndexSource& src, bool header_only, bool* refreshed, bool* outdated,
+                                 const MappedFile* map) {
+  const std::string& path = src.name;
   auto bad = [&](const std::string& why) { return Error{ErrorKind::kConfig, fmt::format("{}: {}", path, why)}; };
-  auto fi = open_fd(path, O_RDONLY);
-  if (!fi) return fi.error();
-  struct stat ist {};
-  if (::fstat(fi->get(), &ist) != 0) return Error{ErrorKind::kIo, fmt::format("{}: cannot stat: {}", path, std::strerror(errno))};
-  if (!S_ISREG(ist.st_mode)) return bad("not a regular file");
-  const auto isize = static_cast<std::uint64_t>(ist.st_size);
+  auto read_at = [&](void* buf, std::size_t n, std::uint64_t off) { return read_exact(src.fd, buf, n, src.base + off); };
+  const std::uint64_t isize = src.size;
   std::string bin(static_cast<std::size_t>(std::min<std::uint64_t>(isize, kIndexHeader)), '\0');
-  if (!read_exact(fi->get(), bin.data(), bin.size(), 0)) return Error{ErrorKind::kIo, fmt::format("{}: read failed", path)};
+  if (!read_at(bin.data(), bin.size(), 0)) return Error{ErrorKind::kIo, fmt::format("{}: read failed", path)};
   if (bin.size() < 12 || std::memcmp(bin.data(), kMagic, 8) != 0) return bad("not a pacer shard index");
   const auto version = get_at<std::uint32_t>(bin, kAtVersion);
   if (version >= 1 && version <= 3) {
@@ -767,12 +786,19 @@ Expected<ShardIndex> read_checked_index(const std::string& shard, bool header_on
   if (sh->bytes != idx.shard_bytes)
     return bad(fmt::format("index is for a {}-byte shard, the shard has {} bytes (rebuild with pacer shard index)", idx.shard_bytes, sh->bytes));
   const bool moved = sh->mtime_ns != idx.shard_mtime_ns;
-  if (header_only && !moved) return idx;
+  // Hashing touches every member header (0.4 us each, a fifth of a dataset's
+  // first epoch on a VM): skipped for a shard whose inode was not changed
+  // since its hash last matched. The index's own change time, set by the
+  // same file system's clock when it was written after that hash, must also
+  // be 2 s past the shard's: this machine's clock may run ahead of a file
+  // server's. The fields' layout is checked either way.
+  const bool trusted = !moved && unchanged_since_hashed(idx, *sh) && settled(idx.shard_ctime_ns, src.written_ctime_ns);
+  if (header_only && !moved && !(src.settle && !trusted && settled(sh->ctime_ns, sh->stat_at_ns))) return idx;
   if (Status st = open_data(*sh, shard); !st) return st.error();
   const std::uint64_t tar_bytes = sh->data.tar_bytes;
 
   bin.resize(static_cast<std::size_t>(isize));
-  if (!read_exact(fi->get(), bin.data() + head, bin.size() - head, head)) return Error{ErrorKind::kIo, fmt::format("{}: read failed", path)};
+  if (!read_at(bin.data() + head, bin.size() - head, head)) return Error{ErrorKind::kIo, fmt::format("{}: read failed", path)};
   if (xxh3(bin.data() + head, bin.size() - head) != get_at<std::uint64_t>(bin, kAtEntries))
     return bad("entries do not match their checksum (the index is truncated or corrupt)");
   std::size_t pos = head;
@@ -781,14 +807,16 @@ Expected<ShardIndex> read_checked_index(const std::string& shard, bool header_on
     SampleEntry e;
     std::uint16_t klen = 0, nf = 0;
     if (!take(bin, pos, klen) || klen > bin.size() - pos) return bad(fmt::format("truncated at sample {}", i));
-    e.key = bin.substr(pos, klen);
+    e.key.assign(bin, pos, klen);
     pos += klen;
     if (!take(bin, pos, nf)) return bad(fmt::format("truncated at sample {}", i));
+    // Each field takes at least 18 bytes: a crafted count reserves no more than the file holds.
+    e.fields.reserve(std::min<std::size_t>(nf, (bin.size() - pos) / 18));
     for (std::uint16_t k = 0; k < nf; ++k) {
       Field f;
       std::uint16_t elen = 0;
       if (!take(bin, pos, elen) || elen > bin.size() - pos) return bad(fmt::format("truncated at sample {}", i));
-      f.ext = bin.substr(pos, elen);
+      f.ext.assign(bin, pos, elen);
       pos += elen;
       if (!take(bin, pos, f.offset) || !take(bin, pos, f.size)) return bad(fmt::format("truncated at sample {}", i));
       // Compared without adding, so no offset + size can wrap past 2^64.
@@ -806,13 +834,7 @@ Expected<ShardIndex> read_checked_index(const std::string& shard, bool header_on
   // Without the caller's, a large shard is hashed through the mapping its
   // magic was read through, for the reason scan_index scans one that way.
   if (!map && tar_bytes >= kScanMappedMin) map = sh->data.map.get();
-  // Hashing touches every member header (0.4 us each, a fifth of a dataset's
-  // first epoch on a VM): skipped for a shard whose inode was not changed
-  // since its hash last matched. The index's own change time, set by the
-  // same file system's clock when it was written after that hash, must also
-  // be 2 s past the shard's: this machine's clock may run ahead of a file
-  // server's. The fields' layout is checked either way.
-  if (!moved && unchanged_since_hashed(idx, *sh) && settled(idx.shard_ctime_ns, ns_of(ist.st_ctim))) {
+  if (trusted) {
     if (auto fit = fitting_gaps(shard, idx.entries, tar_bytes); !fit) return fit.error();
     return idx;
   }
@@ -832,7 +854,66 @@ Expected<ShardIndex> read_checked_index(const std::string& shard, bool header_on
   return idx;
 }
 
+// SHARD.pidx, read and checked (check_index).
+Expected<ShardIndex> read_checked_index(const std::string& shard, bool header_only, bool* refreshed, bool* outdated = nullptr,
+                                       const MappedFile* map = nullptr) {
+  const std::string path = index_path(shard);
+  auto fi = open_fd(path, O_RDONLY);
+  if (!fi) return fi.error();
+  struct stat ist {};
+  if (::fstat(fi->get(), &ist) != 0) return Error{ErrorKind::kIo, fmt::format("{}: cannot stat: {}", path, std::strerror(errno))};
+  if (!S_ISREG(ist.st_mode)) return Error{ErrorKind::kConfig, fmt::format("{}: not a regular file", path)};
+  return check_index(shard, {path, fi->get(), 0, static_cast<std::uint64_t>(ist.st_size), ns_of(ist.st_ctim)}, header_only, refreshed, outdated, map);
+}
+
+// The shard's record in its directory index, read and checked (check_index).
+Expected<ShardIndex> read_record(const std::string& shard, const DirIndex& dir, const DirIndex::Record& rec, bool header_only, bool* refreshed,
+                                 bool* outdated, const MappedFile* map) {
+  const std::string name = fmt::format("{} (record '{}')", dir.path(), fs::path(shard).filename().string());
+  const std::int64_t written = rec.written_ctime_ns != 0 ? rec.written_ctime_ns : dir.ctime_ns();
+  return check_index(shard, {name, dir.fd(), rec.offset, rec.bytes, written, true}, header_only, refreshed, outdated, map);
+}
+
+// A shard whose index is in neither place.
+Error no_index(const std::string& shard) {
+  return Error{ErrorKind::kIo, fmt::format("{}: no index (neither {} nor a record in {})", shard, index_path(shard),
+                                           (fs::path(shard_dir(shard)) / kDirIndexName).string())};
+}
+
+// Where a shard without SHARD.pidx finds its index: its record in the
+// directory index, or nothing. A directory index that is corrupt is kConfig.
+using FoundRecord = std::pair<std::shared_ptr<const DirIndex>, const DirIndex::Record*>;
+Expected<FoundRecord> record_in(const Expected<std::shared_ptr<const DirIndex>>& dir, const std::string& shard) {
+  if (!dir) return dir.error();
+  if (!*dir) return FoundRecord{nullptr, nullptr};
+  return FoundRecord{*dir, (*dir)->find(fs::path(shard).filename().string())};
+}
+Expected<FoundRecord> find_record(const std::string& shard) { return record_in(DirIndex::get(shard_dir(shard)), shard); }
+
+Error stale_unwritable(const std::string& shard, const std::string& why, const Error& write) {
+  // A stale index that cannot be replaced is refused rather than worked
+  // around: every other reader of this dataset would still trust it.
+  return Error{ErrorKind::kConfig, fmt::format("{}: the index cannot be used ({}) nor rebuilt here ({}); "
+                                               "rebuild it with pacer shard index where the dataset is writable",
+                                               shard, why, write.message)};
+}
+
 }  // namespace
+
+std::string shard_dir(const std::string& shard) {
+  // "./data/x.tar" and "data/x.tar" are one directory.
+  std::string dir = fs::path(shard).parent_path().lexically_normal().string();
+  if (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  return dir.empty() ? std::string(".") : dir;
+}
+
+Expected<bool> has_index(const std::string& shard) {
+  std::error_code ec;
+  if (fs::exists(index_path(shard), ec)) return true;
+  auto found = find_record(shard);
+  if (!found) return found.error();
+  return found->second != nullptr;
+}
 
 Expected<ShardIndex> build_index(const std::string& shard) {
   auto idx = scan_index(shard);
@@ -841,38 +922,107 @@ Expected<ShardIndex> build_index(const std::string& shard) {
   return idx;
 }
 
-Expected<ShardIndex> read_index(const std::string& shard, bool header_only) { return read_checked_index(shard, header_only, nullptr); }
+Expected<ShardIndex> read_index(const std::string& shard, bool header_only) {
+  std::error_code ec;
+  if (fs::exists(index_path(shard), ec)) return read_checked_index(shard, header_only, nullptr);
+  auto found = find_record(shard);
+  if (!found) return found.error();
+  if (!found->second) return no_index(shard);
+  return read_record(shard, *found->first, *found->second, header_only, nullptr, nullptr, nullptr);
+}
 
 Expected<ShardIndex> load_or_build_index(const std::string& shard, bool header_only) { return load_or_build_index(shard, header_only, nullptr); }
 
 Expected<ShardIndex> load_or_build_index(const std::string& shard, bool header_only, const MappedFile* map) {
+  return load_or_build_index(shard, header_only, map, nullptr);
+}
+
+Expected<ShardIndex> load_or_build_index(const std::string& shard, bool header_only, const MappedFile* map, std::optional<PendingIndex>* defer,
+                                         const KnownIndex* known) {
+  if (defer) defer->reset();
   std::error_code ec;
-  if (!fs::exists(index_path(shard), ec)) {
+  if (known ? known->own : fs::exists(index_path(shard), ec)) {
+    bool refreshed = false, outdated = false;
+    auto got = read_checked_index(shard, header_only, &refreshed, &outdated, map);
+    if (got) {
+      // Best effort: the next open then trusts the mtime again without reading headers.
+      if (refreshed) (void)write_index(*got);
+      return got;
+    }
+    if (got.error().kind != ErrorKind::kConfig) return got.error();
     auto idx = scan_index(shard);
     if (!idx) return idx.error();
-    // A read-only dataset directory still works; the index just stays in memory.
-    (void)write_index(*idx);
+    // One of an older format no reader of this version trusts, so on a
+    // read-only dataset the scan is used from memory, as for a missing index.
+    if (Status st = write_index(*idx); !st && !outdated) return stale_unwritable(shard, got.error().message, st.error());
     return idx;
   }
-  bool refreshed = false, outdated = false;
-  auto got = read_checked_index(shard, header_only, &refreshed, &outdated, map);
-  if (got) {
-    // Best effort: the next open then trusts the mtime again without reading headers.
-    if (refreshed) (void)write_index(*got);
-    return got;
+  // No SHARD.pidx: the shard's record in its directory index, else a scan.
+  std::optional<std::string> stale;  // why the record found could not be used
+  auto found = known && known->dir ? record_in(*known->dir, shard) : find_record(shard);
+  if (!found && found.error().kind == ErrorKind::kIo) {
+    // A file replaced by another node can fail through the descriptor kept
+    // for it (ESTALE on NFS): looked up again once.
+    DirIndex::forget(shard_dir(shard));
+    found = find_record(shard);
   }
-  if (got.error().kind != ErrorKind::kConfig) return got.error();
+  if (!found && found.error().kind != ErrorKind::kConfig) return found.error();
+  if (!found) {
+    stale = found.error().message;  // a corrupt directory index: its records are rebuilt
+  } else if (found->second) {
+    bool refreshed = false, outdated = false;
+    auto got = read_record(shard, *found->first, *found->second, header_only, &refreshed, &outdated, map);
+    if (!got && got.error().kind == ErrorKind::kIo) {
+      DirIndex::forget(shard_dir(shard));
+      if (auto again = find_record(shard); again && again->second)
+        got = read_record(shard, *again->first, *again->second, header_only, &refreshed, &outdated, map);
+    }
+    if (got) {
+      // Rebound: written with the others of a dataset open, alone as
+      // SHARD.pidx by a small open, and not at a loader's first read (a
+      // SHARD.pidx per shard is what the directory index saves).
+      if (refreshed && (defer || header_only)) {
+        auto image = index_image(*got);
+        if (image && defer) *defer = PendingIndex{shard, std::move(*image), std::nullopt};
+        else if (image) (void)write_file_atomic(index_path(shard), *image, Durability::kCache);
+      }
+      return got;
+    }
+    if (got.error().kind != ErrorKind::kConfig) return got.error();
+    if (!outdated) stale = got.error().message;
+  }
   auto idx = scan_index(shard);
   if (!idx) return idx.error();
-  // A stale index that cannot be replaced is refused rather than worked
-  // around: every other reader of this dataset would still trust it. One of
-  // an older format no reader of this version trusts, so on a read-only
-  // dataset the scan is used from memory, as for a missing index.
-  if (Status st = write_index(*idx); !st && !outdated)
-    return Error{ErrorKind::kConfig, fmt::format("{}: the index cannot be used ({}) nor rebuilt here ({}); "
-                                                 "rebuild it with pacer shard index where the dataset is writable",
-                                                 shard, got.error().message, st.error().message)};
+  auto image = index_image(*idx);
+  // An index that cannot hold this shard (index_image's limits) stays in memory.
+  if (!image) {
+    if (stale) return stale_unwritable(shard, *stale, image.error());
+    return idx;
+  }
+  if (defer) {
+    *defer = PendingIndex{shard, std::move(*image), stale};
+    return idx;
+  }
+  if (Status st = write_file_atomic(index_path(shard), *image, Durability::kCache); !st && stale) return stale_unwritable(shard, *stale, st.error());
   return idx;
+}
+
+Status write_pending_indexes(const std::vector<PendingIndex>& pending) {
+  // Per directory, per file name: the last one (a shard named twice in a spec is one).
+  std::map<std::string, std::map<std::string, const PendingIndex*>> by_dir;
+  for (const auto& p : pending) by_dir[shard_dir(p.shard)][fs::path(p.shard).filename().string()] = &p;
+  for (const auto& [dir, list] : by_dir) {
+    std::vector<std::pair<std::string, std::string_view>> fresh;
+    fresh.reserve(list.size());
+    for (const auto& [name, p] : list) fresh.emplace_back(name, p->image);
+    if (DirIndex::write(dir, fresh)) continue;
+    // A directory index that cannot be written (a read-only directory, one
+    // of a newer pacer): SHARD.pidx each, which wins over any record.
+    for (const auto& [name, p] : list)
+      if (Status st = write_file_atomic(index_path(p->shard), p->image, Durability::kCache); !st && p->stale)
+        return stale_unwritable(p->shard, *p->stale, st.error());
+  }
+  return {};
 }
 
 }  // namespace pacer::data

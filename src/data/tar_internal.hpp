@@ -1,11 +1,15 @@
 // Internal: the tar format pieces shared by the shard reader (tar.cpp) and the packer (pack.cpp).
 #pragma once
 
+#include <ctime>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "pacer/core/error.hpp"
 #include "pacer/core/mapped_file.hpp"
@@ -15,6 +19,8 @@
 namespace pacer::data {
 
 constexpr std::size_t kTarBlock = 512;
+
+inline std::int64_t ns_of(const struct timespec& t) { return static_cast<std::int64_t>(t.tv_sec) * 1'000'000'000 + static_cast<std::int64_t>(t.tv_nsec); }
 
 // Limits on what a shard may hold, so that a crafted header cannot make the
 // reader allocate beyond reason. The index stores name, key and extension
@@ -74,5 +80,85 @@ Expected<ShardData> open_shard_data(const std::string& path);
 // load_or_build_index(shard, false) whose member-header check reads `map`
 // (the shard as the loader will read it) instead of a pread per member.
 Expected<ShardIndex> load_or_build_index(const std::string& shard, bool header_only, const MappedFile* map);
+
+// An index that a shard without SHARD.pidx needs written (it was missing,
+// its directory index record was stale, or that record was rebound to a
+// copied or touched shard), left to the caller: a dataset open that has
+// kDirIndexMin or more shards of one directory without SHARD.pidx collects
+// them and writes them together into the directory's index
+// (write_pending_indexes).
+struct PendingIndex {
+  std::string shard;
+  std::string image;  // the index's bytes, as in SHARD.pidx
+  // A stale record was rebuilt: when the rebuilt index cannot be written,
+  // the shard cannot be used (the message says why the record was stale).
+  std::optional<std::string> stale;
+};
+constexpr std::size_t kDirIndexMin = 16;
+// load_or_build_index; with `defer`, what a shard without SHARD.pidx needs
+// written is left there instead (a shard with SHARD.pidx has it rewritten
+// in place either way). Without it such a shard's index is written as
+// SHARD.pidx, and a rebound record only by a header-only read (an open).
+// What a dataset open already looked up of where a shard's index is: so
+// that 10,000 shards do not mean 10,000 more stats of the same files.
+class DirIndex;
+struct KnownIndex {
+  bool own = false;  // SHARD.pidx exists
+  const Expected<std::shared_ptr<const DirIndex>>* dir = nullptr;  // DirIndex::get of its directory
+};
+Expected<ShardIndex> load_or_build_index(const std::string& shard, bool header_only, const MappedFile* map, std::optional<PendingIndex>* defer,
+                                         const KnownIndex* known = nullptr);
+// Writes the pending indexes of each directory into its directory index,
+// merged with the records already there; where that file cannot be written,
+// as SHARD.pidx each. A write that fails is no error (the indexes stay in
+// memory) unless it was a stale one's, which is an error naming the shard.
+Status write_pending_indexes(const std::vector<PendingIndex>& pending);
+
+// The directory index, DIR/.pacer-index: the indexes of many shards of one
+// directory in one file (docs/data.md, "Directory index"), written where a
+// dataset open indexes kDirIndexMin or more shards of a directory, because
+// creating a file per shard is what a first open of thousands of shards
+// spends its time on (a metadata server round trip each on a parallel file
+// system; on ext4 after a large deletion, a search past recently deleted
+// inodes). SHARD.pidx, where present, wins over a record.
+constexpr const char* kDirIndexName = ".pacer-index";
+class DirIndex {
+ public:
+  struct Record {
+    std::uint64_t offset = 0, bytes = 0;  // of the record's index image in the file
+    // The change time of the file the record was first written into (0:
+    // this file): the record's hash binding is trusted only when that
+    // file was written 2 s after the shard's change time (read_checked_index).
+    std::int64_t written_ctime_ns = 0;
+  };
+  // DIR/.pacer-index, opened and its table read and checked (the records
+  // are read when used); null when there is none. Cached per directory
+  // while the file's inode, size and times stay the same. A corrupt file is
+  // kConfig naming it, a read that fails kIo.
+  static Expected<std::shared_ptr<const DirIndex>> get(const std::string& dir);
+  // Writes DIR/.pacer-index atomically: `fresh` (file name, index image),
+  // and every record of the current file whose name is not among them and
+  // whose shard still exists.
+  // Fresh records are bound to the file system's time of their hash: this
+  // file's change time less the time since (their hashed-at), as measured here.
+  // One write at a time per process; a file of a newer version is not replaced.
+  static Status write(const std::string& dir, const std::vector<std::pair<std::string, std::string_view>>& fresh);
+  // Drops the cached file of `dir` (a read through its descriptor failed).
+  static void forget(const std::string& dir);
+
+  const Record* find(std::string_view name) const;
+  const std::string& path() const { return path_; }
+  int fd() const { return fd_.get(); }
+  std::int64_t ctime_ns() const { return ctime_ns_; }
+
+ private:
+  friend struct DirIndexParser;
+  std::string path_;
+  Fd fd_;
+  std::int64_t ctime_ns_ = 0;
+  std::vector<std::pair<std::string, Record>> rows_;  // sorted by name
+};
+// The directory of `shard` as DirIndex keys it, lexically normal ("." for a bare file name).
+std::string shard_dir(const std::string& shard);
 
 }  // namespace pacer::data

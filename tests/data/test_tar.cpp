@@ -28,6 +28,7 @@
 #include <fmt/format.h>
 
 #include "data/raw_tar.hpp"
+#include "data/tmpfs.hpp"
 #include "pacer/data.hpp"
 #include "test_util.hpp"
 
@@ -38,6 +39,7 @@ namespace fs = std::filesystem;
 using test::contains;
 using test::RawTar;
 using test::TempDir;
+using test::Tmpfs;
 
 // ---------------------------------------------------------------------------
 // Helpers
@@ -594,30 +596,6 @@ TEST(ShardIndex, EmptyShardHasNoSamples) {
   ASSERT_TRUE(back) << back.error().message;
   EXPECT_EQ(back->samples, 0u);
 }
-
-// A tmpfs mounted at DIR/mnt, unmounted on destruction; `error` is set when
-// it cannot be mounted (EPERM/EACCES: not root, or no mount namespace).
-struct Tmpfs {
-  TempDir dir{"pacer-ro-"};
-  std::string mnt = dir.path() + "/mnt";
-  int error = 0;
-  Tmpfs() {
-    fs::create_directories(mnt);
-    if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=4m") != 0) error = errno;
-  }
-  ~Tmpfs() {
-    if (!error && ::umount2(mnt.c_str(), 0) != 0) ::umount2(mnt.c_str(), MNT_DETACH);
-  }
-  bool read_only() const { return ::mount(nullptr, mnt.c_str(), nullptr, MS_REMOUNT | MS_RDONLY, nullptr) == 0; }
-};
-
-// GTEST_SKIP and ASSERT return from the test body, hence a macro.
-#define PACER_MOUNT_TMPFS_OR_SKIP(t)                                                      \
-  do {                                                                                    \
-    if ((t).error == EPERM || (t).error == EACCES)                                        \
-      GTEST_SKIP() << "cannot mount a tmpfs here: " << std::strerror((t).error);          \
-    ASSERT_EQ((t).error, 0) << "mount: " << std::strerror((t).error);                     \
-  } while (0)
 
 // A read-only directory (a tmpfs remounted read-only): the index stays in memory.
 TEST(ShardIndex, ReadOnlyDirectoryKeepsIndexInMemory) {

@@ -15,7 +15,7 @@ trap 'rm -rf "$tmp"' EXIT
 fix="$here/fixtures"
 corpus="$here/corpus"
 rm -rf "$fix" "$corpus"
-mkdir -p "$fix" "$corpus"/{tar,pidx,idx,manifest,profile,baseline,steps,tokenize}
+mkdir -p "$fix" "$corpus"/{tar,pidx,dirindex,idx,manifest,profile,baseline,steps,tokenize}
 
 # --- Tar shards: one packed by `pacer shard pack` (the pidx fixture), and GNU/pax/ustar variants by tar(1).
 mkdir -p "$tmp/src"
@@ -53,6 +53,21 @@ write("no-samples.pidx", 0, b"")
 write("no-fields.pidx", 1, struct.pack("<H", 3) + b"key" + struct.pack("<H", 0))
 write("offset-wraps.pidx", 1, struct.pack("<H", 3) + b"key" + struct.pack("<H", 1) + struct.pack("<H", 3) + b"txt"
       + struct.pack("<QQ", 2**64 - 16777216, 16775935))
+PY
+
+# --- A directory index holding the fixture's record, as a dataset open of 16 shards writes it
+# (copies of the fixture), and one of only its header and table, whose reserved word is 1 so
+# that the target seals it (dirindex.cpp).
+mkdir -p "$tmp/dir"
+for i in $(seq -w 1 15); do cp "$fix/shard.tar" "$tmp/dir/s$i.tar"; done
+cp "$fix/shard.tar" "$tmp/dir/shard.tar"
+PYTHONPATH="$build/python" $py -c 'import pacer.data, sys; pacer.data.open(sys.argv[1])' "$tmp/dir/*.tar"
+cp "$tmp/dir/.pacer-index" "$corpus/dirindex/sixteen.pacer-index"
+$py - "$corpus/dirindex/sixteen.pacer-index" "$corpus/dirindex/table-only.pacer-index" <<'PY'
+import struct, sys
+b = open(sys.argv[1], "rb").read()
+table = struct.unpack_from("<Q", b, 24)[0]
+open(sys.argv[2], "wb").write(b[:12] + struct.pack("<I", 1) + b[16:48 + table])
 PY
 
 # --- Text for the tokenizer's reader: real text Debian ships, JSON lines, and invalid UTF-8.

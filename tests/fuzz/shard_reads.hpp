@@ -1,4 +1,4 @@
-// Shared by the tar and pidx targets: what a loader does with a shard once its index is accepted.
+// Shared by the tar, pidx and dirindex targets: what a loader does with a shard once its index is accepted.
 #pragma once
 
 #include <optional>
@@ -29,6 +29,25 @@ inline std::optional<std::vector<std::optional<data::Dataset::Sample>>> read_sam
                        (unsigned long long)i);
   }
   return out;
+}
+
+// What an index accepted for `shard` promises, read back: every field inside the shard's
+// `shard_bytes`, and every sample a dataset reads through it no larger.
+inline void check_index_reads(const std::string& shard, std::uint64_t shard_bytes) {
+  if (auto idx = data::read_index(shard, false))
+    for (const auto& e : idx->entries)
+      for (const auto& f : e.fields)
+        PACER_FUZZ_CHECK(f.offset <= shard_bytes && f.size <= shard_bytes - f.offset,
+                         "sample '%s' field '%s' [%llu, +%llu) accepted outside the %llu-byte shard", e.key.c_str(),
+                         f.ext.c_str(), (unsigned long long)f.offset, (unsigned long long)f.size,
+                         (unsigned long long)shard_bytes);
+  auto read = read_samples(shard);
+  if (!read) return;
+  for (const auto& s : *read)
+    if (s)
+      for (const auto& [ext, bytes] : s->fields)
+        PACER_FUZZ_CHECK(bytes.size() <= shard_bytes, "field '%s' of %zu bytes from a %llu-byte shard", ext.c_str(),
+                         bytes.size(), (unsigned long long)shard_bytes);
 }
 
 }  // namespace pacer::fuzz

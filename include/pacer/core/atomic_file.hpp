@@ -45,6 +45,10 @@ class AtomicFileWriter {
   // fsync, rename over the path, fsync of the directory (kCache: the rename only).
   Status commit(Durability durability = Durability::kDurable);
   const std::string& path() const { return path_; }
+  // The temporary file's change time (its file system's clock), in
+  // nanoseconds since the epoch: what a reader of `path` will see, give or
+  // take the writes after it.
+  Expected<std::int64_t> change_time_ns() const;
 
  private:
   friend Status commit_in_order(const std::vector<std::vector<AtomicFileWriter*>>& groups);
