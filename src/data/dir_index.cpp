@@ -27,7 +27,7 @@ namespace {
 // Layout (little-endian): a 48-byte header (magic, u32 version, u32 zero,
 // u64 rows, u64 table bytes, u64 XXH3 of the table, u64 XXH3 of the 40 bytes
 // before it), the table (per row: u16 name length, the file name, u64
-// offset, u64 bytes, i64 written change time; sorted by name), then the
+// offset, u64 bytes, i64 the file system's time of the record's hash; sorted by name), then the
 // records, each a whole index image as SHARD.pidx holds it, with its own
 // checksums.
 constexpr char kDirMagic[8] = {'P', 'A', 'C', 'E', 'R', 'D', 'I', 'R'};

@@ -868,10 +868,10 @@ Expected<ShardIndex> read_checked_index(const std::string& shard, bool header_on
 
 // The shard's record in its directory index, read and checked (check_index).
 Expected<ShardIndex> read_record(const std::string& shard, const DirIndex& dir, const DirIndex::Record& rec, bool header_only, bool* refreshed,
-                                 bool* outdated, const MappedFile* map) {
+                                 bool* outdated, const MappedFile* map, bool settle = false) {
   const std::string name = fmt::format("{} (record '{}')", dir.path(), fs::path(shard).filename().string());
   const std::int64_t written = rec.written_ctime_ns != 0 ? rec.written_ctime_ns : dir.ctime_ns();
-  return check_index(shard, {name, dir.fd(), rec.offset, rec.bytes, written, true}, header_only, refreshed, outdated, map);
+  return check_index(shard, {name, dir.fd(), rec.offset, rec.bytes, written, settle}, header_only, refreshed, outdated, map);
 }
 
 // A shard whose index is in neither place.
@@ -971,11 +971,13 @@ Expected<ShardIndex> load_or_build_index(const std::string& shard, bool header_o
     stale = found.error().message;  // a corrupt directory index: its records are rebuilt
   } else if (found->second) {
     bool refreshed = false, outdated = false;
-    auto got = read_record(shard, *found->first, *found->second, header_only, &refreshed, &outdated, map);
+    // Rebound at open only where the open writes records together.
+    const bool settle = defer != nullptr;
+    auto got = read_record(shard, *found->first, *found->second, header_only, &refreshed, &outdated, map, settle);
     if (!got && got.error().kind == ErrorKind::kIo) {
       DirIndex::forget(shard_dir(shard));
       if (auto again = find_record(shard); again && again->second)
-        got = read_record(shard, *again->first, *again->second, header_only, &refreshed, &outdated, map);
+        got = read_record(shard, *again->first, *again->second, header_only, &refreshed, &outdated, map, settle);
     }
     if (got) {
       // Rebound: written with the others of a dataset open, alone as
@@ -1011,6 +1013,8 @@ Status write_pending_indexes(const std::vector<PendingIndex>& pending) {
   // Per directory, per file name: the last one (a shard named twice in a spec is one).
   std::map<std::string, std::map<std::string, const PendingIndex*>> by_dir;
   for (const auto& p : pending) by_dir[shard_dir(p.shard)][fs::path(p.shard).filename().string()] = &p;
+  // The first stale index that cannot be written; the others are written all the same.
+  std::optional<Error> failed;
   for (const auto& [dir, list] : by_dir) {
     std::vector<std::pair<std::string, std::string_view>> fresh;
     fresh.reserve(list.size());
@@ -1018,11 +1022,22 @@ Status write_pending_indexes(const std::vector<PendingIndex>& pending) {
     if (DirIndex::write(dir, fresh)) continue;
     // A directory index that cannot be written (a read-only directory, one
     // of a newer pacer): SHARD.pidx each, which wins over any record.
-    for (const auto& [name, p] : list)
-      if (Status st = write_file_atomic(index_path(p->shard), p->image, Durability::kCache); !st && p->stale)
-        return stale_unwritable(p->shard, *p->stale, st.error());
+    const auto now = static_cast<std::int64_t>(wall_now() * 1e9);
+    for (const auto& [name, p] : list) {
+      std::string image = p->image;
+      // Written now, the file's change time would date a hash made long
+      // before it: such an index goes unbound (hashed again when read, and
+      // rebound then).
+      if (image.size() >= kIndexHeader && get_at<std::uint32_t>(image, kAtVersion) == kIndexVersion &&
+          now - get_at<std::int64_t>(image, kAtHashedAt) > 500'000'000) {
+        put_at<std::uint64_t>(image, kAtIno, 0);
+        put_at<std::uint64_t>(image, kAtSelf, xxh3(image.data(), kAtSelf));
+      }
+      if (Status st = write_file_atomic(index_path(p->shard), image, Durability::kCache); !st && p->stale && !failed)
+        failed = stale_unwritable(p->shard, *p->stale, st.error());
+    }
   }
-  return {};
+  return failed ? Status(*failed) : Status{};
 }
 
 }  // namespace pacer::data

@@ -126,9 +126,9 @@ class DirIndex {
  public:
   struct Record {
     std::uint64_t offset = 0, bytes = 0;  // of the record's index image in the file
-    // The change time of the file the record was first written into (0:
-    // this file): the record's hash binding is trusted only when that
-    // file was written 2 s after the shard's change time (read_checked_index).
+    // The file system's time of the record's hash, estimated when it was
+    // first written (0: this file's change time): the record's hash binding
+    // is trusted only when that is 2 s past the shard's change time (check_index).
     std::int64_t written_ctime_ns = 0;
   };
   // DIR/.pacer-index, opened and its table read and checked (the records
