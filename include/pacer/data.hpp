@@ -58,6 +58,52 @@ struct SampleEntry {
 // naming the shard, the member's offset and the key.
 Expected<std::vector<SampleEntry>> group_samples(const std::string& shard, const std::vector<TarMember>& members);
 
+// A shard's samples as a dataset holds them: the same as a vector of
+// SampleEntry, in a few flat arrays. A vector of SampleEntry takes an
+// allocation per sample and about 170 bytes of fresh heap per two-field
+// sample; a freshly opened dataset's first epoch paid for those page faults
+// and allocations (docs/data.md, "Entries in memory").
+class SampleTable {
+ public:
+  struct FieldRow {
+    std::uint64_t offset = 0;
+    std::uint64_t size = 0;
+    std::uint32_t ext = 0;  // the extension's number in this table (ext())
+  };
+  std::size_t size() const { return first_.size() - 1; }
+  bool empty() const { return size() == 0; }
+  std::string_view key(std::size_t i) const { return std::string_view(keys_).substr(key_at_[i], key_at_[i + 1] - key_at_[i]); }
+  const FieldRow* fields_begin(std::size_t i) const { return fields_.data() + first_[i]; }
+  const FieldRow* fields_end(std::size_t i) const { return fields_.data() + first_[i + 1]; }
+  std::size_t field_count(std::size_t i) const { return first_[i + 1] - first_[i]; }
+  const std::string& ext(std::uint32_t x) const { return exts_[x]; }
+  std::size_t total_fields() const { return fields_.size(); }
+  // Asks the CPU for sample i's row (where its key and fields lie).
+  void prefetch_row(std::size_t i) const {
+    __builtin_prefetch(first_.data() + i, 0, 3);
+    __builtin_prefetch(key_at_.data() + i, 0, 3);
+  }
+
+  // Reserved ahead so that a table read from an index is one allocation per
+  // array; counts from untrusted input are capped by the caller.
+  void reserve(std::size_t samples, std::size_t fields, std::size_t key_bytes);
+  void add_sample(std::string_view key);
+  // A field of the sample added last.
+  void add_field(std::string_view ext, std::uint64_t offset, std::uint64_t size);
+  SampleEntry entry(std::size_t i) const;
+  std::vector<SampleEntry> entries() const;
+  static SampleTable of(const std::vector<SampleEntry>& entries);
+
+ private:
+  std::string keys_;
+  std::vector<std::uint64_t> key_at_{0};   // size() + 1
+  std::vector<std::uint64_t> first_{0};    // size() + 1: sample i's fields are [first_[i], first_[i+1])
+  std::vector<FieldRow> fields_;
+  std::vector<std::string> exts_;          // distinct extensions, in order of first appearance
+  std::unordered_map<std::string, std::uint32_t> ext_numbers_;  // filled once there are many
+  std::uint32_t last_ext_ = 0;
+};
+
 // The index of one shard, stored beside it as SHARD.pidx (binary, see
 // docs/data.md). `samples` is enough to open a dataset; the entries are read
 // only when the shard is used. The index is bound to its shard by the
@@ -163,12 +209,17 @@ class Dataset {
   };
   Expected<SampleEntry> read_into(std::uint64_t i, BatchBuffer& buf, ReadCheck* check) const;
   Status confirm(const ReadCheck& check) const;
-  // read_into(i, buf, check) without copying the entry out: returns sample
-  // i's index entry (owned by the dataset, valid while it is open) and sets
+  // read_into(i, buf, check) without copying the entry out: returns where
+  // sample i's entry lies (its shard's table, owned by the dataset and valid
+  // while it is open) and sets
   // at[k] to where its field k now lies in `buf` (the loader's per-sample
   // path: copying the key and every extension per sample cost it ~8% of an
   // epoch, bench/results/loader_speed-2026-12-01.md).
-  Expected<const SampleEntry*> read_fields(std::uint64_t i, BatchBuffer& buf, ReadCheck* check, std::vector<std::uint64_t>& at) const;
+  struct SampleRef {
+    const SampleTable* table = nullptr;
+    std::size_t row = 0;
+  };
+  Expected<SampleRef> read_fields(std::uint64_t i, BatchBuffer& buf, ReadCheck* check, std::vector<std::uint64_t>& at) const;
   // A hint (no I/O, no lock, never an error; nothing unless sample i's
   // shard is open and mapped): stage 0 starts bringing sample i's bytes into
   // the CPU caches, stage 1 its entry's field list, stage 2 its entry. A
@@ -186,7 +237,7 @@ class Dataset {
   // with one copy into room(bytes); field offsets are relative to the span.
   Expected<SampleEntry> read_span(std::uint64_t i, const std::function<unsigned char*(std::uint64_t)>& room, ReadCheck* check = nullptr) const;
   // read_span's work: at[k] is field k's offset from the start of room().
-  Expected<const SampleEntry*> read_located(std::uint64_t i, const std::function<unsigned char*(std::uint64_t)>& room, ReadCheck* check,
+  Expected<SampleRef> read_located(std::uint64_t i, const std::function<unsigned char*(std::uint64_t)>& room, ReadCheck* check,
                                             std::vector<std::uint64_t>& at) const;
   Dataset() = default;
   std::string name_;

@@ -206,7 +206,7 @@ struct Dataset::Impl {
   // Per shard: its index entries (loaded on first use) and an open descriptor.
   struct Shard {
     std::mutex mu;
-    std::shared_ptr<const std::vector<SampleEntry>> entries;
+    std::shared_ptr<const SampleTable> entries;
     // The size and mtime of the file the entries describe, compared each
     // time the shard is opened for reading: entries kept from the scan at
     // open (no usable index), or loaded before an LRU close, are read again
@@ -264,7 +264,7 @@ Expected<std::shared_ptr<Dataset>> Dataset::open(const std::vector<std::string>&
   else if (!shards.empty()) ds->name_ = fmt::format("{} .. {} ({} shards)", shards.front(), shards.back(), shards.size());
   // Index headers (or, on a first open, whole scans) of many shards are read
   // on several threads: a first open is mostly system calls per small file.
-  std::vector<std::optional<Expected<ShardIndex>>> found(shards.size());
+  std::vector<std::optional<Expected<TableIndex>>> found(shards.size());
   const std::size_t threads = shards.size() < 64 ? 1 : std::min<std::size_t>(8, std::max(1u, std::thread::hardware_concurrency()));
   auto each = [&](const std::function<void(std::size_t)>& fn) {
     if (threads == 1) {
@@ -326,13 +326,13 @@ Expected<std::shared_ptr<Dataset>> Dataset::open(const std::vector<std::string>&
     auto& idx = *found[i];
     ds->shards_.push_back(s);
     ds->starts_.push_back(ds->total_);
-    ds->counts_.push_back(idx->samples);
-    ds->total_ += idx->samples;
+    ds->counts_.push_back(idx->head.samples);
+    ds->total_ += idx->head.samples;
     auto shard = std::make_unique<Impl::Shard>();
-    if (!idx->entries.empty()) {
-      shard->entries = std::make_shared<const std::vector<SampleEntry>>(std::move(idx->entries));
-      shard->entries_bytes = idx->shard_bytes;
-      shard->entries_mtime_ns = idx->shard_mtime_ns;
+    if (!idx->table.empty()) {
+      shard->entries = std::make_shared<const SampleTable>(std::move(idx->table));
+      shard->entries_bytes = idx->head.shard_bytes;
+      shard->entries_mtime_ns = idx->head.shard_mtime_ns;
     }
     ds->impl_->shards.push_back(std::move(shard));
   }
@@ -342,12 +342,13 @@ Expected<std::shared_ptr<Dataset>> Dataset::open(const std::vector<std::string>&
 // Finds sample i's index entry and an open descriptor for its shard.
 struct Dataset::Located {
   std::size_t shard = 0;
-  const SampleEntry* entry = nullptr;
+  const SampleTable* entries = nullptr;
+  std::size_t row = 0;  // the sample's in `entries`
   const pacer::Fd* file = nullptr;
   const MappedFile* map = nullptr;  // when the shard is mapped
   // Keep the above alive while the shard may be closed under the reader
   // (empty for a settled shard, which the dataset keeps open).
-  std::shared_ptr<const std::vector<SampleEntry>> entries;
+  std::shared_ptr<const SampleTable> entries_ref;
   std::shared_ptr<const pacer::Fd> file_ref;
   std::shared_ptr<const MappedFile> map_ref;
 };
@@ -361,7 +362,8 @@ Expected<Dataset::Located> Dataset::locate(std::uint64_t i) const {
   const std::uint64_t local = i - starts_[s];
   if (sh.settled.load(std::memory_order_acquire)) {
     // Sizes were checked when the shard settled.
-    loc.entry = &(*sh.entries)[local];
+    loc.entries = sh.entries.get();
+    loc.row = local;
     loc.file = sh.file.get();
     loc.map = sh.map.get();
     return loc;
@@ -399,14 +401,14 @@ Expected<Dataset::Located> Dataset::locate(std::uint64_t i) const {
       // here (or refused, read-only).
       auto idx = load_or_build_index(shards_[s], false, sh.map.get());
       if (!idx) return idx.error();
-      if (idx->entries.size() != counts_[s])
+      if (idx->table.size() != counts_[s])
         return Error{ErrorKind::kConfig, fmt::format("{}: changed since the dataset was opened ({} samples then, {} now; open it again)", shards_[s],
-                                                     counts_[s], idx->entries.size())};
-      sh.entries = std::make_shared<const std::vector<SampleEntry>>(std::move(idx->entries));
-      sh.entries_bytes = idx->shard_bytes;
-      sh.entries_mtime_ns = idx->shard_mtime_ns;
+                                                     counts_[s], idx->table.size())};
+      sh.entries = std::make_shared<const SampleTable>(std::move(idx->table));
+      sh.entries_bytes = idx->head.shard_bytes;
+      sh.entries_mtime_ns = idx->head.shard_mtime_ns;
     }
-    loc.entries = sh.entries;
+    loc.entries_ref = sh.entries;
     loc.file_ref = sh.file;
     loc.map_ref = sh.map;
     held_in_memory = sh.in_memory > 0;
@@ -439,9 +441,10 @@ Expected<Dataset::Located> Dataset::locate(std::uint64_t i) const {
   }
   loc.file = loc.file_ref.get();
   loc.map = loc.map_ref.get();
-  if (local >= loc.entries->size())
-    return Error{ErrorKind::kConfig, fmt::format("{}: index has {} samples, asked for {}", shards_[s], loc.entries->size(), local)};
-  loc.entry = &(*loc.entries)[local];
+  if (local >= loc.entries_ref->size())
+    return Error{ErrorKind::kConfig, fmt::format("{}: index has {} samples, asked for {}", shards_[s], loc.entries_ref->size(), local)};
+  loc.entries = loc.entries_ref.get();
+  loc.row = local;
   return loc;
 }
 
@@ -451,7 +454,7 @@ namespace {
 // pread costs a system call and a page-cache lookup per page, which measured
 // 3x cat's CPU time (docs/data.md, "Reading mapped shards").
 Status pread_all(int fd, const MappedFile* map, unsigned char* dst, std::uint64_t n, std::uint64_t offset, const std::string& shard,
-                 const std::string& key) {
+                 std::string_view key) {
   if (map) {
     if (Status st = map->copy(offset, n, dst); !st) return Error{ErrorKind::kIo, fmt::format("{} (sample '{}')", st.error().message, key)};
     return {};
@@ -465,11 +468,15 @@ Status pread_all(int fd, const MappedFile* map, unsigned char* dst, std::uint64_
 }
 }  // namespace
 
-Expected<const SampleEntry*> Dataset::read_located(std::uint64_t i, const std::function<unsigned char*(std::uint64_t)>& room, ReadCheck* check,
-                                                    std::vector<std::uint64_t>& at) const {
+Expected<Dataset::SampleRef> Dataset::read_located(std::uint64_t i, const std::function<unsigned char*(std::uint64_t)>& room, ReadCheck* check,
+                                                     std::vector<std::uint64_t>& at) const {
   auto loc = locate(i);
   if (!loc) return loc.error();
-  const SampleEntry& e = *loc->entry;
+  const SampleTable& t = *loc->entries;
+  const std::size_t row = loc->row;
+  const SampleRef ref{loc->entries, row};
+  const auto* first = t.fields_begin(row);
+  const auto* last = t.fields_end(row);
   // After a mapped read, the bytes up to `end` are the shard's only if it
   // still has them: checked here, or recorded for confirm() when the shard
   // stays open (its mapping is the one confirm() asks).
@@ -477,7 +484,7 @@ Expected<const SampleEntry*> Dataset::read_located(std::uint64_t i, const std::f
   auto checked = [&]() -> Status {
     if (!loc->map || end == 0) return {};
     if (!check || !impl_->shards[loc->shard]->settled.load(std::memory_order_acquire)) {
-      if (Status st = loc->map->check_size(end); !st) return Error{ErrorKind::kIo, fmt::format("{} (sample '{}')", st.error().message, e.key)};
+      if (Status st = loc->map->check_size(end); !st) return Error{ErrorKind::kIo, fmt::format("{} (sample '{}')", st.error().message, t.key(row))};
       return {};
     }
     for (auto& [s, furthest] : check->ends)
@@ -489,48 +496,51 @@ Expected<const SampleEntry*> Dataset::read_located(std::uint64_t i, const std::f
     return {};
   };
   at.clear();
-  if (e.fields.empty()) return &e;
-  std::uint64_t lo = e.fields.front().offset, hi = 0, total = 0;
-  for (const auto& f : e.fields) {
-    lo = std::min(lo, f.offset);
-    hi = std::max(hi, f.offset + f.size);
-    total += f.size;
+  if (first == last) return ref;
+  std::uint64_t lo = first->offset, hi = 0, total = 0;
+  for (const auto* f = first; f != last; ++f) {
+    lo = std::min(lo, f->offset);
+    hi = std::max(hi, f->offset + f->size);
+    total += f->size;
   }
+  const std::string_view key = t.key(row);
   // Members written next to each other (every writer that keeps a sample
   // together) are one pread of their span, headers and padding included.
   // A sample scattered over its shard (tar's directory order) is read field
   // by field, so the members of other samples in between are not read.
-  const std::uint64_t slack = 3 * kTarBlock * e.fields.size();
+  const std::uint64_t slack = 3 * kTarBlock * static_cast<std::uint64_t>(last - first);
   if (hi - lo <= total + slack) {
-    if (Status st = pread_all(loc->file->get(), loc->map, room(hi - lo), hi - lo, lo, shards_[loc->shard], e.key); !st) return st.error();
-    for (const auto& f : e.fields) at.push_back(f.offset - lo);
+    if (Status st = pread_all(loc->file->get(), loc->map, room(hi - lo), hi - lo, lo, shards_[loc->shard], key); !st) return st.error();
+    for (const auto* f = first; f != last; ++f) at.push_back(f->offset - lo);
     end = hi;
     if (Status st = checked(); !st) return st.error();
-    return &e;
+    return ref;
   }
   unsigned char* dst = room(total);
   std::uint64_t put = 0;
-  for (const auto& f : e.fields) {
-    if (Status st = pread_all(loc->file->get(), loc->map, dst + put, f.size, f.offset, shards_[loc->shard], e.key); !st) return st.error();
+  for (const auto* f = first; f != last; ++f) {
+    if (Status st = pread_all(loc->file->get(), loc->map, dst + put, f->size, f->offset, shards_[loc->shard], key); !st) return st.error();
     at.push_back(put);
-    put += f.size;
-    end = std::max(end, f.offset + f.size);
+    put += f->size;
+    end = std::max(end, f->offset + f->size);
   }
   if (Status st = checked(); !st) return st.error();
-  return &e;
+  return ref;
 }
 
 Expected<SampleEntry> Dataset::read_span(std::uint64_t i, const std::function<unsigned char*(std::uint64_t)>& room, ReadCheck* check) const {
   std::vector<std::uint64_t> at;
   auto e = read_located(i, room, check, at);
   if (!e) return e.error();
+  const SampleTable& t = *e->table;
   SampleEntry out;
-  out.key = (*e)->key;
-  for (std::size_t k = 0; k < at.size(); ++k) out.fields.push_back({(*e)->fields[k].ext, at[k], (*e)->fields[k].size});
+  out.key = t.key(e->row);
+  const auto* f = t.fields_begin(e->row);
+  for (std::size_t k = 0; k < at.size(); ++k, ++f) out.fields.push_back({t.ext(f->ext), at[k], f->size});
   return out;
 }
 
-Expected<const SampleEntry*> Dataset::read_fields(std::uint64_t i, BatchBuffer& buf, ReadCheck* check, std::vector<std::uint64_t>& at) const {
+Expected<Dataset::SampleRef> Dataset::read_fields(std::uint64_t i, BatchBuffer& buf, ReadCheck* check, std::vector<std::uint64_t>& at) const {
   std::size_t base = 0;
   auto e = read_located(
       i,
@@ -550,22 +560,25 @@ void Dataset::prefetch(std::uint64_t i, int stage) const {
   const Impl::Shard& sh = *impl_->shards[s];
   // Only a settled shard's entries and mapping are read without its lock.
   if (!sh.settled.load(std::memory_order_acquire) || !sh.map) return;
-  const SampleEntry& e = (*sh.entries)[i - starts_[s]];
+  const SampleTable& t = *sh.entries;
+  const std::size_t row = i - starts_[s];
   if (stage >= 2) {
-    __builtin_prefetch(&e, 0, 3);
-    __builtin_prefetch(reinterpret_cast<const char*>(&e) + sizeof(e) - 1, 0, 3);
+    t.prefetch_row(row);
     return;
   }
-  if (e.fields.empty()) return;
+  const auto* first = t.fields_begin(row);
+  const auto* last = t.fields_end(row);
+  if (first == last) return;
   if (stage == 1) {
-    __builtin_prefetch(e.fields.data(), 0, 3);
-    __builtin_prefetch(reinterpret_cast<const char*>(e.fields.data() + e.fields.size()) - 1, 0, 3);
+    __builtin_prefetch(t.key(row).data(), 0, 3);
+    __builtin_prefetch(first, 0, 3);
+    __builtin_prefetch(reinterpret_cast<const char*>(last) - 1, 0, 3);
     return;
   }
-  std::uint64_t lo = e.fields.front().offset, hi = 0;
-  for (const auto& f : e.fields) {
-    lo = std::min(lo, f.offset);
-    hi = std::max(hi, f.offset + f.size);
+  std::uint64_t lo = first->offset, hi = 0;
+  for (const auto* f = first; f != last; ++f) {
+    lo = std::min(lo, f->offset);
+    hi = std::max(hi, f->offset + f->size);
   }
   sh.map->prefetch(lo, hi - lo);
 }

@@ -38,17 +38,6 @@ constexpr std::size_t kRowMin = 2 + 1 + 3 * 8;
 // Directories whose index is kept open; beyond that the cache starts over.
 constexpr std::size_t kCachedDirs = 64;
 
-template <class T>
-T load(const char* p) {
-  T v;
-  std::memcpy(&v, p, sizeof(T));
-  return v;
-}
-template <class T>
-void append(std::string& s, T v) {
-  s.append(reinterpret_cast<const char*>(&v), sizeof(T));
-}
-
 // What identifies one version of the file: a rewrite is a rename of a new inode.
 struct Identity {
   dev_t dev = 0;
@@ -253,11 +242,11 @@ Status DirIndex::write(const std::string& dir, const std::vector<std::pair<std::
   for (auto& [name, row] : rows) {
     row.offset = at;
     at += row.bytes;
-    append<std::uint16_t>(head_and_table, static_cast<std::uint16_t>(name.size()));
+    put<std::uint16_t>(head_and_table, static_cast<std::uint16_t>(name.size()));
     head_and_table += name;
-    append<std::uint64_t>(head_and_table, row.offset);
-    append<std::uint64_t>(head_and_table, row.bytes);
-    append<std::int64_t>(head_and_table, row.written_ctime_ns);
+    put<std::uint64_t>(head_and_table, row.offset);
+    put<std::uint64_t>(head_and_table, row.bytes);
+    put<std::int64_t>(head_and_table, row.written_ctime_ns);
   }
   char* h = head_and_table.data();
   std::memcpy(h, kDirMagic, 8);

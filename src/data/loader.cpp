@@ -181,15 +181,16 @@ class SampleSource : public Loader::Source {
         }
         return e.error();
       }
-      const SampleEntry& entry = **e;
-      b.keys.push_back(entry.key);
-      for (std::size_t k = 0; k < at.size(); ++k) {
-        const Field& f = entry.fields[k];
+      const SampleTable& t = *e->table;
+      b.keys.emplace_back(t.key(e->row));
+      const auto* f = t.fields_begin(e->row);
+      for (std::size_t k = 0; k < at.size(); ++k, ++f) {
+        const std::string& ext = t.ext(f->ext);
         std::uint32_t x = 0;
-        while (x < b.exts.size() && b.exts[x] != f.ext) ++x;
-        if (x == b.exts.size()) b.exts.push_back(f.ext);
-        b.fields.push_back({x, at[k], f.size});
-        bytes += f.size;
+        while (x < b.exts.size() && b.exts[x] != ext) ++x;
+        if (x == b.exts.size()) b.exts.push_back(ext);
+        b.fields.push_back({x, at[k], f->size});
+        bytes += f->size;
       }
       b.first_field.push_back(b.fields.size());
     }

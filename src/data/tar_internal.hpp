@@ -1,9 +1,11 @@
 // Internal: the tar format pieces shared by the shard reader (tar.cpp) and the packer (pack.cpp).
 #pragma once
 
+#include <bit>
 #include <ctime>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -28,6 +30,20 @@ inline std::int64_t ns_of(const struct timespec& t) { return static_cast<std::in
 constexpr std::size_t kMaxMemberName = 65535;      // bytes, after pax/GNU long names are resolved
 constexpr std::uint64_t kMaxPaxHeader = 1u << 20;  // bytes of records in one pax 'x' header
 constexpr std::size_t kMaxSampleFields = 65535;
+
+// The index files' numbers (SHARD.pidx, the directory index), in this
+// host's byte order, which must be little-endian.
+static_assert(std::endian::native == std::endian::little, "the index formats are little-endian");
+template <class T>
+T load(const char* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+template <class T>
+void put(std::string& s, T v) {
+  s.append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
 
 // Data is stored in whole blocks.
 inline std::uint64_t tar_padded(std::uint64_t n) { return (n + kTarBlock - 1) / kTarBlock * kTarBlock; }
@@ -77,9 +93,16 @@ struct ShardData {
 };
 Expected<ShardData> open_shard_data(const std::string& path);
 
+// An index as the dataset keeps it: its header (`entries` left empty) and
+// its samples in a SampleTable (empty where only the header was read).
+struct TableIndex {
+  ShardIndex head;
+  SampleTable table;
+};
+
 // load_or_build_index(shard, false) whose member-header check reads `map`
 // (the shard as the loader will read it) instead of a pread per member.
-Expected<ShardIndex> load_or_build_index(const std::string& shard, bool header_only, const MappedFile* map);
+Expected<TableIndex> load_or_build_index(const std::string& shard, bool header_only, const MappedFile* map);
 
 // An index that a shard without SHARD.pidx needs written (it was missing,
 // its directory index record was stale, or that record was rebound to a
@@ -106,7 +129,7 @@ struct KnownIndex {
   bool own = false;  // SHARD.pidx exists
   const Expected<std::shared_ptr<const DirIndex>>* dir = nullptr;  // DirIndex::get of its directory
 };
-Expected<ShardIndex> load_or_build_index(const std::string& shard, bool header_only, const MappedFile* map, std::optional<PendingIndex>* defer,
+Expected<TableIndex> load_or_build_index(const std::string& shard, bool header_only, const MappedFile* map, std::optional<PendingIndex>* defer,
                                          const KnownIndex* known = nullptr);
 // Writes the pending indexes of each directory into its directory index,
 // merged with the records already there; where that file cannot be written,

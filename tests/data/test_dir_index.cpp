@@ -141,6 +141,16 @@ std::int64_t ctime_of(const std::string& path) {
 
 void settle() { std::this_thread::sleep_for(std::chrono::milliseconds(2100)); }
 
+// Shards whose directory index one open wrote, settled first: a record hashed within 2 s of its
+// shard's change is rebound by a later open, which would rewrite the file the tests expect left alone.
+std::vector<std::string> indexed_shards(const TempDir& d, int from, int to) {
+  auto paths = make_shards(d, from, to);
+  settle();
+  auto ds = Dataset::open(paths);
+  EXPECT_TRUE(ds) << (ds ? std::string() : ds.error().message);
+  return paths;
+}
+
 TEST(DirIndex, ADatasetOfManyNewShardsWritesOneFileThatLaterOpensRead) {
   TempDir d("pacer-dirindex-");
   const auto paths = make_shards(d, 0, 40);
@@ -189,11 +199,8 @@ TEST(DirIndex, ADatasetOfManyNewShardsWritesOneFileThatLaterOpensRead) {
 
 TEST(DirIndex, ShardPidxWinsOverTheRecord) {
   TempDir d("pacer-dirindex-own-");
-  const auto paths = make_shards(d, 0, 20);
-  // Settled first: a record hashed within 2 s of its shard's change is rebound by a later open,
-  // which would rewrite the file this test expects left alone.
-  settle();
-  ASSERT_TRUE(Dataset::open(paths));
+  const auto paths = indexed_shards(d, 0, 20);
+  ASSERT_FALSE(::testing::Test::HasFailure());
   const std::string file = dir_index_of(d);
   const ino_t ino = inode_of(file);
   // The shard changes and gets its own index: the record, stale now, is not read.
@@ -217,11 +224,8 @@ TEST(DirIndex, ShardPidxWinsOverTheRecord) {
 
 TEST(DirIndex, ShardsChangedUnderTheirRecordsAreRebuiltAndTheRestKept) {
   TempDir d("pacer-dirindex-stale-");
-  auto paths = make_shards(d, 0, 40);
-  // Settled first: a record hashed within 2 s of its shard's change is rebound by a later open,
-  // which would rewrite the file this test expects left alone.
-  settle();
-  ASSERT_TRUE(Dataset::open(paths));
+  auto paths = indexed_shards(d, 0, 40);
+  ASSERT_FALSE(::testing::Test::HasFailure());
   const std::string file = dir_index_of(d);
   // One shard rewritten: its record is replaced, the others copied into the new file.
   const auto before = rows_of(file);
@@ -316,11 +320,8 @@ TEST(DirIndex, NewShardsAreMergedAndRemovedShardsDropped) {
 
 TEST(DirIndex, CorruptFilesAreRebuiltNeverTrusted) {
   TempDir d("pacer-dirindex-bad-");
-  const auto paths = make_shards(d, 0, 20);
-  // Settled first: a record hashed within 2 s of its shard's change is rebound by a later open,
-  // which would rewrite the file this test expects left alone.
-  settle();
-  ASSERT_TRUE(Dataset::open(paths));
+  const auto paths = indexed_shards(d, 0, 20);
+  ASSERT_FALSE(::testing::Test::HasFailure());
   const std::string file = dir_index_of(d);
   const std::string good = slurp(file);
   ASSERT_GT(good.size(), 48u);

@@ -641,11 +641,12 @@ TEST(DatasetReadFields, SameBytesAsReadAndPrefetchIsOnlyAHint) {
     for (int stage = 2; stage >= 0; --stage) d.ds->prefetch((i * 7 + 3) % d.size(), stage);
     auto e = d.ds->read_fields(i, buf, &check, at);
     ASSERT_TRUE(e) << e.error().message;
-    ASSERT_EQ(at.size(), (*e)->fields.size());
+    const SampleEntry entry = e->table->entry(e->row);
+    ASSERT_EQ(at.size(), entry.fields.size());
     Fields got;
     for (std::size_t k = 0; k < at.size(); ++k)
-      got.emplace_back((*e)->fields[k].ext, std::string(reinterpret_cast<const char*>(buf.data() + at[k]), (*e)->fields[k].size));
-    EXPECT_EQ((*e)->key, d.keys[i]);
+      got.emplace_back(entry.fields[k].ext, std::string(reinterpret_cast<const char*>(buf.data() + at[k]), entry.fields[k].size));
+    EXPECT_EQ(entry.key, d.keys[i]);
     EXPECT_EQ(got, d.expected.at(d.keys[i])) << i;
     auto r = d.ds->read(i);
     ASSERT_TRUE(r);

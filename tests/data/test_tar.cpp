@@ -430,6 +430,31 @@ void expect_same_entries(const std::vector<SampleEntry>& a, const std::vector<Sa
   }
 }
 
+// The dataset's form of a shard's entries holds what they hold: keys of any
+// length (empty too), samples without fields, extensions numbered once per
+// table however many distinct ones there are (past the ones searched one by
+// one, a crafted index's many are looked up in a map).
+TEST(SampleTableTest, HoldsTheEntriesItWasMadeOf) {
+  std::vector<SampleEntry> entries;
+  entries.push_back({"", {{"txt", 512, 3}}});
+  entries.push_back({std::string(300, 'k'), {}});
+  entries.push_back({"a", {{"jpg", 1024, 7}, {"json", 2048, 0}, {"", 4096, 1}}});
+  for (int i = 0; i < 40; ++i) entries.push_back({fmt::format("x{}", i), {{fmt::format("e{}", i % 25), 8192u + 1024u * i, 5}, {"jpg", 9000u, 2}}});
+  const SampleTable t = SampleTable::of(entries);
+  ASSERT_EQ(t.size(), entries.size());
+  expect_same_entries(t.entries(), entries);
+  EXPECT_EQ(t.key(1).size(), 300u);
+  EXPECT_EQ(t.field_count(1), 0u);
+  EXPECT_EQ(t.total_fields(), 4u + 80u);
+  // "jpg" is one number wherever it appears, and e0..e24 one each.
+  EXPECT_EQ(t.fields_begin(2)->ext, (t.fields_begin(3) + 1)->ext);
+  EXPECT_EQ(t.fields_begin(3)->ext, t.fields_begin(3 + 25)->ext);
+  EXPECT_NE(t.fields_begin(3)->ext, t.fields_begin(4)->ext);
+  EXPECT_EQ(t.ext(t.fields_begin(3 + 39)->ext), "e14");
+  EXPECT_TRUE(SampleTable().empty());
+  EXPECT_TRUE(SampleTable::of({}).entries().empty());
+}
+
 TEST(ShardIndex, BuildWritesIndexAndReadsBack) {
   TempDir d("pacer-idx-");
   const std::string shard = make_shard(d, "a.tar", 25);
