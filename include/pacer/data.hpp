@@ -70,7 +70,7 @@ class SampleTable {
     std::uint64_t size = 0;
     std::uint32_t ext = 0;  // the extension's number in this table (ext())
   };
-  std::size_t size() const { return first_.size() - 1; }
+  std::size_t size() const { return first_.size() > 1 ? first_.size() - 1 : 0; }
   bool empty() const { return size() == 0; }
   std::string_view key(std::size_t i) const { return std::string_view(keys_).substr(key_at_[i], key_at_[i + 1] - key_at_[i]); }
   const FieldRow* fields_begin(std::size_t i) const { return fields_.data() + first_[i]; }
@@ -88,7 +88,8 @@ class SampleTable {
   // array; counts from untrusted input are capped by the caller.
   void reserve(std::size_t samples, std::size_t fields, std::size_t key_bytes);
   void add_sample(std::string_view key);
-  // A field of the sample added last.
+  // A field of the sample added last (of a sample with an empty key when
+  // none was added).
   void add_field(std::string_view ext, std::uint64_t offset, std::uint64_t size);
   SampleEntry entry(std::size_t i) const;
   std::vector<SampleEntry> entries() const;
@@ -99,8 +100,7 @@ class SampleTable {
   std::vector<std::uint64_t> key_at_{0};   // size() + 1
   std::vector<std::uint64_t> first_{0};    // size() + 1: sample i's fields are [first_[i], first_[i+1])
   std::vector<FieldRow> fields_;
-  std::vector<std::string> exts_;          // distinct extensions, in order of first appearance
-  std::unordered_map<std::string, std::uint32_t> ext_numbers_;  // filled once there are many
+  std::vector<std::string> exts_;          // extensions, in order of first appearance (add_field: distinct but for very many)
   std::uint32_t last_ext_ = 0;
 };
 
@@ -210,14 +210,17 @@ class Dataset {
   Expected<SampleEntry> read_into(std::uint64_t i, BatchBuffer& buf, ReadCheck* check) const;
   Status confirm(const ReadCheck& check) const;
   // read_into(i, buf, check) without copying the entry out: returns where
-  // sample i's entry lies (its shard's table, owned by the dataset and valid
-  // while it is open) and sets
+  // sample i's entry lies (its shard's table, valid while the dataset is
+  // open and the SampleRef is held) and sets
   // at[k] to where its field k now lies in `buf` (the loader's per-sample
   // path: copying the key and every extension per sample cost it ~8% of an
   // epoch, bench/results/loader_speed-2026-12-01.md).
   struct SampleRef {
     const SampleTable* table = nullptr;
     std::size_t row = 0;
+    // Keeps the table alive where the shard may be closed (or its entries
+    // replaced) under the reader: empty for a shard the dataset keeps open.
+    std::shared_ptr<const SampleTable> hold;
   };
   Expected<SampleRef> read_fields(std::uint64_t i, BatchBuffer& buf, ReadCheck* check, std::vector<std::uint64_t>& at) const;
   // A hint (no I/O, no lock, never an error; nothing unless sample i's

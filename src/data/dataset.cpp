@@ -474,7 +474,7 @@ Expected<Dataset::SampleRef> Dataset::read_located(std::uint64_t i, const std::f
   if (!loc) return loc.error();
   const SampleTable& t = *loc->entries;
   const std::size_t row = loc->row;
-  const SampleRef ref{loc->entries, row};
+  SampleRef ref{loc->entries, row, loc->entries_ref};
   const auto* first = t.fields_begin(row);
   const auto* last = t.fields_end(row);
   // After a mapped read, the bytes up to `end` are the shard's only if it

@@ -336,7 +336,7 @@ Expected<std::vector<SampleEntry>> group_samples(const std::string& shard, const
 }
 
 // ---------------------------------------------------------------------------
-// Writing (ustar, pax 'x' headers for long names)
+// SampleTable
 
 void SampleTable::reserve(std::size_t samples, std::size_t fields, std::size_t key_bytes) {
   keys_.reserve(key_bytes);
@@ -346,30 +346,37 @@ void SampleTable::reserve(std::size_t samples, std::size_t fields, std::size_t k
 }
 
 void SampleTable::add_sample(std::string_view key) {
+  if (key_at_.empty()) key_at_.push_back(0);  // moved from
+  if (first_.empty()) first_.push_back(0);
   keys_ += key;
   key_at_.push_back(keys_.size());
   first_.push_back(fields_.size());
 }
 
 void SampleTable::add_field(std::string_view ext, std::uint64_t offset, std::uint64_t size) {
-  // A shard's samples share a few extensions: the one before is the likely
-  // one. Many distinct ones (a crafted index) are looked up in a map, not
-  // searched one by one.
-  std::uint32_t x = last_ext_;
+  if (this->size() == 0) add_sample("");
+  // A shard's samples share a few extensions, usually in the same order in
+  // every sample: the one after the last one's is the likely one, then the
+  // last one's. Otherwise the first kSearched distinct ones are searched;
+  // past them (a crafted index, or samples of very many fields) a new
+  // extension is added without looking further, so that no input costs more
+  // than kSearched comparisons per field (a hash map could be made to
+  // collide on every key by a crafted index).
+  constexpr std::size_t kSearched = 64;
+  std::uint32_t x = last_ext_ + 1;
   if (x >= exts_.size() || exts_[x] != ext) {
-    constexpr std::size_t kSearched = 16;
-    if (exts_.size() <= kSearched) {
+    x = last_ext_;
+    if (x >= exts_.size() || exts_[x] != ext) {
       x = 0;
-      while (x < exts_.size() && exts_[x] != ext) ++x;
-    } else {
-      if (ext_numbers_.empty())
-        for (std::uint32_t k = 0; k < exts_.size(); ++k) ext_numbers_.emplace(exts_[k], k);
-      auto [it, added] = ext_numbers_.emplace(std::string(ext), static_cast<std::uint32_t>(exts_.size()));
-      x = it->second;
+      const std::size_t n = std::min(kSearched, exts_.size());
+      while (x < n && exts_[x] != ext) ++x;
+      if (x == n) {
+        x = static_cast<std::uint32_t>(exts_.size());
+        exts_.emplace_back(ext);
+      }
     }
-    if (x == exts_.size()) exts_.emplace_back(ext);
-    last_ext_ = x;
   }
+  last_ext_ = x;
   fields_.push_back({offset, size, x});
   first_.back() = fields_.size();
 }
@@ -403,6 +410,9 @@ SampleTable SampleTable::of(const std::vector<SampleEntry>& entries) {
   }
   return t;
 }
+
+// ---------------------------------------------------------------------------
+// Writing (ustar, pax 'x' headers for long names)
 
 namespace {
 
@@ -617,10 +627,10 @@ struct Gaps {
 // Calls gap(offset, size) for each gap of `t` in offset order and returns
 // true, or sets out's bad sample and returns false. A shard written in key
 // order (every writer that keeps a sample together) has its fields in
-// offset order already and is walked as it is: the list of spans this built
-// and sorted before, grown one field at a time, cost 1 ms of fresh-heap page
-// faults per 5,000-sample shard on the VM, a fifth of a fresh epoch's first
-// batch; only a scattered shard is sorted.
+// offset order already and is walked as it is: the list of every field this
+// built before (and sorted when out of order), grown one field at a time,
+// was fresh heap whose page faults a fresh epoch's first batch paid on the
+// VM; only a scattered shard's fields are listed and sorted.
 template <class OnGap>
 bool walk_gaps(const SampleTable& t, std::uint64_t tar_bytes, Gaps& out, OnGap&& gap) {
   std::uint64_t at = 0;
@@ -696,12 +706,8 @@ void hash_mapped_gaps(const unsigned char* base, std::size_t n, void* ctx) {
   }
 }
 
-// With `map` (the same shard mapped), the gaps are hashed in the mapping: a
-// pread per member was most of a shard's first read (10,000 system calls
-// for a shard of 5,000 two-field samples), and the page faults taken here
-// fill the page tables the loader's reads then use.
-// The gaps of `entries`, or the error naming the field that overlaps another
-// or has no header before it: every index is held to this, hashed or not.
+// The error naming the sample whose field overlaps another member or has no
+// header before it: every index is held to this, hashed or not.
 Error misfit(const std::string& shard, const SampleTable& t, const Gaps& g) {
   return Error{ErrorKind::kConfig, fmt::format("{}: sample '{}': a field at offset {} overlaps another member or has no header before it", shard,
                                                t.key(g.bad_sample), g.bad_offset)};
@@ -721,6 +727,10 @@ Status fits(const std::string& shard, const SampleTable& t, std::uint64_t tar_by
   return {};
 }
 
+// With `map` (the same shard mapped), the gaps are hashed in the mapping: a
+// pread per member was most of a shard's first read (10,000 system calls
+// for a shard of 5,000 two-field samples), and the page faults taken here
+// fill the page tables the loader's reads then use.
 Expected<std::uint64_t> member_headers_hash(int fd, const std::string& shard, const SampleTable& entries, std::uint64_t tar_bytes,
                                             const MappedFile* map = nullptr) {
   auto fit = fitting_gaps(shard, entries, tar_bytes);
@@ -768,7 +778,7 @@ Expected<TableIndex> scan_index(const std::string& shard) {
   if (!entries) return entries.error();
   TableIndex out;
   out.table = SampleTable::of(*entries);
-  entries->clear();
+  std::vector<SampleEntry>().swap(*entries);
   auto headers = member_headers_hash(s->data.fd.get(), shard, out.table, s->data.tar_bytes, through);
   if (!headers) return headers.error();
   ShardIndex& idx = out.head;
@@ -906,8 +916,9 @@ Expected<TableIndex> check_index(const std::string& shard, const IndexSource& sr
   if (xxh3(bin.data() + head, bin.size() - head) != get_at<std::uint64_t>(bin, kAtEntries))
     return bad("entries do not match their checksum (the index is truncated or corrupt)");
   // Counted first, so that the table is one allocation per array, and
-  // checked as counted: no count or length read from the file reserves
-  // more than the file holds.
+  // checked as counted: what is reserved is what the file's bytes describe,
+  // a few times the index's size at most (16 bytes per sample of at least
+  // 4), never a count read from it unchecked.
   std::size_t fields = 0, key_bytes = 0;
   for (std::size_t pos = head, i = 0; i < idx.samples; ++i) {
     std::uint16_t klen = 0, nf = 0;
@@ -1022,10 +1033,14 @@ Error stale_unwritable(const std::string& shard, const std::string& why, const E
 }  // namespace
 
 std::string shard_dir(const std::string& shard) {
-  // "./data/x.tar" and "data/x.tar" are one directory.
-  std::string dir = fs::path(shard).parent_path().lexically_normal().string();
-  if (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-  return dir.empty() ? std::string(".") : dir;
+  // "./data/x.tar", "data//x.tar" and "data/x.tar" are one directory. A
+  // ".." is kept: "a/b/../x.tar" lies in the parent of what b points to,
+  // which is not "a" when b is a symbolic link, and the directory index is
+  // the file beside the shard.
+  fs::path dir;
+  for (const auto& part : fs::path(shard).parent_path())
+    if (!part.empty() && part != ".") dir /= part;
+  return dir.empty() ? std::string(".") : dir.string();
 }
 
 Expected<bool> has_index(const std::string& shard) {

@@ -181,7 +181,8 @@ class DirIndex {
   std::int64_t ctime_ns_ = 0;
   std::vector<std::pair<std::string, Record>> rows_;  // sorted by name
 };
-// The directory of `shard` as DirIndex keys it, lexically normal ("." for a bare file name).
+// The directory of `shard` as DirIndex keys it: its parent path without "."
+// components or repeated slashes, ".." kept ("." for a bare file name).
 std::string shard_dir(const std::string& shard);
 
 }  // namespace pacer::data

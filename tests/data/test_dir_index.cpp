@@ -197,6 +197,36 @@ TEST(DirIndex, ADatasetOfManyNewShardsWritesOneFileThatLaterOpensRead) {
   for (const auto& p : few) EXPECT_TRUE(fs::exists(index_path(p))) << p;
 }
 
+// The directory index is the file beside the shard. "." components and repeated slashes name the
+// same directory; ".." is not collapsed: through a symbolic link, "lnk/../x.tar" lies in the
+// parent of the link's target, not beside the link.
+TEST(DirIndex, ItIsKeptInTheShardsOwnDirectoryThroughLinksAndDots) {
+  EXPECT_EQ(shard_dir("./data/x.tar"), "data");
+  EXPECT_EQ(shard_dir("data//x.tar"), "data");
+  EXPECT_EQ(shard_dir("/a/./b/x.tar"), "/a/b");
+  EXPECT_EQ(shard_dir("x.tar"), ".");
+  EXPECT_EQ(shard_dir("/x.tar"), "/");
+  EXPECT_EQ(shard_dir("a/b/../x.tar"), "a/b/..");
+  TempDir d("pacer-dirindex-link-");
+  const auto real = make_shards(d, 0, 20, "real/");
+  fs::create_directories(fs::path(d.path()) / "real" / "inner");
+  fs::create_directory_symlink(fs::path(d.path()) / "real" / "inner", fs::path(d.path()) / "lnk");
+  std::vector<std::string> via;
+  for (const auto& p : real) via.push_back((fs::path(d.path()) / "lnk" / ".." / fs::path(p).filename()).string());
+  auto ds = Dataset::open(via);
+  ASSERT_TRUE(ds) << ds.error().message;
+  expect_reads(*ds);
+  EXPECT_TRUE(fs::exists(dir_index_of(d, "real"))) << "beside the shards";
+  EXPECT_FALSE(fs::exists(dir_index_of(d))) << "not beside the link";
+  auto again = Dataset::open(real);
+  ASSERT_TRUE(again) << again.error().message;
+  for (const auto& p : real) {
+    auto has = has_index(p);
+    ASSERT_TRUE(has) << has.error().message;
+    EXPECT_TRUE(*has) << p;
+  }
+}
+
 TEST(DirIndex, ShardPidxWinsOverTheRecord) {
   TempDir d("pacer-dirindex-own-");
   const auto paths = indexed_shards(d, 0, 20);
