@@ -3,6 +3,8 @@
 // crafted.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include <cerrno>
@@ -78,16 +80,20 @@ ino_t inode_of(const std::string& path) {
 
 // Every sample of the dataset reads back as shard_bytes wrote it (a key "sNNNkI" holds "NNN I " and
 // 10 + I fill bytes).
-void expect_reads(const std::shared_ptr<Dataset>& ds) {
+// The first sample that does not, or "" (usable where gtest's checks are not: in a child process).
+std::string bad_read(const std::shared_ptr<Dataset>& ds) {
   for (std::uint64_t i = 0; i < ds->size(); ++i) {
     auto s = ds->read(i);
-    ASSERT_TRUE(s) << i << ": " << s.error().message;
-    ASSERT_EQ(s->fields.size(), 1u);
+    if (!s) return fmt::format("{}: {}", i, s.error().message);
+    if (s->fields.size() != 1) return fmt::format("{}: {} fields", i, s->fields.size());
     if (s->key.size() < 6 || s->key[4] != 'k') continue;  // renamed by a test
     const int shard = std::stoi(s->key.substr(1, 3)), k = std::stoi(s->key.substr(5));
-    EXPECT_EQ(s->fields[0].second, fmt::format("{} {} ", shard, k) + std::string(static_cast<std::size_t>(10 + k), 'v')) << s->key;
+    if (s->fields[0].second != fmt::format("{} {} ", shard, k) + std::string(static_cast<std::size_t>(10 + k), 'v'))
+      return fmt::format("{}: sample {} has other bytes", i, s->key);
   }
+  return "";
 }
+void expect_reads(const std::shared_ptr<Dataset>& ds) { EXPECT_EQ(bad_read(ds), ""); }
 
 // The global number of the first sample of shard `s`.
 std::uint64_t first_of(const Dataset& ds, std::size_t s) {
@@ -587,6 +593,51 @@ TEST(DirIndex, AcopiedDatasetIsReboundOnceAndConcurrentOpensAgree) {
   expect_reads(*after);
   auto dir = DirIndex::get(d.path() + "/c");
   ASSERT_TRUE(dir && *dir);
+}
+
+// Processes opening shards of one new directory at once, as the ranks of a node do (here each
+// another overlapping part of it): each indexes its shards and writes the directory index merged
+// with the file it found, the last rename winning. Every one opens and reads its shards; a record
+// lost to another's rename is rebuilt by a later open, after which every shard has one.
+TEST(DirIndex, ProcessesOpeningOneNewDirectoryAtOnceAllReadIt) {
+  TempDir d("pacer-dirindex-procs-");
+  const auto paths = make_shards(d, 0, 48);
+  int go[2];
+  ASSERT_EQ(::pipe(go), 0);
+  std::vector<pid_t> kids;
+  for (int k = 0; k < 4; ++k) {
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      ::close(go[1]);
+      char c = 0;
+      (void)!::read(go[0], &c, 1);  // returns at the parent's close: all start together
+      const std::vector<std::string> part(paths.begin() + 8 * k, paths.begin() + 8 * k + 24);
+      auto ds = Dataset::open(part);
+      const int code = !ds ? 2 : (*ds)->size() != samples_of(part) ? 3 : !bad_read(*ds).empty() ? 4 : 0;
+      ::_exit(code);
+    }
+    kids.push_back(pid);
+  }
+  ::close(go[0]);
+  ::close(go[1]);
+  for (const pid_t pid : kids) {
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+  }
+  auto dir = DirIndex::get(d.path());
+  ASSERT_TRUE(dir) << dir.error().message;
+  ASSERT_TRUE(*dir) << "written";
+  auto after = Dataset::open(paths);
+  ASSERT_TRUE(after) << after.error().message;
+  expect_reads(*after);
+  for (const auto& p : paths) {
+    EXPECT_FALSE(fs::exists(index_path(p))) << p;
+    auto has = has_index(p);
+    ASSERT_TRUE(has) << has.error().message;
+    EXPECT_TRUE(*has) << p;
+  }
 }
 
 TEST(DirIndex, AReadOnlyDatasetReadsItsRecordsAndRefusesAStaleOne) {
