@@ -502,27 +502,35 @@ Expected<PackPlan> plan_packing(const TokenDataset& ds, const std::vector<std::u
   if (parts <= 1) {
     if (Status st = pack_windows(ds, order.data(), 0, order.size(), seq_len, window, plan); !st) return st.error();
   } else {
+    // The first run is packed into the plan itself, reserved for all of
+    // them, and the others are appended to it: packing every run apart and
+    // copying all of them into a new plan touched twice the fresh memory,
+    // whose page faults a new loader's planning paid on the VM
+    // (bench/results/tokens_plan-2026-12-06.md).
     std::vector<PackPlan> part(parts);
     std::vector<Status> status(parts);
+    plan.pieces.reserve(order.size() + order.size() / 4);
     auto run = [&](std::size_t t) {
       const std::size_t lo = std::min(order.size(), windows * t / parts * window);
       const std::size_t hi = std::min(order.size(), windows * (t + 1) / parts * window);
-      part[t].first_piece.clear();
-      status[t] = pack_windows(ds, order.data(), lo, hi, seq_len, window, part[t]);
+      PackPlan& out = t == 0 ? plan : part[t];
+      if (t > 0) out.first_piece.clear();
+      status[t] = pack_windows(ds, order.data(), lo, hi, seq_len, window, out);
     };
     std::vector<std::thread> pool;
     for (std::size_t t = 1; t < parts; ++t) pool.emplace_back(run, t);
     run(0);
     for (auto& t : pool) t.join();
-    std::size_t pieces = 0, rows = 0;
+    std::size_t pieces = plan.pieces.size(), rows = plan.first_piece.size();
     for (std::size_t t = 0; t < parts; ++t) {
       if (!status[t]) return status[t].error();
       pieces += part[t].pieces.size();
       rows += part[t].first_piece.size();
     }
     plan.pieces.reserve(pieces);
-    plan.first_piece.reserve(rows + 1);
-    for (auto& p : part) {
+    plan.first_piece.reserve(rows);
+    for (std::size_t t = 1; t < parts; ++t) {
+      const PackPlan& p = part[t];
       const std::size_t base = plan.pieces.size();
       plan.pieces.insert(plan.pieces.end(), p.pieces.begin(), p.pieces.end());
       for (auto f : p.first_piece) plan.first_piece.push_back(base + f);
