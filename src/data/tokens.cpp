@@ -504,9 +504,9 @@ Expected<PackPlan> plan_packing(const TokenDataset& ds, const std::vector<std::u
   } else {
     // The first run is packed into the plan itself, reserved for all of
     // them, and the others are appended to it: packing every run apart and
-    // copying all of them into a new plan touched twice the fresh memory,
-    // whose page faults a new loader's planning paid on the VM
-    // (bench/results/tokens_plan-2026-12-06.md).
+    // copying all of them into a new plan touched twice the fresh memory (a
+    // page fault per 4 KiB, tens of microseconds each on the VM) and copied
+    // every piece: bench/results/tokens_plan-2026-12-06.md.
     std::vector<PackPlan> part(parts);
     std::vector<Status> status(parts);
     plan.pieces.reserve(order.size() + order.size() / 4);
@@ -521,9 +521,10 @@ Expected<PackPlan> plan_packing(const TokenDataset& ds, const std::vector<std::u
     for (std::size_t t = 1; t < parts; ++t) pool.emplace_back(run, t);
     run(0);
     for (auto& t : pool) t.join();
-    std::size_t pieces = plan.pieces.size(), rows = plan.first_piece.size();
-    for (std::size_t t = 0; t < parts; ++t) {
+    for (std::size_t t = 0; t < parts; ++t)
       if (!status[t]) return status[t].error();
+    std::size_t pieces = plan.pieces.size(), rows = plan.first_piece.size();
+    for (std::size_t t = 1; t < parts; ++t) {
       pieces += part[t].pieces.size();
       rows += part[t].first_piece.size();
     }

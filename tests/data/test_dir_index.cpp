@@ -8,6 +8,7 @@
 #include <xxhash.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <chrono>
 #include <map>
 #include <cstring>
@@ -605,22 +606,37 @@ TEST(DirIndex, ProcessesOpeningOneNewDirectoryAtOnceAllReadIt) {
   int go[2];
   ASSERT_EQ(::pipe(go), 0);
   std::vector<pid_t> kids;
+  auto release = [&] {  // the children start (or, after a failed fork, end) at this close
+    ::close(go[0]);
+    ::close(go[1]);
+  };
   for (int k = 0; k < 4; ++k) {
     const pid_t pid = ::fork();
-    ASSERT_GE(pid, 0);
+    if (pid < 0) {
+      release();
+      for (const pid_t kid : kids) ::waitpid(kid, nullptr, 0);
+      FAIL() << "fork: " << std::strerror(errno);
+    }
     if (pid == 0) {
-      ::close(go[1]);
-      char c = 0;
-      (void)!::read(go[0], &c, 1);  // returns at the parent's close: all start together
-      const std::vector<std::string> part(paths.begin() + 8 * k, paths.begin() + 8 * k + 24);
-      auto ds = Dataset::open(part);
-      const int code = !ds ? 2 : (*ds)->size() != samples_of(part) ? 3 : !bad_read(*ds).empty() ? 4 : 0;
+      // Never back into gtest from here: any exception or failure is an exit code and a line.
+      int code = 5;
+      try {
+        ::close(go[1]);
+        char c = 0;
+        (void)!::read(go[0], &c, 1);  // returns at the parent's close: all start together
+        const std::vector<std::string> part(paths.begin() + 8 * k, paths.begin() + 8 * k + 24);
+        auto ds = Dataset::open(part);
+        const std::string bad = !ds ? ds.error().message : (*ds)->size() != samples_of(part) ? "wrong size" : bad_read(*ds);
+        code = bad.empty() ? 0 : 4;
+        if (!bad.empty()) std::fprintf(stderr, "child %d: %s\n", k, bad.c_str());
+      } catch (...) {
+        code = 5;
+      }
       ::_exit(code);
     }
     kids.push_back(pid);
   }
-  ::close(go[0]);
-  ::close(go[1]);
+  release();
   for (const pid_t pid : kids) {
     int status = 0;
     ASSERT_EQ(::waitpid(pid, &status, 0), pid);

@@ -344,9 +344,14 @@ TEST(SequencePacking, PlanIsBestFitDecreasingOnAnyNumberOfThreads) {
     EXPECT_EQ(got.stats.padding, want.stats.padding);
     EXPECT_EQ(got.stats.sequences, want.stats.sequences);
   }
-  // A document out of range is an error from whichever thread finds it.
+  // A document out of range is an error from whichever thread finds it: the last run's, or the
+  // first run's (which packs into the plan itself).
   order[order.size() - 3] = docs.size();
   EXPECT_FALSE(plan_packing(*ds, order, seq_len, window, 4));
+  order[order.size() - 3] = 0;
+  order[2] = docs.size();
+  EXPECT_FALSE(plan_packing(*ds, order, seq_len, window, 4));
+  EXPECT_FALSE(plan_packing(*ds, order, seq_len, window, 2));
 }
 
 }  // namespace
