@@ -549,6 +549,34 @@ bool take(const std::string& s, std::size_t& pos, T& v) {
 
 std::uint64_t xxh3(const char* p, std::size_t n) { return XXH3_64bits(p, n); }
 
+// Reads `samples` records of an index's entries from bin[pos]: per sample
+// u16 key length, key, u16 field count, then per field u16 extension
+// length, extension, u64 offset, u64 size. Calls on_sample(key) and
+// on_field(sample, key, ext, offset, size), which returns false to stop.
+// Returns the number of samples read whole: fewer than `samples` where the
+// bytes ran out (pos is then inside that sample) or on_field stopped.
+template <class OnSample, class OnField>
+std::uint64_t read_records(const std::string& bin, std::size_t& pos, std::uint64_t samples, OnSample&& on_sample, OnField&& on_field) {
+  for (std::uint64_t i = 0; i < samples; ++i) {
+    std::uint16_t klen = 0, nf = 0;
+    if (!take(bin, pos, klen) || klen > bin.size() - pos) return i;
+    const std::string_view key(bin.data() + pos, klen);
+    pos += klen;
+    if (!take(bin, pos, nf)) return i;
+    on_sample(key);
+    for (std::uint16_t k = 0; k < nf; ++k) {
+      std::uint16_t elen = 0;
+      std::uint64_t offset = 0, size = 0;
+      if (!take(bin, pos, elen) || elen > bin.size() - pos) return i;
+      const std::string_view ext(bin.data() + pos, elen);
+      pos += elen;
+      if (!take(bin, pos, offset) || !take(bin, pos, size)) return i;
+      if (!on_field(i, key, ext, offset, size)) return i;
+    }
+  }
+  return samples;
+}
+
 // An open shard and what fstat says of it; its tar bytes once open_data ran
 // (for a gzip shard, decompressed into memory then).
 struct OpenShard {
@@ -919,46 +947,31 @@ Expected<TableIndex> check_index(const std::string& shard, const IndexSource& sr
   // checked as counted: what is reserved is what the file's bytes describe,
   // a few times the index's size at most (16 bytes per sample of at least
   // 4), never a count read from it unchecked.
-  std::size_t fields = 0, key_bytes = 0;
-  for (std::size_t pos = head, i = 0; i < idx.samples; ++i) {
-    std::uint16_t klen = 0, nf = 0;
-    if (!take(bin, pos, klen) || klen > bin.size() - pos) return bad(fmt::format("truncated at sample {}", i));
-    pos += klen;
-    key_bytes += klen;
-    if (!take(bin, pos, nf)) return bad(fmt::format("truncated at sample {}", i));
-    for (std::uint16_t k = 0; k < nf; ++k) {
-      std::uint16_t elen = 0;
-      // Each field takes 18 bytes besides its extension.
-      if (!take(bin, pos, elen) || elen > bin.size() - pos || 16 > bin.size() - pos - elen) return bad(fmt::format("truncated at sample {}", i));
-      pos += elen + 16;
-    }
-    fields += nf;
-  }
+  std::size_t fields = 0, key_bytes = 0, pos = head;
+  const std::uint64_t whole = read_records(
+      bin, pos, idx.samples, [&](std::string_view key) { key_bytes += key.size(); },
+      [&](std::uint64_t, std::string_view, std::string_view, std::uint64_t, std::uint64_t) {
+        ++fields;
+        return true;
+      });
+  if (whole != idx.samples) return bad(fmt::format("truncated at sample {}", whole));
   SampleTable& table = out.table;
   table.reserve(static_cast<std::size_t>(idx.samples), fields, key_bytes);
-  std::size_t pos = head;
-  for (std::uint64_t i = 0; i < idx.samples; ++i) {
-    std::uint16_t klen = 0, nf = 0;
-    (void)take(bin, pos, klen);
-    const std::string_view key(bin.data() + pos, klen);
-    table.add_sample(key);
-    pos += klen;
-    (void)take(bin, pos, nf);
-    for (std::uint16_t k = 0; k < nf; ++k) {
-      std::uint16_t elen = 0;
-      std::uint64_t offset = 0, size = 0;
-      (void)take(bin, pos, elen);
-      const std::string_view ext(bin.data() + pos, elen);
-      pos += elen;
-      (void)take(bin, pos, offset);
-      (void)take(bin, pos, size);
-      // Compared without adding, so no offset + size can wrap past 2^64.
-      if (offset < kTarBlock || size > tar_bytes || offset > tar_bytes - size)
-        return bad(fmt::format("sample {} ('{}') field '{}' at {}+{} lies outside the {}-byte {}", i, key, ext, offset, size, tar_bytes,
-                               sh->data.gzip ? "decompressed shard" : "shard"));
-      table.add_field(ext, offset, size);
-    }
-  }
+  std::optional<Error> outside;
+  pos = head;
+  read_records(
+      bin, pos, idx.samples, [&](std::string_view key) { table.add_sample(key); },
+      [&](std::uint64_t i, std::string_view key, std::string_view ext, std::uint64_t offset, std::uint64_t size) {
+        // Compared without adding, so no offset + size can wrap past 2^64.
+        if (offset < kTarBlock || size > tar_bytes || offset > tar_bytes - size) {
+          outside = bad(fmt::format("sample {} ('{}') field '{}' at {}+{} lies outside the {}-byte {}", i, key, ext, offset, size, tar_bytes,
+                                    sh->data.gzip ? "decompressed shard" : "shard"));
+          return false;
+        }
+        table.add_field(ext, offset, size);
+        return true;
+      });
+  if (outside) return *outside;
   if (pos != bin.size()) return bad(fmt::format("{} bytes after the last sample", bin.size() - pos));
   // A mapping of another size is not of this file (a gzip shard's mapping
   // is of its decompressed bytes, and so is tar_bytes).
