@@ -97,19 +97,16 @@ class MonitorTest(unittest.TestCase):
 
     def test_signals_are_forwarded_to_the_command(self):
         flag = os.path.join(self.tmp.name, "got-term")
-        script = f'trap "echo term > {flag}; exit 42" TERM; while :; do sleep 0.05; done'
+        ready = os.path.join(self.tmp.name, "trap-set")
+        # The command says when its trap is set: a SIGTERM before that would end the shell with no trap run.
+        script = f'trap "echo term > {flag}; exit 42" TERM; touch {ready}; while :; do sleep 0.05; done'
         p = subprocess.Popen([PACER, "monitor", "--interval", "100ms", "--db", self.db, "--no-gpu", "--", "sh", "-c", script],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
-            # Wait until the command runs (its first sample is in the catalog).
-            deadline = time.time() + 20
-            while time.time() < deadline:
-                try:
-                    if rows(self.db, "SELECT count(*) FROM samples")[0][0] > 0:
-                        break
-                except sqlite3.OperationalError:  # the schema is not there yet
-                    pass
+            deadline = time.time() + 60
+            while time.time() < deadline and not os.path.exists(ready) and p.poll() is None:
                 time.sleep(0.05)
+            self.assertTrue(os.path.exists(ready), "the monitored command never set its trap")
             p.send_signal(signal.SIGTERM)
             _, err = p.communicate(timeout=30)
         finally:
@@ -121,13 +118,35 @@ class MonitorTest(unittest.TestCase):
         self.assertTrue(os.path.exists(flag))
 
     def test_attach_to_a_running_process(self):
-        child = subprocess.Popen(["sh", "-c", "sleep 0.8 & sleep 1; wait"])
+        # The process (a shell and a sleep under it) lives until the test has seen the monitor sample it
+        # three times, however slowly the monitor starts, and then ends by itself.
+        stop = os.path.join(self.tmp.name, "stop")
+        child = subprocess.Popen(["sh", "-c", f"sleep 120 & while [ ! -e {stop} ]; do sleep 0.05; done; kill $!; wait"])
         try:
-            r = pacer("monitor", "--interval", "100ms", "--db", self.db, "--no-gpu", "--pid", str(child.pid), "--json")
+            mon = subprocess.Popen([PACER, "monitor", "--interval", "100ms", "--db", self.db, "--no-gpu",
+                                    "--pid", str(child.pid), "--json"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            try:
+                deadline = time.time() + 60
+                while time.time() < deadline and mon.poll() is None:
+                    try:
+                        if rows(self.db, "SELECT count(DISTINCT t) FROM samples")[0][0] >= 3:
+                            break
+                    except sqlite3.OperationalError:  # the catalog or its schema is not there yet
+                        pass
+                    time.sleep(0.05)
+            finally:
+                open(stop, "w").close()  # the shell ends its sleep and exits; the monitor follows
+                try:
+                    out, err = mon.communicate(timeout=60)
+                except subprocess.TimeoutExpired:
+                    mon.kill()
+                    out, err = mon.communicate()
         finally:
+            open(stop, "w").close()
             child.wait(timeout=30)
-        self.assertEqual(r.returncode, 0, r.stderr)
-        summary = json.loads(r.stdout)
+        self.assertEqual(mon.returncode, 0, err)
+        summary = json.loads(out)
         self.assertEqual(summary["schema"], "pacer.monitor/1")
         self.assertGreater(summary["samples"], 2)
         # The tree was followed: the shell and its sleeps.
@@ -257,8 +276,11 @@ class PrometheusTest(unittest.TestCase):
     def test_idle_connections_do_not_hold_up_a_scrape(self):
         # Idle TCP connections (a scanner, a stuck client) once held every
         # worker of the endpoint: 8 delayed a scrape by seconds, 20 blocked it.
-        # More than the old pool, whatever the core count.
-        idle = max(20, (os.cpu_count() or 1) + 8)
+        # More than twice the old pool (max(8, cores - 1) workers, each held 5 s
+        # by an idle connection), whatever the core count: the scrape waited
+        # two rounds of it (9.7 s), which the 5 s bound below still catches
+        # while leaving a busy machine room.
+        idle = max(20, 2 * (os.cpu_count() or 1) + 4)
         with tempfile.TemporaryDirectory() as tmp:
             p, url = self.start_monitor(tmp, 30)
             host, port = url[len("http://"):-len("/metrics")].rsplit(":", 1)
@@ -276,7 +298,7 @@ class PrometheusTest(unittest.TestCase):
                 p.terminate()
                 p.communicate(timeout=30)
         self.assertIn("# TYPE pacer_memory_used_bytes gauge", body)
-        self.assertLess(elapsed, 2.0, f"a scrape behind {idle} idle connections took {elapsed:.1f} s")
+        self.assertLess(elapsed, 5.0, f"a scrape behind {idle} idle connections took {elapsed:.1f} s")
 
     def test_a_real_prometheus_scrapes_it(self):
         server = shutil.which("prometheus")

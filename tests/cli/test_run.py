@@ -163,8 +163,9 @@ class RunTest(unittest.TestCase):
         self.assertEqual(hang["step"], 4)  # the last heartbeat before it stopped
         self.assertGreaterEqual(hang["idle_s"], 2)
         self.assertTrue(hang["all_stalled"])
-        # Detected within the timeout plus a few seconds of the stop (5 steps of 0.05 s after the start).
-        self.assertLess(hang["unix"] - started[0]["unix"], 0.25 + 2 + 5)
+        # Detected within the timeout after the stop (5 steps of 0.05 s after the start), plus up to 2 s for
+        # the stacks and a margin for Python's start on a loaded machine (a derived timeout would be 2 min).
+        self.assertLess(hang["unix"] - started[0]["unix"], 0.25 + 2 + 2 + 8)
         [stacks] = hang["stacks"]
         self.assertEqual(stacks["pid"], hang["pid"])
         self.assertIn("stuck_in_collective", stacks["text"])

@@ -3,11 +3,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "pacer/comm.hpp"
@@ -212,9 +214,17 @@ void bench_correct(Collectives& c) {
 void timeout(Collectives& c) {
   static float buf[4] = {1, 2, 3, 4};
   const int last = c.size() - 1;
+  // The stuck ranks hear each other only while each listens after giving up
+  // (a quarter of the timeout, at least 0.5 s: 1 s here), so they start
+  // together: an all-reduce completes on no rank before every rank has joined
+  // it. The last rank then stays away for more than twice the timeout, so a
+  // rank slowed by a busy machine still gives up before the last one comes.
+  float sync = 1;
+  check(bool(c.all_reduce(&sync, &sync, 1, DType::kF32, ReduceOp::kSum).value().wait(60)), "the ranks meet before the timeout");
+  constexpr double kTimeout = 4.0;
   if (c.rank() != last) {
     auto req = c.all_reduce(buf, buf, 4, DType::kF32, ReduceOp::kSum);
-    auto st = req.value().wait(1.0);
+    auto st = req.value().wait(kTimeout);
     check(!st, "a collective another rank has not joined times out");
     if (!st) {
       const std::string& m = st.error().message;
@@ -223,7 +233,7 @@ void timeout(Collectives& c) {
       if (c.size() > 2) check(m.find("stuck in it too") != std::string::npos, "timeout names the other stuck ranks: " + m);
     }
   } else {
-    sleep(4);
+    std::this_thread::sleep_for(std::chrono::duration<double>(2.25 * kTimeout));
     (void)c.all_reduce(buf, buf, 4, DType::kF32, ReduceOp::kSum).value().wait(60);
   }
 }
