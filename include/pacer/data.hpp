@@ -228,7 +228,9 @@ class Dataset {
   // the CPU caches, stage 1 its entry's field list, stage 2 its entry. A
   // reader that knows its next samples issues 2, 1, 0 a few samples apart,
   // so each stage finds the memory the one before fetched and the latency of
-  // shuffled reads overlaps the copy of the current sample.
+  // shuffled reads overlaps the copy of the current sample. The first stage 0
+  // of a shard also fills its mapping's page tables where the page cache
+  // holds it (MappedFile::map_pages_if_cached): a loader reads all of it.
   void prefetch(std::uint64_t i, int stage = 0) const;
 
   struct Impl;

@@ -21,6 +21,7 @@
 #include "pacer/core/atomic_file.hpp"
 #include "pacer/core/posix_io.hpp"
 #include "pacer/core/time.hpp"
+#include "pacer/core/host_buffer.hpp"
 #include "pacer/data.hpp"
 #include "tar_internal.hpp"
 
@@ -29,6 +30,16 @@ namespace pacer::data {
 namespace fs = std::filesystem;
 
 namespace {
+
+// For memory written whole right after it is allocated (an index's bytes,
+// its table's arrays): 2 MiB pages where it spans them, and every page mapped
+// in one call instead of a fault per page as it is first written. On the
+// 2-core VM a first write cost 15 us per 4 KiB page faulted, 7.4 us
+// populated first, 0.3 us in 2 MiB pages (bench/results/first_touch-2026-12-06.md).
+void ready_for_writing(void* p, std::size_t bytes) {
+  (void)advise_huge_pages(p, bytes);
+  (void)prefault_for_write(p, bytes);
+}
 
 Error shard_error(const std::string& path, std::uint64_t offset, const std::string& what) {
   return Error{ErrorKind::kConfig, fmt::format("{}: offset {}: {}", path, offset, what)};
@@ -343,6 +354,10 @@ void SampleTable::reserve(std::size_t samples, std::size_t fields, std::size_t k
   key_at_.reserve(samples + 1);
   first_.reserve(samples + 1);
   fields_.reserve(fields);
+  ready_for_writing(keys_.data(), keys_.capacity());
+  ready_for_writing(key_at_.data(), key_at_.capacity() * sizeof(std::uint64_t));
+  ready_for_writing(first_.data(), first_.capacity() * sizeof(std::uint64_t));
+  ready_for_writing(fields_.data(), fields_.capacity() * sizeof(FieldRow));
 }
 
 void SampleTable::add_sample(std::string_view key) {
@@ -939,6 +954,8 @@ Expected<TableIndex> check_index(const std::string& shard, const IndexSource& sr
   if (Status st = open_data(*sh, shard); !st) return st.error();
   const std::uint64_t tar_bytes = sh->data.tar_bytes;
 
+  bin.reserve(static_cast<std::size_t>(isize));
+  ready_for_writing(bin.data(), bin.capacity());
   bin.resize(static_cast<std::size_t>(isize));
   if (!read_at(bin.data() + head, bin.size() - head, head)) return Error{ErrorKind::kIo, fmt::format("{}: read failed", path)};
   if (xxh3(bin.data() + head, bin.size() - head) != get_at<std::uint64_t>(bin, kAtEntries))

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -226,6 +228,85 @@ TEST(MappedFile, TheNextMapInstallsTheGuardAgainOverAnotherHandler) {
   ASSERT_EQ(::waitpid(pid, &status, 0), pid);
   ASSERT_TRUE(WIFEXITED(status)) << status;
   EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+#ifndef __NR_cachestat
+#define __NR_cachestat 451
+#endif
+
+// Pages of `fd` the page cache holds (cachestat), or -1 where the kernel has
+// no cachestat (before Linux 6.5).
+long long cached_pages(int fd) {
+  struct {
+    std::uint64_t off = 0, len = 0;
+  } range;
+  std::uint64_t stat[5] = {};
+  if (::syscall(__NR_cachestat, fd, &range, stat, 0) != 0) return -1;
+  return static_cast<long long>(stat[0]);
+}
+
+long thread_minor_faults() {
+  rusage r{};
+  ::getrusage(RUSAGE_THREAD, &r);
+  return r.ru_minflt;
+}
+
+struct Big {
+  test::TempDir dir{"pacer_mapped_cached_"};
+  std::string data = pattern(8u << 20);
+  std::string path = dir.file("big.bin", data);
+  Fd fd;
+  Big() {
+    auto f = open_fd(path, O_RDONLY);
+    if (!f) throw std::runtime_error(f.error().message);
+    fd = std::move(*f);
+  }
+  MappedFile map() const {
+    auto m = MappedFile::map(fd.get(), path);
+    if (!m) throw std::runtime_error(m.error().message);
+    return std::move(*m);
+  }
+};
+
+TEST(MappedFile, ACachedFileIsMappedWholeAtOnceAndReadsWithoutFaults) {
+  Big b;
+  std::string got(b.data.size(), '\0');
+  ASSERT_TRUE(pread_full(b.fd.get(), got.data(), got.size(), 0, b.path));  // in the page cache now
+  if (cached_pages(b.fd.get()) < 0) GTEST_SKIP() << "no cachestat (Linux 6.5)";
+  const MappedFile m = b.map();
+  ASSERT_TRUE(m.map_pages_if_cached());
+  // Every page is mapped already: reading them all faults no more.
+  const long before = thread_minor_faults();
+  std::fill(got.begin(), got.end(), '\0');
+  ASSERT_TRUE(m.copy(0, got.size(), got.data()));
+  EXPECT_EQ(thread_minor_faults() - before, 0);
+  EXPECT_TRUE(got == b.data);
+}
+
+TEST(MappedFile, AFileNotCachedIsNotReadToMapIt) {
+  Big b;
+  if (cached_pages(b.fd.get()) < 0) GTEST_SKIP() << "no cachestat (Linux 6.5)";
+  ASSERT_EQ(::fdatasync(b.fd.get()), 0);  // dirty pages are not dropped
+  ASSERT_EQ(::posix_fadvise(b.fd.get(), 0, 0, POSIX_FADV_DONTNEED), 0);
+  const long long left = cached_pages(b.fd.get());
+  if (left * 4096 > (4 << 20)) GTEST_SKIP() << "the page cache kept " << left << " pages of " << b.path;
+  const MappedFile m = b.map();
+  EXPECT_FALSE(m.map_pages_if_cached());
+  // Nothing was read for it: a reader of a few bytes reads a few pages.
+  EXPECT_LE(cached_pages(b.fd.get()), left + 2 * 512);  // the mapping's own first read: 2 MiB folios at most
+  std::string got(16, '\0');
+  ASSERT_TRUE(m.copy(5u << 20, got.size(), got.data()));
+  EXPECT_EQ(got, b.data.substr(5u << 20, 16));
+}
+
+TEST(MappedFile, AnEmptyFileHasNothingToMap) {
+  test::TempDir dir{"pacer_mapped_empty_"};
+  const std::string path = dir.file("empty.bin", "");
+  auto f = open_fd(path, O_RDONLY);
+  ASSERT_TRUE(f);
+  auto m = MappedFile::map(f->get(), path);
+  ASSERT_TRUE(m);
+  EXPECT_FALSE(m->map_pages_if_cached());
 }
 
 }  // namespace
